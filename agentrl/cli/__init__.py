@@ -1,0 +1,12 @@
+"""The `agentrl` command line."""
+
+import typer
+
+from agentrl.cli import sandbox
+
+app = typer.Typer(help="Reinforcement learning of LLM agents that call tools and run code.", no_args_is_help=True)
+app.add_typer(sandbox.app, name="sandbox")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,101 @@
+"""`agentrl sandbox build | exec | gc`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from agentrl.sandbox import DockerSandbox, ExecResult, LocalSandbox, SandboxError, SandboxPool, reaper
+from agentrl.sandbox import image as sandbox_image
+from agentrl.sandbox.docker_sandbox import docker_client
+
+app = typer.Typer(help="Build, use and clean up code sandboxes.", no_args_is_help=True)
+err = Console(stderr=True)
+
+# How `exec` runs a file, by suffix; anything else is executed directly.
+INTERPRETERS = {".py": ["python3", "-u"], ".sh": ["sh"]}
+
+
+def _client():
+    try:
+        return docker_client()
+    except SandboxError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def build(
+    offline: Annotated[bool, typer.Option(help="Do not pull: debootstrap a Debian base and docker-import it.")] = False,
+    base: Annotated[str | None, typer.Option(help="Build on this local image instead (needs python3).")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if the image for this content hash exists.")] = False,
+    mirror: Annotated[str, typer.Option(help="Debian mirror for the offline base.")] = sandbox_image.DEBIAN_MIRROR,
+) -> None:
+    """Build the sandbox image (reused while sandboxes/ is unchanged)."""
+    tag = sandbox_image.ensure_image(
+        _client(), offline=offline, base=base, force=force, mirror=mirror, log=lambda m: err.print(m)
+    )
+    print(tag)
+
+
+@app.command()
+def gc(
+    all_: Annotated[bool, typer.Option("--all", help="Remove every agentrl container, owners alive or not.")] = False,
+) -> None:
+    """Remove sandbox containers whose owner process is gone."""
+    removed = reaper.collect_orphans(_client(), everything=all_)
+    err.print(f"removed {len(removed)} container(s)" + (f": {', '.join(removed)}" if removed else ""))
+
+
+@app.command("exec")
+def exec_(
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="Program to run (.py, .sh, or executable).")
+    ],
+    timeout: Annotated[float, typer.Option(help="Wall-clock limit in seconds.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
+    local: Annotated[bool, typer.Option(help="LocalSandbox: no Docker, and NO isolation.")] = False,
+) -> None:
+    """Run FILE in a fresh pooled sandbox and print what it did.
+
+    Exit status: 0 if the program exited 0, 1 if it failed (any other status),
+    3 if the sandbox itself failed.
+    """
+    if not local:
+        client = _client()
+        if not sandbox_image.image_exists(client, sandbox_image.image_tag()):
+            err.print("sandbox image missing: building it (once) ...")
+            sandbox_image.ensure_image(client, log=lambda m: err.print(m))
+    factory = LocalSandbox.create if local else DockerSandbox.create
+    try:
+        result = asyncio.run(_exec(factory, file, timeout))
+    except SandboxError as e:
+        err.print(f"[red]sandbox failure:[/red] {e}")
+        raise typer.Exit(3) from None
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json")))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        color = "green" if result.ok else "red"
+        err.print(
+            f"[{color}]{result.status.value}[/{color}] exit_code={result.exit_code} signal={result.signal} "
+            f"wall={result.wall_s:.3f}s cpu={result.cpu_s:.3f}s" + (" (output truncated)" if result.truncated else "")
+        )
+    raise typer.Exit(0 if result.ok else 1)
+
+
+async def _exec(factory, file: Path, timeout_s: float) -> ExecResult:
+    async with SandboxPool(factory, size=1) as pool, pool.sandbox() as sb:
+        await sb.write_file(file.name, file.read_bytes())
+        argv = INTERPRETERS.get(file.suffix)
+        if argv is None:
+            await sb.run(["chmod", "+x", file.name])
+            argv = []
+        return await sb.run([*argv, f"./{file.name}" if not argv else file.name], timeout_s=timeout_s)

@@ -1,0 +1,19 @@
+"""Sandboxes: locked-down places to run untrusted code, and a warm pool of them."""
+
+from agentrl.sandbox.base import CallLimits, ExecResult, Sandbox, SandboxError, Status
+from agentrl.sandbox.docker_sandbox import DockerSandbox, DockerSandboxConfig
+from agentrl.sandbox.local import LocalSandbox, LocalSandboxConfig
+from agentrl.sandbox.pool import SandboxPool
+
+__all__ = [
+    "CallLimits",
+    "DockerSandbox",
+    "DockerSandboxConfig",
+    "ExecResult",
+    "LocalSandbox",
+    "LocalSandboxConfig",
+    "Sandbox",
+    "SandboxError",
+    "SandboxPool",
+    "Status",
+]

@@ -1,0 +1,240 @@
+"""The Sandbox contract, its result type, and the client for the in-sandbox executor.
+
+Words used throughout: a *call* is one program run (or one session cell) in a
+sandbox; an *episode* owns one sandbox from `SandboxPool.acquire` to `release`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (container crashed, killed or gone; executor unreachable).
+
+    This is an infrastructure failure, never a verdict on the program: callers
+    must mark the episode failed, not score it. A program's own crash is an
+    `ExecResult` with status error / killed, never this exception.
+    """
+
+
+class Status(enum.StrEnum):
+    OK = "ok"
+    """exited with code 0"""
+    ERROR = "error"
+    """exited with a non-zero code (or could not be started: exit code 127)"""
+    TIMEOUT = "timeout"
+    """hit the wall-clock or CPU-time limit and was killed"""
+    OOM = "oom"
+    """killed by the kernel's OOM killer at the sandbox's memory limit"""
+    OUTPUT_LIMIT = "output_limit"
+    """wrote more than max_output_bytes to stdout + stderr and was killed"""
+    KILLED = "killed"
+    """died from a signal none of the limits sent (a segfault, its own kill, ...)"""
+
+
+class CallLimits(BaseModel):
+    """Per-call limits, enforced by the executor inside the sandbox."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    timeout_s: float = Field(10.0, gt=0)
+    """wall-clock limit; the call's whole process tree is killed when it passes"""
+    cpu_s: float | None = Field(None, gt=0)
+    """CPU-time limit (RLIMIT_CPU, whole seconds rounded up); None: same as timeout_s"""
+    max_output_bytes: int = Field(1 << 20, gt=0)
+    """stdout + stderr bytes kept; one byte more and the program is killed (output_limit)"""
+    max_file_bytes: int = Field(64 << 20, gt=0)
+    """largest file the program may write (RLIMIT_FSIZE)"""
+    max_open_files: int = Field(1024, gt=16)
+    """RLIMIT_NOFILE"""
+    memory_bytes: int | None = Field(None, gt=0)
+    """address-space limit (RLIMIT_AS); Docker sandboxes leave it None and use the cgroup"""
+
+
+class ExecResult(BaseModel):
+    """What one call did. Infrastructure failures raise `SandboxError` instead."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    status: Status
+    exit_code: int | None
+    """the program's exit code; None when a signal or a limit ended it"""
+    signal: int | None
+    """the signal that ended it, if any"""
+    stdout: str
+    """decoded as UTF-8 with replacement characters"""
+    stderr: str
+    truncated: bool
+    """output passed max_output_bytes and was cut"""
+    wall_s: float
+    """wall time of the program inside the sandbox"""
+    cpu_s: float
+    """user + system CPU time of the program"""
+    swept: int
+    """processes the program left behind that were killed after it"""
+    session_reset: bool = False
+    """session calls: the interpreter was restarted (timeout, crash), its state is gone"""
+    call_s: float = 0.0
+    """host-side round trip of the call, including transport"""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+
+class Sandbox(abc.ABC):
+    """An isolated place to run untrusted code, one episode at a time.
+
+    Every method is a coroutine, so one event loop can drive many sandboxes
+    while each waits on its program. Calls on one sandbox are serialised.
+
+    - `run(argv)` runs a command in the work dir and returns an `ExecResult`.
+    - `run_python(code)` runs Python source as a fresh program.
+    - `run_cell(code)` runs Python in a persistent interpreter whose globals
+      survive across calls (like a notebook); a trailing expression's repr is
+      printed. A timeout or crash restarts it (`session_reset=True`).
+    - `write_file` / `read_file` move bytes in and out of the work dir
+      (paths relative to it; escaping it is refused).
+    - `close()` releases everything; it is safe to call twice. `async with`
+      closes on exit.
+
+    Status tells what the program did; `SandboxError` says the sandbox failed.
+    After a call returns, no process the program started is still running.
+    """
+
+    limits: CallLimits
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str = ".",
+    ) -> ExecResult: ...
+
+    @abc.abstractmethod
+    async def run_python(
+        self, code: str, *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> ExecResult: ...
+
+    @abc.abstractmethod
+    async def run_cell(self, code: str, *, timeout_s: float | None = None) -> ExecResult: ...
+
+    @abc.abstractmethod
+    async def reset_session(self) -> None: ...
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def healthy(self) -> bool:
+        """Cheap liveness probe; False (never an exception) when the sandbox is unusable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+# Transport slack on top of a call's own timeout: the executor's kill, sweep and reply.
+_SLACK_S = 10.0
+
+
+class ExecutorSandbox(Sandbox):
+    """A sandbox driven through the executor (`sandboxes/python/executor.py`) on a Unix socket.
+
+    Subclasses start the executor somewhere (a container, a local process) and
+    say how to explain a transport failure (`_diagnose`).
+    """
+
+    def __init__(self, socket_path: Path, limits: CallLimits, name: str):
+        self.socket_path = socket_path
+        self.limits = limits
+        self.name = name
+        self._failed: str | None = None
+        self._http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+            base_url="http://sandbox",
+            timeout=httpx.Timeout(_SLACK_S),
+        )
+
+    @abc.abstractmethod
+    async def _diagnose(self, error: BaseException) -> str:
+        """Explain why the executor could not be reached (container gone, exited, ...)."""
+
+    def _limits(self, timeout_s: float | None) -> dict:
+        limits = self.limits if timeout_s is None else self.limits.model_copy(update={"timeout_s": timeout_s})
+        return limits.model_dump()
+
+    async def _request(self, method: str, route: str, *, timeout_s: float = _SLACK_S, **kw) -> httpx.Response:
+        if self._failed:
+            raise SandboxError(f"sandbox {self.name} failed earlier: {self._failed}")
+        try:
+            resp = await self._http.request(method, route, timeout=timeout_s + _SLACK_S, **kw)
+        except httpx.TransportError as e:
+            self._failed = await self._diagnose(e)
+            raise SandboxError(f"sandbox {self.name}: {self._failed}") from e
+        if resp.status_code >= 500:
+            self._failed = f"executor error: {resp.json().get('error')}"
+            raise SandboxError(f"sandbox {self.name}: {self._failed}")
+        if resp.status_code == 400:
+            raise ValueError(resp.json()["error"])
+        if resp.status_code == 404:
+            raise FileNotFoundError(resp.json()["error"])
+        return resp
+
+    async def _call(self, route: str, body: dict, timeout_s: float | None) -> ExecResult:
+        limits = self._limits(timeout_s)
+        t0 = time.perf_counter()
+        resp = await self._request("POST", route, json={**body, **limits}, timeout_s=limits["timeout_s"])
+        return ExecResult(**resp.json(), call_s=time.perf_counter() - t0)
+
+    async def run(self, argv, *, timeout_s=None, stdin=None, env=None, cwd="."):
+        body = {"argv": list(argv), "stdin": stdin, "env": dict(env or {}), "cwd": cwd}
+        return await self._call("/run", body, timeout_s)
+
+    async def run_python(self, code, *, timeout_s=None, stdin=None):
+        return await self._call("/run", {"code": code, "stdin": stdin}, timeout_s)
+
+    async def run_cell(self, code, *, timeout_s=None):
+        return await self._call("/session", {"code": code}, timeout_s)
+
+    async def reset_session(self):
+        await self._request("DELETE", "/session")
+
+    async def write_file(self, path, data):
+        content = data.encode() if isinstance(data, str) else data
+        await self._request("PUT", "/files", params={"path": path}, content=content)
+
+    async def read_file(self, path):
+        return (await self._request("GET", "/files", params={"path": path})).content
+
+    async def healthy(self) -> bool:
+        if self._failed:
+            return False
+        try:
+            resp = await self._http.get("/health", timeout=2.0)
+            return resp.status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def _close_client(self) -> None:
+        await self._http.aclose()

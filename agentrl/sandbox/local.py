@@ -1,0 +1,86 @@
+"""LocalSandbox: the executor as a plain host subprocess. Limits, not isolation.
+
+For trusted development without Docker. It applies the same per-call limits
+(rlimits, wall clock, output cap, process-tree sweep) but the program runs as
+you, with your network and your files. Docker stays the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
+from agentrl.sandbox.image import sandboxes_dir
+
+log = logging.getLogger(__name__)
+NOT_ISOLATION = (
+    "LocalSandbox is NOT isolation: programs run as your user with your network and files. "
+    "Use it only for trusted code; DockerSandbox is the default."
+)
+
+
+class LocalSandboxConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    limits: CallLimits = CallLimits(memory_bytes=2 << 30)
+    """per-call limits; with no cgroup, memory is capped by RLIMIT_AS"""
+    start_timeout_s: float = 10.0
+    """how long the executor may take to start"""
+
+
+class LocalSandbox(ExecutorSandbox):
+    def __init__(self, proc: asyncio.subprocess.Process, root: Path, limits: CallLimits):
+        super().__init__(root / "exec.sock", limits, f"local-{proc.pid}")
+        self.proc = proc
+        self.root = root
+        self.workdir = root / "work"
+
+    @classmethod
+    async def create(cls, cfg: LocalSandboxConfig | None = None) -> LocalSandbox:
+        cfg = cfg or LocalSandboxConfig()
+        warnings.warn(NOT_ISOLATION, stacklevel=2)
+        log.warning(NOT_ISOLATION)
+        root = Path(tempfile.mkdtemp(prefix="agentrl-local-"))
+        (root / "work").mkdir()
+        (root / "tmp").mkdir()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(sandboxes_dir() / "python" / "executor.py"),
+            "--socket", str(root / "exec.sock"),
+            "--workdir", str(root / "work"),
+            "--tmpdir", str(root / "tmp"),
+            start_new_session=True,
+        )  # fmt: skip
+        sandbox = cls(proc, root, cfg.limits)
+        deadline = time.monotonic() + cfg.start_timeout_s
+        while not sandbox.socket_path.exists():
+            if proc.returncode is not None or time.monotonic() > deadline:
+                await sandbox.close()
+                raise SandboxError(f"local executor did not start (exit code {proc.returncode})")
+            await asyncio.sleep(0.005)
+        return sandbox
+
+    async def _diagnose(self, error: BaseException) -> str:
+        if self.proc.returncode is not None:
+            return f"local executor exited with {self.proc.returncode}"
+        return f"local executor unreachable ({type(error).__name__}: {error})"
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.terminate()  # the executor kills its process tree, then exits
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        await self._close_client()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,682 @@
+#!/usr/bin/env python3
+"""agentrl sandbox executor: the long-lived program inside every sandbox.
+
+Standard library only (it must run on any base image with python3 >= 3.9).
+It serves HTTP/1.0 over a Unix socket, one request at a time, one connection
+per request, JSON in and out:
+
+    GET    /health         -> {"ok": true, "session": bool}
+    POST   /run            {"argv" | "code", "timeout_s", ...} -> result
+    POST   /session        {"code", "timeout_s", ...} -> result; state persists
+    DELETE /session        -> stops the persistent interpreter
+    PUT    /files?path=P   body = raw bytes, written as the sandbox user
+    GET    /files?path=P   -> raw bytes
+
+A result is {"status", "exit_code", "signal", "stdout", "stderr", "truncated",
+"wall_s", "cpu_s", "swept", "session_reset"} with status one of ok, error,
+timeout, oom, output_limit, killed.
+
+Privilege model (Docker). The executor runs as root inside the container with
+only CAP_SETUID, CAP_SETGID and CAP_KILL; every program it starts runs as the
+unprivileged sandbox user with no capabilities. So nothing an agent runs can
+signal, ptrace, unlink or talk to the executor (connections from the sandbox
+uid are refused by peer credentials). Otherwise an agent could kill its own
+sandbox and turn a wrong answer into an "infrastructure failure", which the
+trainer leaves out of the loss.
+
+Every call ends with a sweep: all descendants of the executor except the
+persistent interpreter are SIGKILLed until none is left. The executor is a
+child subreaper, so a grandchild that setsid()-ed and double-forked away is
+still its descendant and dies with the call.
+
+In local mode (LocalSandbox: no --user) the same program runs on the host as
+the calling user. That is NOT isolation; it only applies limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import contextlib
+import ctypes
+import http.server
+import json
+import linecache
+import math
+import os
+import resource
+import selectors
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import time
+import traceback
+import urllib.parse
+
+PR_SET_CHILD_SUBREAPER = 36
+READ_CHUNK = 1 << 16
+MAX_FILE_READ = 64 << 20
+DEFAULTS = {
+    "timeout_s": 10.0,
+    "cpu_s": None,  # None: same as timeout_s
+    "max_output_bytes": 1 << 20,  # stdout + stderr together
+    "max_file_bytes": 64 << 20,  # RLIMIT_FSIZE for each file the program writes
+    "max_open_files": 1024,
+    "memory_bytes": None,  # RLIMIT_AS; the container's cgroup is the real limit
+    "stdin": None,
+    "env": {},
+    "cwd": ".",
+}
+
+
+class BadRequest(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Executor:
+    def __init__(self, workdir: str, tmpdir: str, user: tuple[int, int] | None):
+        self.workdir = os.path.realpath(workdir)
+        self.tmpdir = os.path.realpath(tmpdir)
+        self.user = user
+        self.session: Session | None = None
+        self.calls = 0
+
+    # Children: limits, then drop to the sandbox user, in the forked child.
+    def _preexec(self, req: dict, cpu_s: int | None) -> None:
+        if cpu_s is not None:  # SIGXCPU at the soft limit, SIGKILL a second later
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (req["max_file_bytes"],) * 2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (req["max_open_files"],) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if req["memory_bytes"]:
+            resource.setrlimit(resource.RLIMIT_AS, (req["memory_bytes"],) * 2)
+        try:  # make the program, not the executor, the OOM killer's first choice
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        if self.user is not None:
+            uid, gid = self.user
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+
+    def _env(self, extra: dict) -> dict:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": self.workdir,
+            "TMPDIR": self.tmpdir,
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        env.update({str(k): str(v) for k, v in extra.items()})
+        return env
+
+    def _spawn(self, argv: list[str], req: dict, cpu_s: int | None, *, pass_fds=(), stdin_pipe=False):
+        import subprocess
+
+        cwd = self.resolve(req["cwd"])
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=self._env(req["env"]),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            start_new_session=True,
+            preexec_fn=lambda: self._preexec(req, cpu_s),
+        )
+
+    def run(self, req: dict) -> dict:
+        if ("code" in req) == ("argv" in req):
+            raise BadRequest("give exactly one of 'argv' (a command) or 'code' (Python source)")
+        if "code" in req:
+            path = os.path.join(self.tmpdir, f".agentrl_snippet_{self.calls}.py")
+            self.write_file(path, req["code"].encode())
+            argv = [sys.executable, path]
+        else:
+            argv = req["argv"]
+            if not argv or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                raise BadRequest("'argv' must be a non-empty list of strings")
+        oom_before = oom_kills()
+        t0 = time.monotonic()
+        try:
+            proc = self._spawn(argv, req, cpu_limit(req), stdin_pipe=req["stdin"] is not None)
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+            # The program could not start: the caller's error, not the sandbox's.
+            return result("error", 127, None, b"", str(e).encode(), False, 0.0, 0.0)
+        pidfd = os.pidfd_open(proc.pid)
+        if req["stdin"] is not None:
+            feed_stdin(proc.stdin, req["stdin"].encode())
+        cap = Capture(proc.stdout.fileno(), proc.stderr.fileno(), req["max_output_bytes"])
+        outcome = cap.pump(pidfd, t0 + req["timeout_s"])
+        if outcome != "done":
+            kill_group(proc.pid)
+        _, wstatus, rusage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        proc.returncode = os.waitstatus_to_exitcode(wstatus)
+        os.close(pidfd)
+        swept = self.sweep()
+        cap.drain(blocking=True)
+        proc.stdout.close()
+        proc.stderr.close()
+        cpu = rusage.ru_utime + rusage.ru_stime
+        status, exit_code, sig = classify(outcome, proc.returncode, oom_kills() > oom_before)
+        out, err = cap.text()
+        return result(status, exit_code, sig, out, err, cap.truncated, wall, cpu, swept)
+
+    def run_session(self, req: dict) -> dict:
+        if "code" not in req:
+            raise BadRequest("/session needs 'code'")
+        reset = False
+        if self.session is None or not self.session.alive():
+            reset = self.session is not None
+            self.session = Session.start(self, req)
+        r = self.session.run_cell(req)
+        if r.pop("died"):
+            self.session.stop()
+            self.session = None
+            reset = True
+        r["swept"] = self.sweep()
+        if self.session is not None:
+            self.session.cap.drain(blocking=False)
+        r["session_reset"] = reset
+        return r
+
+    def stop_session(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+        self.sweep()
+
+    def sweep(self) -> int:
+        """SIGKILL every descendant but the session interpreter; reap; repeat until none."""
+        keep = {self.session.proc.pid} if self.session is not None else set()
+        killed: set[int] = set()
+        for _ in range(200):
+            pids = descendants(os.getpid()) - keep
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            self.reap()
+            time.sleep(0.001)
+        self.reap()
+        return len(killed)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.session is not None and pid == self.session.proc.pid:
+                self.session.exit_status = wstatus
+
+    # ---------------------------------------------------------------- files
+
+    def resolve(self, path: str) -> str:
+        """A path relative to the work dir (or absolute inside it or the tmp dir)."""
+        full = os.path.normpath(os.path.join(self.workdir, path))
+        for root in (self.workdir, self.tmpdir):
+            if full == root or full.startswith(root + os.sep):
+                return full
+        raise BadRequest(f"path {path!r} is outside the work dir {self.workdir}")
+
+    def write_file(self, path: str, data: bytes) -> int:
+        full = self.resolve(path)
+        with self.as_user():
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        return len(data)
+
+    def read_file(self, path: str) -> bytes:
+        full = self.resolve(path)
+        with self.as_user(), open(full, "rb") as f:
+            data = f.read(MAX_FILE_READ + 1)
+        if len(data) > MAX_FILE_READ:
+            raise BadRequest(f"{path} is larger than {MAX_FILE_READ} bytes")
+        return data
+
+    def as_user(self):
+        """File I/O with the sandbox user's rights (and ownership), then back to root."""
+        return _EffectiveUser(self.user)
+
+
+class _EffectiveUser:
+    def __init__(self, user):
+        self.user = user
+
+    def __enter__(self):
+        if self.user is not None:
+            os.setegid(self.user[1])
+            os.seteuid(self.user[0])
+
+    def __exit__(self, *exc):
+        if self.user is not None:
+            os.seteuid(0)
+            os.setegid(0)
+
+
+class Session:
+    """A persistent python3 (this file with --session) whose globals survive across cells.
+
+    Cells go in on fd 3 and a one-line JSON reply per cell comes back on fd 4;
+    stdout and stderr are pipes the executor reads while a cell runs.
+    """
+
+    def __init__(self, proc, ctl_w: int, reply_r: int, cap: Capture):
+        self.proc, self.ctl_w, self.reply_r, self.cap = proc, ctl_w, reply_r, cap
+        self.reply = os.fdopen(reply_r, "rb")
+        self.exit_status: int | None = None
+
+    @classmethod
+    def start(cls, ex: Executor, req: dict) -> Session:
+        ctl_r, ctl_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        argv = [sys.executable, os.path.abspath(__file__), "--session", str(ctl_r), str(reply_w)]
+        # The interpreter lives across cells; it sets each cell's CPU limit itself.
+        proc = ex._spawn(argv, req, None, pass_fds=(ctl_r, reply_w))
+        os.close(ctl_r)
+        os.close(reply_w)
+        cap = Capture(proc.stdout.fileno(), proc.stderr.fileno(), req["max_output_bytes"])
+        return cls(proc, ctl_w, reply_r, cap)
+
+    def alive(self) -> bool:
+        return self.exit_status is None and self.proc.poll() is None
+
+    def run_cell(self, req: dict) -> dict:
+        self.cap.reset(req["max_output_bytes"])
+        msg = json.dumps({"code": req["code"], "cpu_s": cpu_limit(req)})
+        oom_before = oom_kills()
+        t0 = time.monotonic()
+        os.write(self.ctl_w, msg.encode() + b"\n")
+        outcome = self.cap.pump(self.reply_r, t0 + req["timeout_s"])
+        line = self.reply.readline() if outcome == "done" else b""
+        wall = time.monotonic() - t0
+        self.cap.drain(blocking=False)
+        out, err = self.cap.text()
+        if line:
+            reply = json.loads(line)
+            code = reply["exit_code"]
+            status = "ok" if code == 0 else "error"
+            return result(status, code, None, out, err, self.cap.truncated, wall, reply["cpu_s"], died=False)
+        # Timed out, flooded, or the interpreter itself died (os._exit, a signal).
+        if outcome != "done":
+            kill_group(self.proc.pid)
+        code = os.waitstatus_to_exitcode(self._wait())
+        status, exit_code, sig = classify(outcome, code, oom_kills() > oom_before)
+        return result(status, exit_code, sig, out, err, self.cap.truncated, wall, 0.0, died=True)
+
+    def _wait(self) -> int:
+        if self.exit_status is None:
+            _, self.exit_status = os.waitpid(self.proc.pid, 0)
+        return self.exit_status
+
+    def stop(self) -> None:
+        kill_group(self.proc.pid)
+        if self.exit_status is None:
+            with contextlib.suppress(ChildProcessError):
+                self._wait()
+        for f in (self.proc.stdout, self.proc.stderr, self.reply):
+            f.close()
+        os.close(self.ctl_w)
+
+
+def session_main(ctl_fd: int, reply_fd: int) -> None:
+    """The persistent interpreter: runs cells in one namespace, like a notebook kernel."""
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    requests = os.fdopen(ctl_fd, "rb")
+    replies = os.fdopen(reply_fd, "wb", buffering=0)
+    for n, line in enumerate(requests, 1):
+        cell = json.loads(line)
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(used) + cell["cpu_s"], hard))
+        exit_code = run_cell(cell["code"], f"<cell {n}>", ns)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - used
+        replies.write(json.dumps({"exit_code": exit_code, "cpu_s": cpu}).encode() + b"\n")
+
+
+def run_cell(code: str, filename: str, ns: dict) -> int:
+    """exec a cell; like a notebook, echo the repr of a trailing expression."""
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    try:
+        tree = ast.parse(code, filename)
+        tail = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            tail = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, filename, "exec"), ns)
+        if tail is not None:
+            value = eval(compile(tail, filename, "eval"), ns)
+            if value is not None:
+                print(repr(value))
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException as e:
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        return 1
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class Capture:
+    """Reads stdout and stderr of a child, keeping at most `limit` bytes in total."""
+
+    def __init__(self, out_fd: int, err_fd: int, limit: int):
+        self.fds = (out_fd, err_fd)
+        self.open = set(self.fds)
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+        self.reset(limit)
+
+    def reset(self, limit: int) -> None:
+        self.limit = limit
+        self.bufs = {fd: bytearray() for fd in self.fds}
+        self.seen = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.seen > self.limit
+
+    def read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            self.open.discard(fd)
+            return
+        room = self.limit - min(self.seen, self.limit)
+        self.bufs[fd] += data[:room]
+        self.seen += len(data)
+
+    def pump(self, stop_fd: int, deadline: float) -> str:
+        """Read until stop_fd is readable ("done"), the deadline ("timeout") or the cap."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(stop_fd, selectors.EVENT_READ)
+            for fd in self.open:
+                sel.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "timeout"
+                for key, _ in sel.select(left):
+                    if key.fd == stop_fd:
+                        return "done"
+                    self.read(key.fd)
+                    if key.fd not in self.open:
+                        sel.unregister(key.fd)
+                    if self.truncated:
+                        return "output_limit"
+
+    def drain(self, *, blocking: bool, budget_s: float = 2.0) -> None:
+        """Read what is left. blocking: until EOF (every writer is dead by now)."""
+        deadline = time.monotonic() + budget_s
+        with selectors.DefaultSelector() as sel:
+            for fd in self.open:
+                sel.register(fd, selectors.EVENT_READ)
+            while sel.get_map() and time.monotonic() < deadline:
+                ready = sel.select(max(0.0, deadline - time.monotonic()) if blocking else 0)
+                if not ready:
+                    return
+                for key, _ in ready:
+                    before = self.seen
+                    self.read(key.fd)
+                    if key.fd not in self.open or (not blocking and self.seen == before):
+                        sel.unregister(key.fd)
+
+    def text(self) -> tuple[bytes, bytes]:
+        return bytes(self.bufs[self.fds[0]]), bytes(self.bufs[self.fds[1]])
+
+
+def cpu_limit(req: dict) -> int:
+    """Whole CPU seconds for RLIMIT_CPU: cpu_s, or the wall timeout when unset."""
+    cpu_s = req["cpu_s"] if req["cpu_s"] is not None else req["timeout_s"]
+    return max(1, math.ceil(cpu_s))
+
+
+def feed_stdin(pipe, data: bytes) -> None:
+    # Small inputs fit the pipe buffer; a program that never reads a larger one gets EPIPE.
+    try:
+        os.set_blocking(pipe.fileno(), False)
+        pipe.write(data)
+    except (BrokenPipeError, BlockingIOError):
+        pass
+    finally:
+        with contextlib.suppress(BrokenPipeError, BlockingIOError):
+            pipe.close()
+
+
+def classify(outcome: str, code: int, oom: bool) -> tuple[str, int | None, int | None]:
+    """(status, exit_code, signal) from how the call ended and the process's exit code."""
+    sig = -code if code < 0 else None
+    if outcome == "timeout":
+        return "timeout", None, sig
+    if outcome == "output_limit":
+        return "output_limit", None, sig
+    if sig is None:
+        return ("ok" if code == 0 else "error"), code, None
+    if sig == signal.SIGXCPU:
+        return "timeout", None, sig
+    if sig == signal.SIGKILL and oom:
+        return "oom", None, sig
+    return "killed", None, sig
+
+
+def result(status, exit_code, sig, out: bytes, err: bytes, truncated, wall, cpu, swept=0, **extra):
+    return {
+        "status": status,
+        "exit_code": exit_code,
+        "signal": sig,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+        "truncated": truncated,
+        "wall_s": round(wall, 6),
+        "cpu_s": round(cpu, 6),
+        "swept": swept,
+        **extra,
+    }
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def descendants(root: int) -> set[int]:
+    """Live (non-zombie) descendants of root, from /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # comm may contain spaces
+        if fields[0] == b"Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def oom_kills() -> int:
+    """The cgroup's OOM-kill counter (v2 memory.events or v1 memory.oom_control); 0 if none."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except OSError:
+            continue
+    return 0
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class Server(socketserver.UnixStreamServer):
+    def __init__(self, path: str, executor: Executor):
+        self.executor = executor
+        if os.path.exists(path):
+            os.unlink(path)
+        super().__init__(path, Handler)
+        os.chmod(path, 0o666)  # the host side may be a non-root docker user
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    timeout = 30  # a client that connects and says nothing does not stall the sandbox
+
+    def handle(self) -> None:
+        user = self.server.executor.user
+        if user is not None:
+            creds = self.connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            if uid == user[0]:  # the sandboxed program itself: never served
+                return
+        super().handle()
+
+    def log_message(self, format, *args):
+        pass
+
+    def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, code: int, obj) -> None:
+        self._reply(code, json.dumps(obj).encode())
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def _dispatch(self, fn) -> None:
+        try:
+            fn()
+        except BadRequest as e:
+            self._json(400, {"error": str(e)})
+        except FileNotFoundError as e:
+            self._json(404, {"error": str(e)})
+        except Exception as e:
+            self._json(500, {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+
+    def _request(self) -> dict:
+        try:
+            body = json.loads(self._body() or b"{}")
+        except ValueError as e:
+            raise BadRequest(f"body is not JSON: {e}") from None
+        unknown = set(body) - set(DEFAULTS) - {"argv", "code"}
+        if unknown:
+            raise BadRequest(f"unknown fields {sorted(unknown)}; valid: {[*sorted(DEFAULTS), 'argv', 'code']}")
+        return {**DEFAULTS, **body}
+
+    def _path_param(self) -> str:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        if "path" not in query:
+            raise BadRequest("missing ?path=")
+        return query["path"][0]
+
+    def do_GET(self) -> None:
+        ex = self.server.executor
+        route = urllib.parse.urlsplit(self.path).path
+        if route == "/health":
+            self._dispatch(lambda: self._json(200, {"ok": True, "session": ex.session is not None}))
+        elif route == "/files":
+            self._dispatch(lambda: self._reply(200, ex.read_file(self._path_param()), "application/octet-stream"))
+        else:
+            self._json(404, {"error": f"no route {route}"})
+
+    def do_PUT(self) -> None:
+        ex = self.server.executor
+        if urllib.parse.urlsplit(self.path).path != "/files":
+            return self._json(404, {"error": "no route"})
+        self._dispatch(lambda: self._json(200, {"bytes": ex.write_file(self._path_param(), self._body())}))
+
+    def do_POST(self) -> None:
+        ex = self.server.executor
+        route = urllib.parse.urlsplit(self.path).path
+        handlers = {"/run": ex.run, "/session": ex.run_session}
+        if route not in handlers:
+            return self._json(404, {"error": f"no route {route}"})
+
+        def call():
+            req = self._request()
+            ex.calls += 1
+            self._json(200, handlers[route](req))
+
+        self._dispatch(call)
+
+    def do_DELETE(self) -> None:
+        ex = self.server.executor
+        if urllib.parse.urlsplit(self.path).path != "/session":
+            return self._json(404, {"error": "no route"})
+        self._dispatch(lambda: (ex.stop_session(), self._json(200, {"ok": True})))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--socket", help="Unix socket path to serve on")
+    p.add_argument("--workdir", default="/work")
+    p.add_argument("--tmpdir", default="/tmp")
+    p.add_argument("--user", help="UID:GID that programs run as (needs CAP_SETUID/SETGID)")
+    p.add_argument("--session", nargs=2, type=int, metavar=("CTL_FD", "REPLY_FD"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.session:
+        return session_main(*args.session)
+    if not args.socket:
+        p.error("--socket is required")
+    # Python's KeyboardInterrupt handler would let a stray SIGINT kill the server.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
+    user = tuple(int(x) for x in args.user.split(":")) if args.user else None
+    os.umask(0o022)
+    executor = Executor(args.workdir, args.tmpdir, user)
+
+    def terminate(signum, frame):  # leave nothing running behind us
+        executor.sweep()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    Server(args.socket, executor).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
