@@ -197,8 +197,10 @@ class ExecutorSandbox(Sandbox):
             raise SandboxError(f"sandbox {self.name}: {self._failed}")
         if resp.status_code == 400:
             raise ValueError(resp.json()["error"])
-        if resp.status_code == 404:
-            raise FileNotFoundError(resp.json()["error"])
+        if resp.status_code == 409:  # a file request failed on the files themselves
+            body = resp.json()
+            raise OSError(body["errno"], body["error"])  # FileNotFoundError for ENOENT, etc.
+        resp.raise_for_status()
         return resp
 
     async def _call(self, route: str, body: dict, timeout_s: float | None) -> ExecResult:

@@ -123,6 +123,7 @@ class DockerSandbox(ExecutorSandbox):
                 tmpfs={
                     "/work": f"rw,exec,nosuid,nodev,size={cfg.work_size},uid=65534,gid=65534,mode=0755",
                     "/tmp": f"rw,exec,nosuid,nodev,size={cfg.tmp_size},mode=1777",
+                    "/code": "rw,noexec,nosuid,nodev,size=16m,mode=0755",  # executor-only
                 },
                 mem_limit=cfg.memory,
                 memswap_limit=cfg.memory,

@@ -52,12 +52,14 @@ class LocalSandbox(ExecutorSandbox):
         root = Path(tempfile.mkdtemp(prefix="agentrl-local-"))
         (root / "work").mkdir()
         (root / "tmp").mkdir()
+        (root / "code").mkdir()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(sandboxes_dir() / "python" / "executor.py"),
             "--socket", str(root / "exec.sock"),
             "--workdir", str(root / "work"),
             "--tmpdir", str(root / "tmp"),
+            "--codedir", str(root / "code"),
             start_new_session=True,
         )  # fmt: skip
         sandbox = cls(proc, root, cfg.limits)

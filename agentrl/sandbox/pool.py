@@ -47,7 +47,8 @@ class SandboxPool:
         self._leased: set[Sandbox] = set()
         self._starting = 0
         self._changed = asyncio.Condition()
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # starts and discards
+        self._health: asyncio.Task | None = None
         self._last_error: BaseException | None = None
         self._closed = False
         self.stats = {"started": 0, "discarded": 0, "replaced_dead": 0, "start_failures": 0}
@@ -55,7 +56,7 @@ class SandboxPool:
     async def start(self) -> None:
         """Fill the pool and wait until every sandbox is up (raises if none could start)."""
         self._fill()
-        self._spawn(self._health_loop())
+        self._health = asyncio.create_task(self._health_loop())
         async with self._changed:
             await self._changed.wait_for(lambda: self._starting == 0)
         if not self._idle:
@@ -95,9 +96,11 @@ class SandboxPool:
     async def close(self) -> None:
         """Close every sandbox, idle and leased; safe to call twice."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._health is not None:
+            self._health.cancel()
+        # Starts and discards run to the end: a cancelled start would leak its container.
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         everything = self._idle + list(self._leased)
         self._idle.clear()
         self._leased.clear()

@@ -80,9 +80,12 @@ class BadRequest(Exception):
 
 
 class Executor:
-    def __init__(self, workdir: str, tmpdir: str, user: tuple[int, int] | None):
+    def __init__(self, workdir: str, tmpdir: str, codedir: str, user: tuple[int, int] | None):
         self.workdir = os.path.realpath(workdir)
         self.tmpdir = os.path.realpath(tmpdir)
+        # Where `code` requests are written: only the executor can write there, so a
+        # program that filled /work or /tmp cannot make the next call fail to start.
+        self.codedir = os.path.realpath(codedir)
         self.user = user
         self.session: Session | None = None
         self.calls = 0
@@ -139,8 +142,10 @@ class Executor:
         if ("code" in req) == ("argv" in req):
             raise BadRequest("give exactly one of 'argv' (a command) or 'code' (Python source)")
         if "code" in req:
-            path = os.path.join(self.tmpdir, f".agentrl_snippet_{self.calls}.py")
-            self.write_file(path, req["code"].encode())
+            path = os.path.join(self.codedir, "snippet.py")
+            with open(path, "w") as f:
+                f.write(req["code"])
+            os.chmod(path, 0o644)
             argv = [sys.executable, path]
         else:
             argv = req["argv"]
@@ -239,7 +244,7 @@ class Executor:
 
     def write_file(self, path: str, data: bytes) -> int:
         full = self.resolve(path)
-        with self.as_user():
+        with self.file_io():
             os.makedirs(os.path.dirname(full), exist_ok=True)
             fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as f:
@@ -248,30 +253,34 @@ class Executor:
 
     def read_file(self, path: str) -> bytes:
         full = self.resolve(path)
-        with self.as_user(), open(full, "rb") as f:
+        with self.file_io(), open(full, "rb") as f:
             data = f.read(MAX_FILE_READ + 1)
         if len(data) > MAX_FILE_READ:
             raise BadRequest(f"{path} is larger than {MAX_FILE_READ} bytes")
         return data
 
-    def as_user(self):
-        """File I/O with the sandbox user's rights (and ownership), then back to root."""
-        return _EffectiveUser(self.user)
-
-
-class _EffectiveUser:
-    def __init__(self, user):
-        self.user = user
-
-    def __enter__(self):
+    @contextlib.contextmanager
+    def file_io(self):
+        """File I/O with the sandbox user's rights and ownership; OSError -> FileError."""
         if self.user is not None:
             os.setegid(self.user[1])
             os.seteuid(self.user[0])
+        try:
+            yield
+        except OSError as e:
+            raise FileError(e) from e
+        finally:
+            if self.user is not None:
+                os.seteuid(0)
+                os.setegid(0)
 
-    def __exit__(self, *exc):
-        if self.user is not None:
-            os.seteuid(0)
-            os.setegid(0)
+
+class FileError(Exception):
+    """A file request failed because of the files (missing, disk full, ...): the caller's concern."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.errno = error.errno
 
 
 class Session:
@@ -591,8 +600,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             fn()
         except BadRequest as e:
             self._json(400, {"error": str(e)})
-        except FileNotFoundError as e:
-            self._json(404, {"error": str(e)})
+        except FileError as e:
+            self._json(409, {"error": str(e), "errno": e.errno})
         except Exception as e:
             self._json(500, {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
 
@@ -654,6 +663,7 @@ def main() -> None:
     p.add_argument("--socket", help="Unix socket path to serve on")
     p.add_argument("--workdir", default="/work")
     p.add_argument("--tmpdir", default="/tmp")
+    p.add_argument("--codedir", default="/code", help="executor-only dir for `code` requests")
     p.add_argument("--user", help="UID:GID that programs run as (needs CAP_SETUID/SETGID)")
     p.add_argument("--session", nargs=2, type=int, metavar=("CTL_FD", "REPLY_FD"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -668,7 +678,7 @@ def main() -> None:
         sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
     user = tuple(int(x) for x in args.user.split(":")) if args.user else None
     os.umask(0o022)
-    executor = Executor(args.workdir, args.tmpdir, user)
+    executor = Executor(args.workdir, args.tmpdir, args.codedir, user)
 
     def terminate(signum, frame):  # leave nothing running behind us
         executor.sweep()

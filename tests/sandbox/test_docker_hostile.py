@@ -1,0 +1,123 @@
+"""Hostile programs against the real Docker sandbox: each contained, with the right status,
+within its timeout plus a small slack; afterwards nothing of theirs runs, in the sandbox or on
+the host, and the next call (same sandbox, then a fresh one) works."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pytest
+
+from agentrl.sandbox import CallLimits, DockerSandbox, DockerSandboxConfig, SandboxPool, Status
+
+TIMEOUT_S = 2.0
+SLACK_S = 3.0  # kill + sweep + transport; a fork bomb starves the executor in its own cgroup
+MARK = f"agentrl-hostile-{uuid.uuid4().hex[:8]}"  # argv marker to look for on the host
+
+# Count processes in the container besides init, the executor and the probe itself.
+PROBE = (
+    "import os\n"
+    "me = os.getpid()\n"
+    "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me, os.getppid())]\n"
+    "print(len(others))"
+)
+
+CASES = {
+    "fork_bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        Status.TIMEOUT,
+    ),
+    "busy_loop": ("while True: pass", Status.TIMEOUT),
+    "sleep_forever": ("import time; time.sleep(10**6)", Status.TIMEOUT),
+    "memory_bomb": ("x = []\nwhile True: x.append(b'x' * 10**7)", Status.OOM),
+    "fill_work_dir": (
+        "import itertools\nfor i in itertools.count():\n    open(f'/work/f{i}', 'wb').write(b'x' * 2**24)",
+        Status.ERROR,
+    ),
+    "fill_tmp": (
+        "import itertools\nfor i in itertools.count():\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 2**24)",
+        Status.ERROR,
+    ),
+    "gigabyte_of_output": (
+        "import sys\nb = b'x' * 2**20\nfor _ in range(1024):\n    sys.stdout.buffer.write(b)",
+        Status.OUTPUT_LIMIT,
+    ),
+    "non_utf8_output": ("import sys; sys.stdout.buffer.write(bytes(range(256)) * 8)", Status.OK),
+    "close_stdout_then_spin": ("import os\nos.close(1)\nos.close(2)\nwhile True: pass", Status.TIMEOUT),
+    "read_stdin": ("import sys; print(repr(sys.stdin.read()))", Status.OK),
+    "detached_setsid_child": (
+        "import subprocess\n"
+        f"subprocess.Popen(['python3', '-c', 'import os, time\\nos.setsid()\\nif os.fork(): os._exit(0)\\n"
+        f"time.sleep(1000)', '{MARK}'])\n"
+        "print('spawned')",
+        Status.OK,
+    ),
+    "network_connection": ("import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)", Status.ERROR),
+    "read_etc_shadow": ("print(open('/etc/shadow').read())", Status.ERROR),
+    "docker_socket": ("import socket; socket.socket(socket.AF_UNIX).connect('/var/run/docker.sock')", Status.ERROR),
+    "unlink_executor_socket": ("import os; os.unlink('/run/agentrl/exec.sock')", Status.ERROR),
+    "kill_init": ("import os; os.kill(1, 9)", Status.ERROR),
+    "kill_executor": ("import os; os.kill(os.getppid(), 9)", Status.ERROR),
+    "exit_0": ("exit(0)", Status.OK),
+    "os_exit_0": ("import os; os._exit(0)", Status.OK),
+}
+
+
+@pytest.fixture(scope="module")
+async def pool(sandbox_image):
+    cfg = DockerSandboxConfig(limits=CallLimits(timeout_s=TIMEOUT_S))
+    async with SandboxPool(lambda: DockerSandbox.create(cfg), size=2) as pool:
+        yield pool
+
+
+def host_processes_with_marker() -> str:
+    return subprocess.run(["pgrep", "-af", MARK], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_hostile_program_is_contained(pool, name):
+    code, expected = CASES[name]
+    async with pool.sandbox() as sb:
+        r = await sb.run_python(code)
+        assert r.status is expected, (r.status, r.stderr[-500:])
+        assert r.call_s < TIMEOUT_S + SLACK_S
+        if name == "gigabyte_of_output":
+            assert r.truncated and len(r.stdout) == sb.limits.max_output_bytes
+        if name == "non_utf8_output":
+            assert "\ufffd" in r.stdout and len(r.stdout) == 256 * 8
+        if name == "read_stdin":
+            assert r.stdout == "''\n"
+        if name == "detached_setsid_child":
+            assert r.swept >= 1
+        if name == "network_connection":
+            assert "Network is unreachable" in r.stderr
+        if name.startswith(("kill_", "unlink_")):
+            assert "Operation not permitted" in r.stderr or "Permission denied" in r.stderr
+        if name.startswith("fill_"):
+            assert "No space left on device" in r.stderr
+        # Nothing it started is still running, and the same sandbox still serves.
+        after = await sb.run_python(PROBE)
+        assert (after.status, after.stdout) == (Status.OK, "0\n")
+    assert host_processes_with_marker() == ""
+    async with pool.sandbox() as fresh:
+        r = await fresh.run_python("print('next')")
+        assert (r.status, r.stdout) == (Status.OK, "next\n")
+
+
+async def test_programs_run_unprivileged_in_a_locked_container(pool):
+    async with pool.sandbox() as sb:
+        r = await sb.run_python(
+            "import os\n"
+            "print(os.getuid(), os.getgid(), os.getgroups())\n"
+            "print(sorted(l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))))\n"
+            "try:\n    open('/etc/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+        )
+        lines = r.stdout.splitlines()
+        assert lines[0] == "65534 65534 []"
+        assert lines[1] == "['0000000000000000', '1']"  # no capabilities, no-new-privileges
+        assert lines[2] == "30"  # EROFS: read-only root
+        attrs = sb.container.attrs["HostConfig"]
+        assert attrs["NetworkMode"] == "none" and attrs["ReadonlyRootfs"] and attrs["Init"]
+        assert attrs["CapDrop"] == ["ALL"] and "no-new-privileges" in attrs["SecurityOpt"][0]
+        assert attrs["Memory"] == attrs["MemorySwap"] == 512 << 20 and attrs["PidsLimit"] == 256

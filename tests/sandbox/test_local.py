@@ -1,0 +1,125 @@
+"""Executor semantics through LocalSandbox (no Docker): statuses, limits, sweep, session, files."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.sandbox import CallLimits, LocalSandbox, LocalSandboxConfig, Status
+
+
+@pytest.fixture
+async def sb():
+    with pytest.warns(UserWarning, match="NOT isolation"):
+        sandbox = await LocalSandbox.create(LocalSandboxConfig(limits=CallLimits(timeout_s=5, memory_bytes=1 << 30)))
+    yield sandbox
+    await sandbox.close()
+    await sandbox.close()  # closing twice is safe
+
+
+async def test_ok_and_error(sb):
+    r = await sb.run_python("print('hi')")
+    assert (r.status, r.exit_code, r.stdout) == (Status.OK, 0, "hi\n")
+    r = await sb.run_python("import sys; print('bad', file=sys.stderr); sys.exit(3)")
+    assert (r.status, r.exit_code, r.stderr) == (Status.ERROR, 3, "bad\n")
+    r = await sb.run_python("raise ValueError('boom')")
+    assert r.status is Status.ERROR and "ValueError: boom" in r.stderr and "snippet.py" in r.stderr
+
+
+async def test_command_not_found_is_the_callers_error(sb):
+    r = await sb.run(["definitely-not-a-program"])
+    assert (r.status, r.exit_code) == (Status.ERROR, 127)
+
+
+async def test_wall_timeout_kills(sb):
+    r = await sb.run_python("import time; time.sleep(100)", timeout_s=0.5)
+    assert r.status is Status.TIMEOUT and r.exit_code is None
+    assert 0.5 <= r.wall_s < 2
+
+
+async def test_cpu_limit(sb):
+    sb.limits = sb.limits.model_copy(update={"cpu_s": 1, "timeout_s": 10})
+    r = await sb.run_python("while True: pass")
+    assert r.status is Status.TIMEOUT and r.signal == 24  # SIGXCPU
+    assert r.wall_s < 5
+
+
+async def test_output_cap(sb):
+    sb.limits = sb.limits.model_copy(update={"max_output_bytes": 1000})
+    r = await sb.run_python("import sys\nwhile True: sys.stdout.write('x' * 4096)")
+    assert r.status is Status.OUTPUT_LIMIT and r.truncated
+    assert r.stdout == "x" * 1000
+
+
+async def test_exact_cap_is_not_truncated(sb):
+    sb.limits = sb.limits.model_copy(update={"max_output_bytes": 1000})
+    r = await sb.run_python("print('x' * 999)")
+    assert r.status is Status.OK and not r.truncated and len(r.stdout) == 1000
+
+
+async def test_non_utf8_output_is_replaced(sb):
+    r = await sb.run_python("import sys; sys.stdout.buffer.write(b'a\\xff\\xfeb')")
+    assert r.status is Status.OK and r.stdout == "a\ufffd\ufffdb"
+
+
+async def test_stdin(sb):
+    r = await sb.run(["cat"], stdin="to stdin")
+    assert r.stdout == "to stdin"
+    r = await sb.run_python("import sys; print(repr(sys.stdin.read()))")
+    assert r.stdout == "''\n"  # no stdin given: EOF at once, never a hang
+
+
+async def test_leftover_processes_are_swept(sb):
+    code = (
+        "import subprocess\n"
+        "subprocess.Popen(['python3', '-c', 'import os, time\\nos.setsid()\\nif os.fork(): os._exit(0)\\n"
+        "time.sleep(1000)'])\n"
+        "print('spawned')"
+    )
+    r = await sb.run_python(code)
+    assert r.status is Status.OK and r.swept >= 1
+    # the executor's own children: none left
+    r = await sb.run(["sh", "-c", "ps -o pid= --ppid $PPID | wc -l"])
+    assert r.stdout.strip() == "1"  # just this sh
+
+
+async def test_env_and_cwd(sb):
+    await sb.write_file("sub/x.txt", "data")
+    r = await sb.run(["sh", "-c", "echo $FOO; cat x.txt"], env={"FOO": "bar"}, cwd="sub")
+    assert r.stdout == "bar\ndata"
+
+
+async def test_files_roundtrip_and_escape(sb):
+    await sb.write_file("a/b.bin", b"\x00\x01")
+    assert await sb.read_file("a/b.bin") == b"\x00\x01"
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file("missing.txt")
+    with pytest.raises(ValueError, match="outside the work dir"):
+        await sb.read_file("../../etc/passwd")
+
+
+async def test_session_keeps_state_and_echoes(sb):
+    assert (await sb.run_cell("x = 20")).stdout == ""
+    r = await sb.run_cell("x + 1")
+    assert r.status is Status.OK and r.stdout == "21\n"
+    r = await sb.run_cell("1/0")
+    assert r.status is Status.ERROR and "ZeroDivisionError" in r.stderr and "<cell 3>" in r.stderr
+    assert (await sb.run_cell("x")).stdout == "20\n"  # an exception keeps the state
+
+
+async def test_session_timeout_resets_state(sb):
+    await sb.run_cell("y = 1")
+    r = await sb.run_cell("import time; time.sleep(100)", timeout_s=0.5)
+    assert r.status is Status.TIMEOUT and r.session_reset
+    r = await sb.run_cell("y")
+    assert r.status is Status.ERROR and "NameError" in r.stderr
+
+
+async def test_session_exit_and_hard_exit(sb):
+    await sb.run_cell("z = 1")
+    r = await sb.run_cell("exit(0)")
+    assert r.status is Status.OK and not r.session_reset
+    assert (await sb.run_cell("z")).stdout == "1\n"
+    r = await sb.run_cell("import os; os._exit(4)")
+    assert (r.status, r.exit_code, r.session_reset) == (Status.ERROR, 4, True)
+    await sb.reset_session()
+    assert (await sb.run_cell("'fresh'")).stdout == "'fresh'\n"
