@@ -162,18 +162,21 @@ class DockerSandbox(ExecutorSandbox):
 
     async def _diagnose(self, error: BaseException) -> str:
         def inspect() -> str:
-            try:
-                self.container.reload()
-            except docker.errors.NotFound:
-                return f"container vanished ({type(error).__name__}: {error})"
-            except docker.errors.DockerException as e:
-                return f"docker engine unreachable ({e})"
-            state = self.container.attrs["State"]
-            if state["Status"] != "running":
-                return (
-                    f"container {state['Status']} (exit code {state.get('ExitCode')}, "
-                    f"OOMKilled={state.get('OOMKilled')})"
-                )
+            # The socket can close a moment before the engine records the exit: poll briefly.
+            for _ in range(20):
+                try:
+                    self.container.reload()
+                except docker.errors.NotFound:
+                    return f"container vanished ({type(error).__name__}: {error})"
+                except docker.errors.DockerException as e:
+                    return f"docker engine unreachable ({e})"
+                state = self.container.attrs["State"]
+                if state["Status"] != "running":
+                    return (
+                        f"container {state['Status']} (exit code {state.get('ExitCode')}, "
+                        f"OOMKilled={state.get('OOMKilled')})"
+                    )
+                time.sleep(0.05)
             return f"executor unreachable in a running container ({type(error).__name__}: {error})"
 
         return await asyncio.to_thread(inspect)

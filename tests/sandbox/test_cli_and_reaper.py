@@ -1,0 +1,98 @@
+"""`agentrl sandbox exec | gc` as real processes, and the reaper: no container outlives
+its owner after SIGINT / SIGTERM; after SIGKILL the next start or `gc` removes it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentrl.sandbox import reaper
+
+AGENTRL = [sys.executable, "-m", "agentrl"]
+
+
+def owned_by(client, pid: int) -> list:
+    return client.containers.list(all=True, filters={"label": f"{reaper.PID_LABEL}={pid}"})
+
+
+def start_exec(tmp_path, code: str, *args: str) -> subprocess.Popen:
+    prog = tmp_path / "prog.py"
+    prog.write_text(code)
+    return subprocess.Popen([*AGENTRL, "sandbox", "exec", str(prog), *args], stdout=subprocess.PIPE, text=True)
+
+
+def wait_running(client, proc: subprocess.Popen, marker_file=None) -> None:
+    """Until the process's container is up and its program is running (or fail)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "agentrl sandbox exec exited early"
+        containers = owned_by(client, proc.pid)
+        if containers and containers[0].status == "running":
+            top = containers[0].top()["Processes"]
+            if any("sleep" in " ".join(p) for p in top):
+                return
+        time.sleep(0.1)
+    raise AssertionError("program never started")
+
+
+def test_exec_json(sandbox_image, tmp_path):
+    prog = tmp_path / "hello.py"
+    prog.write_text("import sys\nprint('hello')\nprint('warn', file=sys.stderr)\nsys.exit(3)")
+    out = subprocess.run([*AGENTRL, "sandbox", "exec", str(prog), "--json"], capture_output=True, text=True)
+    result = json.loads(out.stdout)
+    assert {"status", "exit_code", "stdout", "stderr", "wall_s"} <= result.keys()
+    got = (result["status"], result["exit_code"], result["stdout"], result["stderr"])
+    assert got == ("error", 3, "hello\n", "warn\n")
+    assert out.returncode == 1
+
+
+def test_exec_timeout_and_shell(sandbox_image, tmp_path):
+    prog = tmp_path / "spin.sh"
+    prog.write_text("echo start; while :; do :; done")
+    out = subprocess.run([*AGENTRL, "sandbox", "exec", str(prog), "--timeout", "1", "--json"], capture_output=True)
+    result = json.loads(out.stdout)
+    assert (result["status"], result["stdout"]) == ("timeout", "start\n")
+    assert 1 <= result["wall_s"] < 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_exec_leaves_no_container(sandbox_image, docker_client, tmp_path, sig):
+    proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
+    wait_running(docker_client, proc)
+    proc.send_signal(sig)
+    proc.wait(30)
+    assert owned_by(docker_client, proc.pid) == []
+
+
+def test_sigkill_orphans_are_collected_by_gc_and_by_the_next_start(sandbox_image, docker_client, tmp_path):
+    orphans = []
+    for _ in range(2):
+        proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
+        wait_running(docker_client, proc)
+        proc.kill()
+        proc.wait(30)
+        orphans.append(proc.pid)
+        assert len(owned_by(docker_client, proc.pid)) == 1  # SIGKILL cannot be caught
+    gc = subprocess.run([*AGENTRL, "sandbox", "gc"], capture_output=True, text=True)
+    assert gc.returncode == 0 and "removed 2" in gc.stderr
+    assert all(owned_by(docker_client, pid) == [] for pid in orphans)
+
+    proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
+    wait_running(docker_client, proc)
+    proc.kill()
+    proc.wait(30)
+    (tmp_path / "ok.py").write_text("print('ok')")
+    subprocess.run([*AGENTRL, "sandbox", "exec", str(tmp_path / "ok.py")], check=True, capture_output=True)
+    assert owned_by(docker_client, proc.pid) == []  # the next start reaped it
+
+
+def test_reaper_keeps_live_owners_and_other_hosts():
+    me = reaper.owner_labels()
+    assert reaper.owner_alive(me)
+    assert not reaper.owner_alive({**me, reaper.START_LABEL: "1"})  # recycled pid
+    assert reaper.owner_alive({**me, reaper.HOST_LABEL: "another-machine", reaper.PID_LABEL: "999999"})
