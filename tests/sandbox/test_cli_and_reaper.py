@@ -26,16 +26,19 @@ def start_exec(tmp_path, code: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([*AGENTRL, "sandbox", "exec", str(prog), *args], stdout=subprocess.PIPE, text=True)
 
 
-def wait_running(client, proc: subprocess.Popen, marker_file=None) -> None:
-    """Until the process's container is up and its program is running (or fail)."""
+def wait_running(client, proc: subprocess.Popen) -> None:
+    """Until the program runs in one container and the pool's spare is up in another.
+
+    Waiting for the spare too means no container start is in flight when the test
+    kills the process (a start the daemon finishes after its owner died is an orphan
+    only the next start or gc can see).
+    """
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, "agentrl sandbox exec exited early"
-        containers = owned_by(client, proc.pid)
-        if containers and containers[0].status == "running":
-            top = containers[0].top()["Processes"]
-            if any("sleep" in " ".join(p) for p in top):
-                return
+        running = [c for c in owned_by(client, proc.pid) if c.status == "running"]
+        if len(running) == 2 and any("prog.py" in " ".join(p) for c in running for p in c.top()["Processes"]):
+            return
         time.sleep(0.1)
     raise AssertionError("program never started")
 
@@ -69,26 +72,28 @@ def test_interrupted_exec_leaves_no_container(sandbox_image, docker_client, tmp_
     assert owned_by(docker_client, proc.pid) == []
 
 
-def test_sigkill_orphans_are_collected_by_gc_and_by_the_next_start(sandbox_image, docker_client, tmp_path):
-    orphans = []
-    for _ in range(2):
-        proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
-        wait_running(docker_client, proc)
-        proc.kill()
-        proc.wait(30)
-        orphans.append(proc.pid)
-        assert len(owned_by(docker_client, proc.pid)) == 1  # SIGKILL cannot be caught
-    gc = subprocess.run([*AGENTRL, "sandbox", "gc"], capture_output=True, text=True)
-    assert gc.returncode == 0 and "removed 2" in gc.stderr
-    assert all(owned_by(docker_client, pid) == [] for pid in orphans)
-
+def killed_exec(client, tmp_path) -> int:
+    """Start `agentrl sandbox exec`, SIGKILL it mid-call; return its pid."""
     proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
-    wait_running(docker_client, proc)
+    wait_running(client, proc)
     proc.kill()
     proc.wait(30)
+    assert len(owned_by(client, proc.pid)) == 2  # SIGKILL cannot be caught: leased + spare stay
+    return proc.pid
+
+
+def test_sigkill_orphans_are_removed_by_gc(sandbox_image, docker_client, tmp_path):
+    pid = killed_exec(docker_client, tmp_path)
+    gc = subprocess.run([*AGENTRL, "sandbox", "gc"], capture_output=True, text=True)
+    assert gc.returncode == 0 and "removed 2" in gc.stderr
+    assert owned_by(docker_client, pid) == []
+
+
+def test_sigkill_orphans_are_removed_by_the_next_start(sandbox_image, docker_client, tmp_path):
+    pid = killed_exec(docker_client, tmp_path)
     (tmp_path / "ok.py").write_text("print('ok')")
     subprocess.run([*AGENTRL, "sandbox", "exec", str(tmp_path / "ok.py")], check=True, capture_output=True)
-    assert owned_by(docker_client, proc.pid) == []  # the next start reaped it
+    assert owned_by(docker_client, pid) == []
 
 
 def test_reaper_keeps_live_owners_and_other_hosts():

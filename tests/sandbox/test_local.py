@@ -123,3 +123,17 @@ async def test_session_exit_and_hard_exit(sb):
     assert (r.status, r.exit_code, r.session_reset) == (Status.ERROR, 4, True)
     await sb.reset_session()
     assert (await sb.run_cell("'fresh'")).stdout == "'fresh'\n"
+
+
+async def test_python_snippet_runs_like_a_fresh_interpreter(sb):
+    # run_python forks the started executor instead of exec-ing python3: same observable behaviour.
+    code = (
+        "import atexit, os, sys, threading, time\n"
+        "atexit.register(lambda: print('atexit'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+        "print(__name__, os.path.basename(sys.argv[0]), os.environ['HOME'] == os.getcwd(), sys.stdin.read() == 'in')\n"
+    )
+    r = await sb.run_python(code, stdin="in")
+    assert (r.status, r.stdout) == (Status.OK, "__main__ snippet.py True True\nthread\natexit\n")
+    r = await sb.run_python("import sys; sys.exit('bye')")
+    assert (r.status, r.exit_code, r.stderr) == (Status.ERROR, 1, "bye\n")
