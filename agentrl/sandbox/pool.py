@@ -73,8 +73,10 @@ class SandboxPool:
                 if not self._idle:
                     raise SandboxError(f"sandboxes fail to start: {self._last_error}") from self._last_error
                 sandbox = self._idle.pop()
-            self._fill()  # start its replacement now
-            if await sandbox.healthy():
+            healthy = await sandbox.healthy()
+            # Start its replacement only now: a start's docker calls would slow the probe.
+            self._fill()
+            if healthy:
                 self._leased.add(sandbox)
                 return sandbox
             self.stats["replaced_dead"] += 1

@@ -90,6 +90,7 @@ class Executor:
         self.codedir = os.path.realpath(codedir)
         self.user = user
         self.session: Session | None = None
+        self.spare: Spare | None = None
         self.calls = 0
 
     # Children: limits, then drop to the sandbox user, in the forked child.
@@ -140,41 +141,6 @@ class Executor:
             preexec_fn=lambda: self._enter_call(req, cpu_s),
         )
 
-    def _fork_python(self, path: str, source: str, req: dict) -> tuple[int, int | None, int, int]:
-        """Run Python source in a fork of this already-started interpreter.
-
-        A fresh `python3` costs ~17 ms of start-up per call; a fork costs ~1 ms.
-        The child drops to the sandbox user before running anything, so it can
-        no more touch the executor than an exec-ed program could. Returns
-        (pid, stdin write end or None, stdout read end, stderr read end).
-        """
-        cwd, env, cpu_s = self.resolve(req["cwd"]), self._env(req["env"]), cpu_limit(req)
-        in_r, in_w = os.pipe() if req["stdin"] is not None else (os.open(os.devnull, os.O_RDONLY), None)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child never returns into the server
-            code = 127
-            try:
-                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2)):
-                    os.dup2(fd, target)
-                os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-                os.setsid()
-                for sig in (signal.SIGTERM, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                self._enter_call(req, cpu_s)
-                LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
-                os.chdir(cwd)
-                code = run_main(path, source, env)
-            except BaseException:  # report, then exit whatever happened
-                with contextlib.suppress(BaseException):
-                    os.write(2, traceback.format_exc().encode())
-            finally:
-                os._exit(code)
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        return pid, in_w, out_r, err_r
-
     def run(self, req: dict) -> dict:
         if ("code" in req) == ("argv" in req):
             raise BadRequest("give exactly one of 'argv' (a command) or 'code' (Python source)")
@@ -189,7 +155,9 @@ class Executor:
             with open(path, "w") as f:  # for tracebacks, which read source lines from it
                 f.write(req["code"])
             os.chmod(path, 0o644)
-            pid, stdin_fd, out_fd, err_fd = self._fork_python(path, req["code"], req)
+            spare = self.take_spare()
+            spare.start(path, req, self.resolve(req["cwd"]), self._env(req["env"]))
+            pid, stdin_fd, out_fd, err_fd = spare.pid, spare.stdin_w, spare.out_r, spare.err_r
         else:
             try:
                 proc = self._spawn(argv, req, cpu_limit(req), stdin_pipe=req["stdin"] is not None)
@@ -204,7 +172,7 @@ class Executor:
                     f.close()
         pidfd = os.pidfd_open(pid)
         if stdin_fd is not None:
-            feed_stdin(stdin_fd, req["stdin"].encode())
+            feed_stdin(stdin_fd, (req["stdin"] or "").encode())
         cap = Capture(out_fd, err_fd, req["max_output_bytes"])
         outcome = cap.pump(pidfd, t0 + req["timeout_s"])
         if outcome != "done":
@@ -246,9 +214,20 @@ class Executor:
             self.session = None
         self.sweep()
 
-    def sweep(self) -> int:
-        """SIGKILL every descendant but the session interpreter; reap; repeat until none."""
-        keep = {self.session.proc.pid} if self.session is not None else set()
+    def take_spare(self) -> Spare:
+        spare, self.spare = self.spare, None
+        return spare if spare is not None and spare.alive() else Spare(self)
+
+    def ensure_spare(self) -> None:
+        """Between calls: have a forked child ready for the next Python source."""
+        if self.spare is None:
+            self.spare = Spare(self)
+
+    def sweep(self, *, everything: bool = False) -> int:
+        """SIGKILL every descendant but the session interpreter and the spare; reap; repeat."""
+        keep = set()
+        if not everything:
+            keep = {p.pid for p in (self.spare, self.session and self.session.proc) if p is not None}
         killed: set[int] = set()
         for _ in range(200):
             pids = descendants(os.getpid()) - keep
@@ -275,6 +254,8 @@ class Executor:
                 return
             if self.session is not None and pid == self.session.proc.pid:
                 self.session.exit_status = wstatus
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare = None
 
     # ---------------------------------------------------------------- files
 
@@ -325,6 +306,57 @@ class FileError(Exception):
     def __init__(self, error: OSError):
         super().__init__(str(error))
         self.errno = error.errno
+
+
+class Spare:
+    """A child forked between calls that waits for the next Python source to run.
+
+    A new python3 costs ~17 ms of start-up per call here and a fork of the
+    executor ~1.5 ms; forking ahead of time takes both off the call's path. The
+    spare waits as root, blocked on its request pipe, because the call's limits
+    are not known yet; it then drops to the sandbox user before running
+    anything, so it can no more touch the executor than an exec-ed program.
+    """
+
+    def __init__(self, ex: Executor):
+        req_r, self.req_w = os.pipe()
+        in_r, self.stdin_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child never returns into the server
+            code = 127
+            try:
+                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2), (req_r, 3)):
+                    os.dup2(fd, target)
+                os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+                os.setsid()
+                for sig in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                with os.fdopen(3, "rb") as f:
+                    call = json.loads(f.read())
+                ex._enter_call(call["req"], cpu_limit(call["req"]))
+                LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
+                os.chdir(call["cwd"])
+                code = run_main(call["path"], call["req"]["code"], call["env"])
+            except BaseException:  # report, then exit whatever happened
+                with contextlib.suppress(BaseException):
+                    os.write(2, traceback.format_exc().encode())
+            finally:
+                os._exit(code)
+        for fd in (req_r, in_r, out_w, err_w):
+            os.close(fd)
+
+    def alive(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def start(self, path: str, req: dict, cwd: str, env: dict) -> None:
+        """Send the call; the child reads while we write, so any size of source fits."""
+        with os.fdopen(self.req_w, "wb") as f:
+            f.write(json.dumps({"path": path, "req": req, "cwd": cwd, "env": env}).encode())
 
 
 class Session:
@@ -667,6 +699,9 @@ class Server(socketserver.UnixStreamServer):
         super().__init__(path, Handler)
         os.chmod(path, 0o666)  # the host side may be a non-root docker user
 
+    def service_actions(self) -> None:  # serve_forever calls this after every request
+        self.executor.ensure_spare()
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
@@ -782,12 +817,13 @@ def main() -> None:
     executor = Executor(args.workdir, args.tmpdir, args.codedir, user)
 
     def terminate(signum, frame):  # leave nothing running behind us
-        executor.sweep()
+        executor.sweep(everything=True)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, terminate)
     server = Server(args.socket, executor)
     gc.freeze()  # forked children's GC then never walks (and copies) the executor's objects
+    executor.ensure_spare()
     server.serve_forever()
 
 

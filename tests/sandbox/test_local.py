@@ -69,17 +69,17 @@ async def test_stdin(sb):
 
 
 async def test_leftover_processes_are_swept(sb):
+    marker = "agentrl-sweep-marker"
     code = (
         "import subprocess\n"
         "subprocess.Popen(['python3', '-c', 'import os, time\\nos.setsid()\\nif os.fork(): os._exit(0)\\n"
-        "time.sleep(1000)'])\n"
+        f"time.sleep(1000)', '{marker}'])\n"
         "print('spawned')"
     )
     r = await sb.run_python(code)
     assert r.status is Status.OK and r.swept >= 1
-    # the executor's own children: none left
-    r = await sb.run(["sh", "-c", "ps -o pid= --ppid $PPID | wc -l"])
-    assert r.stdout.strip() == "1"  # just this sh
+    r = await sb.run(["pgrep", "-f", marker])
+    assert (r.status, r.exit_code) == (Status.ERROR, 1)  # no such process left
 
 
 async def test_env_and_cwd(sb):
