@@ -1,6 +1,6 @@
 """DockerSandbox: a locked-down container whose executor is reached over a Unix socket.
 
-Per call there is no `docker exec` (about 55 ms here): the host speaks HTTP
+Per call there is no `docker exec` (85-96 ms on the dev VM, BENCHMARKS.md): the host speaks HTTP
 to the long-lived executor through a socket in a bind-mounted directory, which
 works with `network_mode=none`.
 """

@@ -24,6 +24,10 @@ uid are refused by peer credentials). Otherwise an agent could kill its own
 sandbox and turn a wrong answer into an "infrastructure failure", which the
 trainer leaves out of the loss.
 
+Python source (`code`) runs in a spare fork of this already-started
+interpreter (see Spare), not in a new python3: that start-up would cost more
+than the rest of the call.
+
 Every call ends with a sweep: all descendants of the executor except the
 persistent interpreter are SIGKILLed until none is left. The executor is a
 child subreaper, so a grandchild that setsid()-ed and double-forked away is
@@ -91,9 +95,7 @@ class Executor:
         self.user = user
         self.session: Session | None = None
         self.spare: Spare | None = None
-        self.calls = 0
 
-    # Children: limits, then drop to the sandbox user, in the forked child.
     def _enter_call(self, req: dict, cpu_s: int | None) -> None:
         """In the new child: limits, then drop to the sandbox user for good."""
         if cpu_s is not None:  # SIGXCPU at the soft limit, SIGKILL a second later
@@ -783,7 +785,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
         def call():
             req = self._request()
-            ex.calls += 1
             self._json(200, handlers[route](req))
 
         self._dispatch(call)
