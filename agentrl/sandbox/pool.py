@@ -79,6 +79,7 @@ class SandboxPool:
             if healthy:
                 self._leased.add(sandbox)
                 return sandbox
+            log.warning("a sandbox failed its health probe at acquire; replacing it")
             self.stats["replaced_dead"] += 1
             self._spawn(self._discard(sandbox))
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import docker.errors
 import pytest
 
 from agentrl.sandbox import reaper
@@ -16,8 +17,16 @@ from agentrl.sandbox import reaper
 AGENTRL = [sys.executable, "-m", "agentrl"]
 
 
-def owned_by(client, pid: int) -> list:
-    return client.containers.list(all=True, filters={"label": f"{reaper.PID_LABEL}={pid}"})
+def owned_by(client, pid: int) -> list[dict]:
+    # The low-level list: the high-level one inspects each container and races removals.
+    return client.api.containers(all=True, filters={"label": f"{reaper.PID_LABEL}={pid}"})
+
+
+def runs_prog(client, container: dict) -> bool:
+    try:
+        return any("prog.py" in " ".join(p) for p in client.api.top(container["Id"])["Processes"])
+    except docker.errors.NotFound:
+        return False
 
 
 def start_exec(tmp_path, code: str, *args: str) -> subprocess.Popen:
@@ -36,10 +45,11 @@ def wait_running(client, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, "agentrl sandbox exec exited early"
-        running = [c for c in owned_by(client, proc.pid) if c.status == "running"]
-        if len(running) == 2 and any("prog.py" in " ".join(p) for c in running for p in c.top()["Processes"]):
+        running = [c for c in owned_by(client, proc.pid) if c["State"] == "running"]
+        if len(running) == 2 and any(runs_prog(client, c) for c in running):
             return
         time.sleep(0.1)
+    proc.kill()
     raise AssertionError("program never started")
 
 
