@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from agentrl.sandbox import CallLimits, LocalSandbox, LocalSandboxConfig, Status
+from agentrl.sandbox.image import sandboxes_dir
 
 
 @pytest.fixture
@@ -137,3 +140,12 @@ async def test_python_snippet_runs_like_a_fresh_interpreter(sb):
     assert (r.status, r.stdout) == (Status.OK, "__main__ snippet.py True True\nthread\natexit\n")
     r = await sb.run_python("import sys; sys.exit('bye')")
     assert (r.status, r.exit_code, r.stderr) == (Status.ERROR, 1, "bye\n")
+
+
+def test_executor_defaults_match_call_limits():
+    # The executor is stdlib-only and keeps its own defaults (for direct use); they must not drift.
+    spec = importlib.util.spec_from_file_location("executor", sandboxes_dir() / "python" / "executor.py")
+    executor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(executor)
+    limits = CallLimits().model_dump()
+    assert {k: executor.DEFAULTS[k] for k in limits} == limits
