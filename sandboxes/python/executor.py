@@ -128,16 +128,18 @@ class Executor:
         env.update({str(k): str(v) for k, v in extra.items()})
         return env
 
-    def _spawn(self, argv: list[str], req: dict, cpu_s: int | None, *, pass_fds=(), stdin_pipe=False):
+    def _spawn(self, argv: list[str], req: dict, cpu_s: int | None, *, stdio=None, pass_fds=()):
+        """fork + exec argv as a call's program; stdio: (stdin, stdout, stderr) fds, else pipes."""
         import subprocess
 
+        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, subprocess.PIPE, subprocess.PIPE)
         return subprocess.Popen(
             argv,
             cwd=self.resolve(req["cwd"]),
             env=self._env(req["env"]),
-            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
             pass_fds=pass_fds,
             start_new_session=True,
             preexec_fn=lambda: self._enter_call(req, cpu_s),
@@ -146,10 +148,9 @@ class Executor:
     def run(self, req: dict) -> dict:
         if ("code" in req) == ("argv" in req):
             raise BadRequest("give exactly one of 'argv' (a command) or 'code' (Python source)")
-        if "argv" in req:
-            argv = req["argv"]
-            if not argv or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-                raise BadRequest("'argv' must be a non-empty list of strings")
+        argv = req.get("argv")
+        if argv is not None and not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            raise BadRequest("'argv' must be a non-empty list of strings")
         oom_before = oom_kills()
         t0 = time.monotonic()
         if "code" in req:
@@ -161,20 +162,23 @@ class Executor:
             spare.start(path, req, self.resolve(req["cwd"]), self._env(req["env"]))
             pid, stdin_fd, out_fd, err_fd = spare.pid, spare.stdin_w, spare.out_r, spare.err_r
         else:
+            child, (stdin_fd, out_fd, err_fd) = std_pipes()
             try:
-                proc = self._spawn(argv, req, cpu_limit(req), stdin_pipe=req["stdin"] is not None)
+                proc = self._spawn(argv, req, cpu_limit(req), stdio=child)
             except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                for fd in (stdin_fd, out_fd, err_fd):
+                    os.close(fd)
                 # The program could not start: the caller's error, not the sandbox's.
                 return result("error", 127, None, b"", str(e).encode(), False, 0.0, 0.0)
-            proc.returncode = 0  # we wait for it ourselves (wait4, for its rusage)
-            pid, out_fd, err_fd = proc.pid, os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
-            stdin_fd = os.dup(proc.stdin.fileno()) if proc.stdin else None
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
+            finally:
+                for fd in child:
+                    os.close(fd)
+            # We wait for it ourselves (wait4, for its rusage); Popen must never poll,
+            # and so never reap, a pid the kernel may since have given to another child.
+            proc.returncode = 0
+            pid = proc.pid
         pidfd = os.pidfd_open(pid)
-        if stdin_fd is not None:
-            feed_stdin(stdin_fd, (req["stdin"] or "").encode())
+        feed_stdin(stdin_fd, (req["stdin"] or "").encode())  # no stdin: EOF at once
         cap = Capture(out_fd, err_fd, req["max_output_bytes"])
         outcome = cap.pump(pidfd, t0 + req["timeout_s"])
         if outcome != "done":
@@ -322,9 +326,7 @@ class Spare:
 
     def __init__(self, ex: Executor):
         req_r, self.req_w = os.pipe()
-        in_r, self.stdin_w = os.pipe()
-        self.out_r, out_w = os.pipe()
-        self.err_r, err_w = os.pipe()
+        (in_r, out_w, err_w), (self.stdin_w, self.out_r, self.err_r) = std_pipes()
         self.pid = os.fork()
         if self.pid == 0:  # the child never returns into the server
             code = 127
@@ -572,6 +574,14 @@ def cpu_limit(req: dict) -> int:
     """Whole CPU seconds for RLIMIT_CPU: cpu_s, or the wall timeout when unset."""
     cpu_s = req["cpu_s"] if req["cpu_s"] is not None else req["timeout_s"]
     return max(1, math.ceil(cpu_s))
+
+
+def std_pipes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Pipes for a child's stdio: (its stdin, stdout, stderr ends), (our three ends)."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    return (in_r, out_w, err_w), (in_w, out_r, err_r)
 
 
 def feed_stdin(fd: int, data: bytes) -> None:
