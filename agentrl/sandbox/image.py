@@ -54,7 +54,8 @@ def content_hash(root: Path) -> str:
 
 
 def image_tag(root: Path | None = None) -> str:
-    return f"{IMAGE_REPO}:{content_hash(root or sandboxes_dir())[:12]}"
+    """Tag of the image built from `sandboxes/python/` (its build context, nothing else)."""
+    return f"{IMAGE_REPO}:{content_hash(root or sandboxes_dir() / 'python')[:12]}"
 
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:

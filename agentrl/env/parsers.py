@@ -1,0 +1,88 @@
+"""Tool-call parsers: find the calls in a model's message.
+
+A parser never raises on model output: what it cannot read comes back in `errors`, for
+the environment to show the agent. Add a format by subclassing `ToolCallParser` and
+adding it to `PARSERS`.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.env.tools import ToolCall
+
+
+class ParsedAction(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    content: str
+    """the message with the tool calls taken out"""
+    calls: list[ToolCall]
+    errors: list[str]
+    """one message per call that could not be read, meant for the agent"""
+
+
+class ToolCallParser(abc.ABC):
+    """Set `name` in ALL subclasses."""
+
+    name: str
+
+    @abc.abstractmethod
+    def parse(self, text: str) -> ParsedAction: ...
+
+
+class HermesParser(ToolCallParser):
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Hermes and Qwen models write them.
+
+    `arguments` may also be a JSON string holding the object (some models double-encode).
+    An opening tag without its closing tag is a malformed call (the message was cut).
+    """
+
+    name = "hermes"
+    _call = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedAction:
+        calls, errors = [], []
+        for body in self._call.findall(text):
+            call = _read_call(body.strip())
+            if isinstance(call, ToolCall):
+                calls.append(call)
+            else:
+                errors.append(call)
+        rest = self._call.sub("", text)
+        if "<tool_call>" in rest:
+            errors.append("a <tool_call> was opened but never closed with </tool_call>")
+            rest = rest[: rest.index("<tool_call>")]
+        return ParsedAction(content=rest.strip(), calls=calls, errors=errors)
+
+
+def _read_call(body: str) -> ToolCall | str:
+    """A ToolCall, or a message saying what is wrong with the call's JSON."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): {body[:200]}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return f'a tool call must be a JSON object with a string "name": {body[:200]}'
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return f'the "arguments" of {obj["name"]} are a string that is not a JSON object'
+    if not isinstance(args, dict):
+        return f'the "arguments" of {obj["name"]} must be a JSON object, got {type(args).__name__}'
+    return ToolCall(name=obj["name"], arguments=args)
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "qwen": HermesParser}
+
+
+def get_parser(name: str) -> ToolCallParser:
+    if name not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; valid parsers: {sorted(PARSERS)}")
+    return PARSERS[name]()

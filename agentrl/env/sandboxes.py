@@ -1,0 +1,65 @@
+"""Where environments get their sandboxes: a warm pool shared by the envs of one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from agentrl.sandbox import DockerSandbox, Sandbox, SandboxPool
+
+if TYPE_CHECKING:
+    from agentrl.env.base import TextEnv
+
+DEFAULT_POOL_SIZE = 4
+
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxSource] = weakref.WeakKeyDictionary()
+
+
+class SandboxSource:
+    """Hands one sandbox per episode to the envs attached to it.
+
+    Pass a `SandboxPool` you own (`SandboxSource(pool)`) to share it between envs and
+    close it yourself. Without one, `SandboxSource.default()` gives every env of the
+    running event loop the same pool of Docker sandboxes, started on first use and
+    closed when the last env attached to it closes. A sync env runs its own event loop,
+    so it gets a pool of its own: its next episode's sandbox starts while this one runs.
+    """
+
+    def __init__(self, pool: SandboxPool | None = None, *, factory: Callable[[], Awaitable[Sandbox]] | None = None,
+                 size: int = DEFAULT_POOL_SIZE):  # fmt: skip
+        self._owned = pool is None
+        self._factory = factory or DockerSandbox.create
+        self._size = size
+        self.pool = pool or SandboxPool(self._factory, size=size)
+        self._started = not self._owned
+        self._start_lock = asyncio.Lock()
+        self._envs: weakref.WeakSet[TextEnv] = weakref.WeakSet()
+
+    @classmethod
+    def default(cls) -> SandboxSource:
+        loop = asyncio.get_running_loop()
+        if loop not in _per_loop:
+            _per_loop[loop] = cls()
+        return _per_loop[loop]
+
+    async def acquire(self, env: TextEnv) -> Sandbox:
+        self._envs.add(env)
+        async with self._start_lock:
+            if self._owned and self.pool._closed:  # its last env closed; this one came later
+                self.pool = SandboxPool(self._factory, size=self._size)
+                self._started = False
+            if not self._started:
+                await self.pool.start()
+                self._started = True
+        return await self.pool.acquire()
+
+    async def release(self, sandbox: Sandbox) -> None:
+        await self.pool.release(sandbox)
+
+    async def detach(self, env: TextEnv) -> None:
+        """The env is closing; an owned pool closes with its last env."""
+        self._envs.discard(env)
+        if self._owned and not self._envs:
+            await self.pool.close()

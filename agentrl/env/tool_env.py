@@ -1,0 +1,115 @@
+"""ToolEnv: an environment whose agent acts by calling tools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from agentrl.env.base import EnvConfig, FailureClass, Message, StepResult, TextEnv
+from agentrl.env.parsers import get_parser
+from agentrl.env.tools import Tool, ToolArgumentError, ToolError
+
+
+class ToolEnvConfig(EnvConfig):
+    parser: str = "hermes"
+    """tool-call format of the model's messages (hermes = Qwen's <tool_call> JSON)"""
+    malformed_penalty: float = Field(-0.1, le=0)
+    """reward added per malformed call (bad JSON, unknown tool, wrong arguments) or message with no action"""
+    max_calls_per_turn: int = Field(4, ge=1)
+    """calls after this many in one message are not run (and penalised as malformed)"""
+    max_observation_chars: int = Field(4000, ge=200)
+    """a tool result longer than this is cut in the middle"""
+
+
+class ToolEnv(TextEnv):
+    """A TextEnv whose methods marked `@tool` are the agent's tools.
+
+    A step parses the message's tool calls and runs them in order; each result (or the
+    reason a call could not run) comes back as a `tool` message. A call that returns a
+    `ToolOutput` with `terminated=True` ends the episode, and later calls in the message
+    are not run. A message with no call goes to `_no_call(text)`, which each env defines
+    (an answer, a submission, or a reminder).
+    """
+
+    Config = ToolEnvConfig
+    cfg: ToolEnvConfig
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.parser = get_parser(self.cfg.parser)
+        self.tools = {
+            t.name: t for t in (Tool(getattr(self, n)) for n in dir(type(self)) if _is_tool(getattr(type(self), n)))
+        }
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools.values()]
+
+    async def _no_call(self, text: str) -> StepResult:
+        raise NotImplementedError
+
+    def malformed(self, message: str, *, role: str = "tool") -> StepResult:
+        """A turn the agent wasted: its reason as an observation, the penalty as reward."""
+        return StepResult(
+            observation=[{"role": role, "content": f"Error: {message}"}],
+            reward_breakdown={"malformed": self.cfg.malformed_penalty},
+            failure=FailureClass.AGENT,
+            error=message,
+        )
+
+    async def _step(self, action: str) -> StepResult:
+        parsed = self.parser.parse(action)
+        if not parsed.calls and not parsed.errors:
+            return await self._no_call(parsed.content)
+        obs: list[Message] = []
+        reward: dict[str, float] = {}
+        info: dict[str, Any] = {}
+        problems: list[str] = []
+
+        def penalise(problem: str) -> None:
+            problems.append(problem)
+            obs.append({"role": "tool", "content": f"Error: {problem}"})
+            reward["malformed"] = reward.get("malformed", 0.0) + self.cfg.malformed_penalty
+
+        for error in parsed.errors:
+            penalise(error)
+        terminated = False
+        for i, call in enumerate(parsed.calls):
+            tool = self.tools.get(call.name)
+            if i >= self.cfg.max_calls_per_turn:
+                penalise(f"at most {self.cfg.max_calls_per_turn} tool calls per message; {call.name} was not run")
+            elif tool is None:
+                penalise(f"there is no tool {call.name!r}; the tools are {sorted(self.tools)}")
+            else:
+                try:
+                    out = await tool(call.arguments)
+                except ToolArgumentError as e:
+                    penalise(str(e))
+                    continue
+                except ToolError as e:  # the tool explains a problem with valid input: a normal result
+                    obs.append({"role": "tool", "content": f"Error: {e}"})
+                    continue
+                obs.append({"role": "tool", "content": clip(out.content, self.cfg.max_observation_chars)})
+                for name, value in out.reward.items():
+                    reward[name] = reward.get(name, 0.0) + value
+                info.update(out.info)
+                if out.terminated:
+                    terminated = True
+                    break
+        failure = FailureClass.AGENT if problems else FailureClass.OK
+        error = "; ".join(problems) if problems else None
+        return StepResult(
+            observation=obs, reward_breakdown=reward, terminated=terminated, failure=failure, error=error, info=info
+        )
+
+
+def _is_tool(attr: Any) -> bool:
+    return getattr(attr, "__agentrl_tool__", False)
+
+
+def clip(text: str, limit: int) -> str:
+    """Keep the head and the tail (where errors and results are) of a long text."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"

@@ -1,0 +1,33 @@
+"""Task records and task sets: what episodes are about."""
+
+from agentrl.tasks.base import (
+    AssertTests,
+    CallCase,
+    CallTests,
+    CheckTests,
+    IOCase,
+    IOTests,
+    ListTaskSet,
+    Split,
+    Task,
+    TaskSet,
+    Tests,
+    in_test_split,
+    test_count,
+)
+
+__all__ = [
+    "AssertTests",
+    "CallCase",
+    "CallTests",
+    "CheckTests",
+    "IOCase",
+    "IOTests",
+    "ListTaskSet",
+    "Split",
+    "Task",
+    "TaskSet",
+    "Tests",
+    "in_test_split",
+    "test_count",
+]
