@@ -2,10 +2,11 @@
 
 import typer
 
-from agentrl.cli import sandbox
+from agentrl.cli import envs, sandbox
 
 app = typer.Typer(help="Reinforcement learning of LLM agents that call tools and run code.", no_args_is_help=True)
 app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(envs.app, name="envs")
 
 
 def main() -> None:

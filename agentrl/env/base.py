@@ -14,7 +14,7 @@ from typing import Any, ClassVar, NotRequired, TypedDict, TypeVar
 
 import gymnasium
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.sandbox import Sandbox, SandboxError
 from agentrl.tasks import Task, TaskSet
@@ -130,6 +130,17 @@ class EnvConfig(BaseModel):
     """share of the task set held out as the test split"""
     max_turns: int = Field(4, ge=1)
     """turns before the episode is truncated"""
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvConfig:
+        # Here, not only in Field(...): a subclass that overrides a field's default drops its constraints.
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.split not in ("train", "test", "all"):
+            raise ValueError(f"split must be train, test or all, got {self.split!r}")
+        return self
 
 
 class StepResult(BaseModel):
@@ -332,8 +343,6 @@ def load_task_split(cfg: EnvConfig) -> TaskSet:
     tasks = load_tasks(cfg.tasks)
     if cfg.split == "all":
         return tasks
-    if cfg.split not in ("train", "test"):
-        raise ValueError(f"split must be train, test or all, got {cfg.split!r}")
     return tasks.split(cfg.split, seed=cfg.split_seed, test_fraction=cfg.test_fraction)
 
 

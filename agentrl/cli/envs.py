@@ -1,0 +1,78 @@
+"""`agentrl envs list | show | new`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="List, inspect and create environments.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+@app.command("list")
+def list_() -> None:
+    """Every registered env: built-in, registered, and from installed packages (entry point agentrl.envs)."""
+    from agentrl.env import list_envs
+
+    table = Table("name", "id", "source", "description")
+    for e in list_envs():
+        desc = f"[red]cannot load: {e.error}[/red]" if e.error else e.description
+        table.add_row(e.name, e.id, e.source, desc)
+    out.print(table)
+
+
+@app.command()
+def show(name: Annotated[str, typer.Argument(help="env name, e.g. code_sandbox")]) -> None:
+    """An env's tools, task set, reward and settings."""
+    from agentrl.env import make
+
+    try:
+        env = make(name)
+    except Exception as e:
+        err.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from None
+    out.print(f"[bold]{env.spec.id}[/bold]  {env.description}")
+    tasks = env.task_set
+    size = f"{len(tasks)} tasks" if hasattr(tasks, "__len__") else "unbounded"
+    out.print(f"\n[bold]tasks[/bold]  {tasks.name} ({size}): {tasks.description}")
+    out.print(f"\n[bold]reward[/bold]  {env.reward_doc}")
+    out.print("\n[bold]tools[/bold]" + ("" if env.tool_schemas() else "  none: each reply is the action"))
+    for schema in env.tool_schemas():
+        fn = schema["function"]
+        params = ", ".join(f"{p}: {s.get('type', '?')}" for p, s in fn["parameters"]["properties"].items())
+        out.print(f"  {fn['name']}({params})  {fn.get('description', '')}")
+    settings = Table("setting", "value", "meaning", title="settings (gymnasium.make keyword arguments)")
+    for field in type(env.cfg).model_fields:
+        settings.add_row(field, repr(getattr(env.cfg, field)), _meaning(type(env.cfg), field))
+    out.print(settings)
+    env.close()
+
+
+@app.command()
+def new(
+    name: Annotated[str, typer.Argument(help="env name (a Python identifier)")],
+    directory: Annotated[Path, typer.Option("--dir", help="where to create the package")] = Path("."),
+) -> None:
+    """Scaffold a package with a custom env, its entry point and a test."""
+    from agentrl.env.scaffold import scaffold
+
+    try:
+        root = scaffold(name, directory)
+    except (ValueError, FileExistsError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    out.print(f"created {root}\nnext: pip install -e '{root}[test]' && pytest {root}/tests")
+
+
+def _meaning(config: type, field: str) -> str:
+    """A field's docstring; an override without one inherits its parent's."""
+    for cls in config.__mro__:
+        info = getattr(cls, "model_fields", {}).get(field)
+        if info is not None and info.description:
+            return info.description
+    return ""
