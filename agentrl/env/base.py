@@ -51,8 +51,6 @@ class StepInfo(TypedDict):
     failure: FailureClass
     error: NotRequired[str]
     """what went wrong, when failure is not ok"""
-    sandbox_s: float
-    """seconds this step spent waiting on sandbox calls (the rest is the env's own overhead)"""
     outcome: NotRequired[float]
     """on the step that ends a graded episode: the outcome reward (also in reward_breakdown)"""
 
@@ -198,7 +196,9 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         self.task: Task | None = None
         self.turn = 0
         self._done = True
-        self._sandbox_s = 0.0
+        self.sandbox_s = 0.0
+        """seconds the last step waited on sandbox calls; the rest of its time is the env's own.
+        Kept out of `info` so that equal seeds and actions give equal infos."""
 
     # ---- subclass hooks
 
@@ -236,7 +236,7 @@ class TextEnv(gymnasium.Env[list[Message], str]):
             raise gymnasium.error.ResetNeeded("call reset() before step(); the episode has ended or never began")
         if not isinstance(action, str):
             raise TypeError(f"an action is the assistant's message as str, got {type(action).__name__}")
-        self._sandbox_s = 0.0
+        self.sandbox_s = 0.0
         try:
             result = await self._step(action)
         except SandboxError as e:
@@ -252,7 +252,6 @@ class TextEnv(gymnasium.Env[list[Message], str]):
             "turn": turn,
             "reward_breakdown": dict(result.reward_breakdown),
             "failure": result.failure,
-            "sandbox_s": self._sandbox_s,
             **result.info,
         }
         if result.error is not None:
@@ -274,19 +273,19 @@ class TextEnv(gymnasium.Env[list[Message], str]):
     async def sandbox(self) -> Sandbox:
         """This episode's sandbox, acquired on first use."""
         if self._sandbox is None:
-            if self._sandboxes is None:
-                self._sandboxes = SandboxSource.default()
+            if self._sandboxes is None:  # a sync env's private loop needs one warm sandbox, not a pool
+                self._sandboxes = SandboxSource.default(size=1 if self._runner else DEFAULT_POOL_SIZE)
             self._sandbox = await self._sandboxes.acquire(self)
         return self._sandbox
 
     async def timed(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await a sandbox call and count its time in `info["sandbox_s"]`."""
+        """Await a sandbox call and count its time in `self.sandbox_s`."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
             return await coro
         finally:
-            self._sandbox_s += loop.time() - t0
+            self.sandbox_s += loop.time() - t0
 
     async def _release_sandbox(self) -> None:
         sandbox, self._sandbox = self._sandbox, None
@@ -346,4 +345,4 @@ def load_task_split(cfg: EnvConfig) -> TaskSet:
     return tasks.split(cfg.split, seed=cfg.split_seed, test_fraction=cfg.test_fraction)
 
 
-from agentrl.env.sandboxes import SandboxSource  # noqa: E402  (SandboxSource names TextEnv in its hints)
+from agentrl.env.sandboxes import DEFAULT_POOL_SIZE, SandboxSource  # noqa: E402  (SandboxSource names TextEnv in its hints)

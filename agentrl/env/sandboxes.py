@@ -38,10 +38,11 @@ class SandboxSource:
         self._envs: weakref.WeakSet[TextEnv] = weakref.WeakSet()
 
     @classmethod
-    def default(cls) -> SandboxSource:
+    def default(cls, size: int = DEFAULT_POOL_SIZE) -> SandboxSource:
+        """The running loop's shared source (`size` applies when this call creates it)."""
         loop = asyncio.get_running_loop()
         if loop not in _per_loop:
-            _per_loop[loop] = cls()
+            _per_loop[loop] = cls(size=size)
         return _per_loop[loop]
 
     async def acquire(self, env: TextEnv) -> Sandbox:

@@ -32,8 +32,10 @@ def task_rng(name: str, family: str, level: int, n: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def _restrict(what: str, chosen: Sequence, valid: tuple) -> tuple:
-    """The chosen subset of `valid`, deduplicated; ValueError naming the valid values."""
+def _restrict(what: str, chosen: Sequence | None, valid: tuple) -> tuple:
+    """The chosen subset of `valid` (all of it for None), deduplicated; ValueError naming the valid values."""
+    if chosen is None:
+        return valid
     if not chosen:
         raise ValueError(f"no {what} chosen; choose among {list(valid)}")
     unknown = [c for c in chosen if c not in valid]
@@ -56,10 +58,8 @@ class GeneratedTaskSet(TaskSet):
     LEVELS: ClassVar[tuple[int, ...]] = (1, 2, 3)
 
     def __init__(self, *, families: Sequence[str] | None = None, levels: Sequence[int] | None = None):
-        self.families: tuple[str, ...] = _restrict(
-            "families", self.FAMILIES if families is None else families, self.FAMILIES
-        )
-        self.levels: tuple[int, ...] = _restrict("levels", self.LEVELS if levels is None else levels, self.LEVELS)
+        self.families: tuple[str, ...] = _restrict("families", families, self.FAMILIES)
+        self.levels: tuple[int, ...] = _restrict("levels", levels, self.LEVELS)
         self._sides: tuple[tuple[Split, int, float], ...] = ()
         """(split, seed, test_fraction) of every split applied, so a split of a split stays inside it"""
 

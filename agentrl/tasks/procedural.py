@@ -925,7 +925,11 @@ class ProceduralCodeTasks(GeneratedTaskSet):
     Families: strings (str -> str steps), lists (list -> list steps), numbers (int -> int steps),
     counting (list steps, then a count or search), sequences (the n-th term of a recurrence).
     Level = number of steps: 1, 2 or 3 (counting: a compound condition counts as a step;
-    sequences: 1 is first order, 2 second order, 3 up to third order modulo m).
+    sequences: 1 is first order, 2 second order, 3 up to third order modulo m). Level 1 has
+    only dozens of statements per family (tasks still differ in their test inputs); levels
+    2 and 3 have far more. With the default 10 hidden cases, no expected value filled more
+    than half of them in 1500 tasks measured, so no constant passes. A task takes about 1 ms
+    to build.
     """
 
     name = "procedural"
