@@ -20,6 +20,8 @@ def list_() -> None:
     from agentrl.env import list_envs
 
     table = Table("name", "id", "source", "description")
+    for column in table.columns:
+        column.overflow = "fold"  # never hide a name behind an ellipsis
     for e in list_envs():
         desc = f"[red]cannot load: {e.error}[/red]" if e.error else e.description
         table.add_row(e.name, e.id, e.source, desc)

@@ -126,12 +126,8 @@ def assemble_solution(task: Task, code: str) -> str:
         return code
     defined = top_level_names(code)
     if defined is not None and entry.partition(".")[0] in defined:
-        starter = ast.parse(task.starter_code)
-        imports = [
-            ast.get_source_segment(task.starter_code, n)
-            for n in starter.body
-            if isinstance(n, ast.Import | ast.ImportFrom)
-        ]
+        # Top-level import lines, read as text: starter code may not parse (LiveCodeBench's ends in an empty body).
+        imports = [line for line in task.starter_code.splitlines() if re.match(r"(import|from)\s", line)]
         return "\n".join([*imports, code]) if imports else code
     return task.starter_code.rstrip("\n") + "\n" + code
 

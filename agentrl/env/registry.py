@@ -124,3 +124,4 @@ def list_envs() -> list[EnvInfo]:
 
 
 _register_builtins()
+discover()  # reads package metadata only; no plugin is imported until made or listed

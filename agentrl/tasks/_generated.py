@@ -49,7 +49,7 @@ class GeneratedTaskSet(TaskSet):
 
     Set these in ALL subclasses, besides `name` and `description`: `FAMILIES`, and `_build`,
     which makes a task from its id and generator. A split keeps a task on its side iff
-    `in_test_split(task.content_hash(), seed, test_fraction)` says so; `sample` and `__iter__`
+    `in_test_split(self.split_key(task), seed, test_fraction)` says so; `sample` and `__iter__`
     skip (and draw again past) tasks of the other side, so a test task never reaches training,
     even when two ids give the same content. Expect 1 / fraction draws per task of a side.
     """
@@ -84,11 +84,13 @@ class GeneratedTaskSet(TaskSet):
         name = type(self).name
         return self._build(f"{name}/{family}/{level}/{n}", family, level, task_rng(name, family, level, n))
 
+    def split_key(self, task: Task) -> str:
+        """What decides a task's side: its content. Subclasses may key on less (the problem without its inputs)."""
+        return task.content_hash()
+
     def _keeps(self, task: Task) -> bool:
-        return all(
-            in_test_split(task.content_hash(), seed, fraction) == (side == "test")
-            for side, seed, fraction in self._sides
-        )
+        key = self.split_key(task)
+        return all(in_test_split(key, seed, fraction) == (side == "test") for side, seed, fraction in self._sides)
 
     def __iter__(self) -> Iterator[Task]:
         """Forever: n = 0, 1, 2, ..., and for each n every (family, level) in turn."""

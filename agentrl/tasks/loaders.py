@@ -242,7 +242,8 @@ def _lcb_task(record: Any) -> Task:
     return Task(
         id=f"lcb/{r.question_id}",
         prompt=f"{r.question_title}\n\n{r.question_content}\n\n{how}",
-        starter_code=r.starter_code,
+        # LiveCodeBench's own harness puts `from typing import *` first: its starters use List unimported.
+        starter_code=f"from typing import *\n\n{r.starter_code}" if r.starter_code else "",
         tests=_lcb_tests(hidden, r),
         public_tests=_lcb_tests(r.public_test_cases, r) if r.public_test_cases else None,
         metadata=metadata,

@@ -123,7 +123,8 @@ def test_lcb_functional_record_calls_solution_method():
         entry_point="Solution.countPairs", cases=[*public, CallCase(args=[[1, 1], 3], expected=1)]
     )
     assert t.public_tests == CallTests(entry_point="Solution.countPairs", cases=public)
-    assert t.starter_code.startswith("class Solution:") and t.starter_code in t.prompt
+    assert t.starter_code.startswith("from typing import *\n\nclass Solution:")
+    assert t.starter_code.split("\n\n", 1)[1] in t.prompt
 
     class Solution:
         def countPairs(self, nums: list[int], target: int) -> int:
