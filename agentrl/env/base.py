@@ -197,7 +197,7 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         self.turn = 0
         self._done = True
         self.sandbox_s = 0.0
-        """seconds the last step waited on sandbox calls; the rest of its time is the env's own.
+        """seconds the last step waited on its sandbox (acquiring it, calls); the rest is the env's own.
         Kept out of `info` so that equal seeds and actions give equal infos."""
 
     # ---- subclass hooks
@@ -275,7 +275,7 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         if self._sandbox is None:
             if self._sandboxes is None:  # a sync env's private loop needs one warm sandbox, not a pool
                 self._sandboxes = SandboxSource.default(size=1 if self._runner else DEFAULT_POOL_SIZE)
-            self._sandbox = await self._sandboxes.acquire(self)
+            self._sandbox = await self.timed(self._sandboxes.acquire(self))
         return self._sandbox
 
     async def timed(self, coro: Coroutine[Any, Any, T]) -> T:

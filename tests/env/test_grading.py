@@ -242,3 +242,26 @@ def test_assemble_accepts_completions_and_whole_functions():
     assert assemble_solution(task, body) == problem["prompt"].rstrip("\n") + "\n" + body
     whole = "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n    return False\n"
     assert assemble_solution(task, whole) == "from typing import List\n" + whole
+
+
+async def test_loaded_mbpp_and_lcb_tasks_grade_their_solutions(sandbox):
+    from pathlib import Path
+
+    from agentrl.env.grading import grade
+    from agentrl.tasks.loaders import load_jsonl
+
+    data = Path(__file__).parent.parent / "tasks" / "data"
+    for task in load_jsonl(data / "mbpp_sample.jsonl"):
+        r = await grade(sandbox, task, task.metadata["reference_solution"])
+        assert r.fraction == 1.0, (task.id, r)
+        assert (await grade(sandbox, task, f"def {task.tests.entry_point}(*args):\n    return None")).passed == 0
+    lcb = {t.id: t for t in load_jsonl(data / "lcb_sample.jsonl")}
+    vowels = "print(''.join(c for c in input() if c not in 'aeiou'))"
+    assert (await grade(sandbox, lcb["lcb/abc315_a"], vowels)).fraction == 1.0
+    assert (await grade(sandbox, lcb["lcb/abc315_a"], "print(input())")).fraction < 1.0
+    pairs = textwrap.dedent("""
+        class Solution:
+            def countPairs(self, nums: List[int], target: int) -> int:
+                return sum(nums[i] + nums[j] < target for i in range(len(nums)) for j in range(i + 1, len(nums)))
+    """)
+    assert (await grade(sandbox, lcb["lcb/2917"], pairs)).fraction == 1.0  # List comes from the starter's imports

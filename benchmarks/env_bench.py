@@ -1,0 +1,144 @@
+"""Per-step overhead of the environment layer above the sandbox call, and many concurrent episodes.
+
+Measures, in one run:
+
+- serial: one `code_sandbox` env steps `run_python("print(sum(range(10)))")` as a tool call,
+  `--steps` times; each step's wall time, the part spent in sandbox calls (`env.sandbox_s`),
+  and the rest: parsing the tool call, validating arguments, formatting the observation,
+  bookkeeping. Baseline in the same run: the bare `sandbox.run_python` of the same code.
+- concurrent: `--episodes` code_sandbox episodes at once from one event loop and one pool
+  (reset, a run_python step, a submit of the reference solution graded on 10 hidden tests),
+  with the same per-step split, the wall time of the whole batch, the rewards, and the
+  agentrl containers of this process left afterwards (must be 0).
+
+Prints one JSON object. Run: `python benchmarks/env_bench.py` (about a minute), or `--quick`.
+Needs a Docker engine and the sandbox image (`agentrl sandbox build`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+
+import agentrl
+from agentrl.env import SandboxSource
+from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
+from agentrl.sandbox.docker_sandbox import docker_client
+from agentrl.sandbox.image import image_exists, image_tag
+from agentrl.tasks.procedural import reference_solution
+
+CODE = "print(sum(range(10)))"
+ACTION = '<tool_call>{"name": "run_python", "arguments": {"code": "print(sum(range(10)))"}}</tool_call>'
+
+
+def ms(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {
+        "p50_ms": round(1000 * statistics.median(xs), 3),
+        "p95_ms": round(1000 * xs[min(len(xs) - 1, int(0.95 * len(xs)))], 3),
+        "mean_ms": round(1000 * statistics.fmean(xs), 3),
+    }
+
+
+async def serial(steps: int) -> dict:
+    pool = SandboxPool(DockerSandbox.create, size=1)
+    env = agentrl.make("code_sandbox", sandboxes=SandboxSource(pool), max_turns=steps + 1)
+    try:
+        await env.areset(seed=0)
+        sandbox = await env.sandbox()
+        bare, wall, inside = [], [], []
+        for _ in range(10):  # warm-up of both paths
+            await sandbox.run_python(CODE)
+            await env.astep(ACTION)
+        await env.areset(seed=0)
+        sandbox = await env.sandbox()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            await sandbox.run_python(CODE)
+            bare.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            await env.astep(ACTION)
+            wall.append(time.perf_counter() - t0)
+            inside.append(env.sandbox_s)
+    finally:
+        await env.aclose()
+        await pool.close()
+    overhead = [w - s for w, s in zip(wall, inside, strict=True)]
+    return {
+        "bare_run_python": ms(bare),
+        "env_step": ms(wall),
+        "of_which_sandbox": ms(inside),
+        "of_which_env_overhead": ms(overhead),
+        "step_over_bare_p50_ratio": round(statistics.median(wall) / statistics.median(bare), 3),
+    }
+
+
+async def concurrent(episodes: int, pool_size: int) -> dict:
+    client = docker_client()
+    mine = {"label": f"{reaper.SESSION_LABEL}={reaper.SESSION_ID}"}
+    steps: list[tuple[float, float]] = []
+    rewards: list[float] = []
+
+    async def episode(i: int, source: SandboxSource) -> None:
+        env = agentrl.make("code_sandbox", sandboxes=source)
+        await env.areset(seed=i)
+        submit = json.dumps({"name": "submit", "arguments": {"code": reference_solution(env.task)}})
+        for action in (ACTION, f"<tool_call>{submit}</tool_call>"):
+            t0 = time.perf_counter()
+            _, reward, *_ = await env.astep(action)
+            steps.append((time.perf_counter() - t0, env.sandbox_s))
+        rewards.append(reward)
+        await env.aclose()
+
+    pool = SandboxPool(DockerSandbox.create, size=pool_size)
+    t0 = time.perf_counter()
+    try:
+        await pool.start()
+        started = time.perf_counter()
+        await asyncio.gather(*(episode(i, SandboxSource(pool)) for i in range(episodes)))
+        ran = time.perf_counter() - started
+    finally:
+        await pool.close()
+    total = time.perf_counter() - t0
+    return {
+        "episodes": episodes,
+        "pool_size": pool_size,
+        "wall_s_episodes": round(ran, 2),
+        "wall_s_with_pool_start_and_close": round(total, 2),
+        "rewards_mean": statistics.fmean(rewards),
+        "step": ms([w for w, _ in steps]),
+        "of_which_sandbox": ms([s for _, s in steps]),
+        "of_which_env_overhead": ms([w - s for w, s in steps]),
+        "containers_left": len(client.api.containers(all=True, filters=mine)),
+    }
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="few repetitions: a smoke run")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--episodes", type=int, default=100)
+    p.add_argument("--pool-size", type=int, default=8)
+    args = p.parse_args()
+    if args.quick:
+        args.steps, args.episodes = 20, 10
+    if not image_exists(docker_client(), image_tag()):
+        raise SystemExit(f"no image {image_tag()}: run `agentrl sandbox build` first")
+    load = os.getloadavg()
+    result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load},
+        "image": image_tag(),
+        "serial": await serial(args.steps),
+        "concurrent": await concurrent(args.episodes, args.pool_size),
+    }
+    result["machine"]["load_after"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
