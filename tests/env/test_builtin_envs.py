@@ -155,3 +155,25 @@ async def test_one_hundred_concurrent_episodes_leave_no_container(sandbox_image,
         await pool.close()
     assert [r for r, _ in results] == [1.0] * 100
     assert _labelled(docker_client) - before == set()
+
+
+@pytest.mark.parametrize("tasks", ["humaneval", "mbpp"])
+async def test_code_sandbox_is_driven_by_any_code_task_set(source, tasks):
+    from pathlib import Path
+
+    if tasks == "mbpp":
+        tasks = f"mbpp:{Path(__file__).parent.parent / 'tasks' / 'data' / 'mbpp_sample.jsonl'}"
+    env = agentrl.make("code_sandbox", sandboxes=source, tasks=tasks, split="all")
+    _, info = await env.areset(seed=0)
+    meta = env.task.metadata
+    solution = meta.get("reference_solution") or env.task.starter_code + meta["canonical_solution"]
+    _, r, term, _, info = await env.astep(call("submit", code=solution))
+    assert (r, term, info["failure"]) == (1.0, True, FailureClass.OK)
+    await env.aclose()
+
+
+def test_code_sandbox_refuses_question_tasks():
+    env = agentrl.make("code_sandbox", tasks="arithmetic")
+    with pytest.raises(ValueError, match="needs code tasks"):
+        env.reset(seed=0)
+    env.close()
