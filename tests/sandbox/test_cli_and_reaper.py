@@ -32,7 +32,19 @@ def runs_prog(client, container: dict) -> bool:
 def start_exec(tmp_path, code: str, *args: str) -> subprocess.Popen:
     prog = tmp_path / "prog.py"
     prog.write_text(code)
-    return subprocess.Popen([*AGENTRL, "sandbox", "exec", str(prog), *args], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*AGENTRL, "sandbox", "exec", str(prog), *args], stdout=subprocess.PIPE, text=True, preexec_fn=deliver_sigint
+    )
+
+
+def deliver_sigint() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C delivers it.
+
+    Ignored and blocked signals survive exec: a shell's background job (as CI may run in)
+    ignores SIGINT, and a library thread of the test process may have it blocked.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def wait_running(client, proc: subprocess.Popen) -> None:
