@@ -110,7 +110,7 @@ class CodeSandboxEnv(ToolEnv):
         sandbox = await self.sandbox()
         await self.timed(sandbox.reset_session())  # nothing of the agent's may run beside the grader
         r = await self.timed(grade(sandbox, self.task, code, test_timeout_s=self.cfg.test_timeout_s))
-        outcome = r.fraction if self.cfg.outcome == "fraction" else float(r.passed == r.total)
+        outcome = r.outcome(self.cfg.outcome)
         return ToolOutput(
             content=r.summary(),
             reward={"outcome": outcome},

@@ -43,7 +43,7 @@ class HumanEvalEnv(TextEnv):
         # A reply without a fenced block is taken as raw code (a completion or a bare function).
         code = extract_code(action) or action
         r = await self.timed(grade(await self.sandbox(), self.task, code, test_timeout_s=self.cfg.test_timeout_s))
-        outcome = r.fraction if self.cfg.outcome == "fraction" else float(r.passed == r.total)
+        outcome = r.outcome(self.cfg.outcome)
         info = {"tests_passed": r.passed, "tests_total": r.total}
         if outcome == 1.0 or self.turn + 1 >= self.cfg.max_turns:
             return StepResult(reward_breakdown={"outcome": outcome}, terminated=True, info={**info, "outcome": outcome})

@@ -16,8 +16,10 @@ import gymnasium
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentrl.env.sandboxes import DEFAULT_POOL_SIZE, SandboxSource
 from agentrl.sandbox import Sandbox, SandboxError
 from agentrl.tasks import Task, TaskSet
+from agentrl.tasks.registry import load_tasks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -189,7 +191,7 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         self.cfg = make_config(self.Config, kwargs, type(self).__name__)
         self.observation_space = ChatMessages()
         self.action_space = AssistantText()
-        self.task_set = task_set or load_task_split(self.cfg)
+        self.task_set = task_set if task_set is not None else load_task_split(self.cfg)
         self._sandboxes = sandboxes
         self._sandbox: Sandbox | None = None
         self._runner: asyncio.Runner | None = None
@@ -337,12 +339,7 @@ def make_config(model: type[BaseModel], kwargs: dict[str, Any], owner: str) -> A
 
 
 def load_task_split(cfg: EnvConfig) -> TaskSet:
-    from agentrl.tasks.registry import load_tasks
-
     tasks = load_tasks(cfg.tasks)
     if cfg.split == "all":
         return tasks
     return tasks.split(cfg.split, seed=cfg.split_seed, test_fraction=cfg.test_fraction)
-
-
-from agentrl.env.sandboxes import DEFAULT_POOL_SIZE, SandboxSource  # noqa: E402  (SandboxSource names TextEnv in its hints)

@@ -69,6 +69,10 @@ class GradeResult(BaseModel):
     def fraction(self) -> float:
         return self.passed / self.total if self.total else 0.0
 
+    def outcome(self, rule: Literal["fraction", "all"]) -> float:
+        """The outcome reward: the fraction of tests passed, or 1.0 only when all pass."""
+        return self.fraction if rule == "fraction" else float(self.passed == self.total)
+
     def summary(self) -> str:
         """What the agent may read: counts and the solution's own first error, no test content."""
         head = f"{self.passed}/{self.total} tests passed."
@@ -139,10 +143,10 @@ async def run_tests(
     if isinstance(tests, IOTests):
         return await _run_io(sandbox, tests, solution, test_timeout_s)
     request = {"solution": solution, "tests": tests.model_dump(mode="json"), "test_timeout_s": test_timeout_s}
-    # One test may spend test_timeout_s in its call and as much again restarting a crashed worker.
-    timeout_s = min(max_total_s, 2 * test_timeout_s * (test_count(tests) + 1) + 5.0)
-    r = await sandbox.run_python(grader_source(), stdin=json.dumps(request), timeout_s=timeout_s)
     n = test_count(tests)
+    # One test may spend test_timeout_s in its call and as much again restarting a crashed worker.
+    timeout_s = min(max_total_s, 2 * test_timeout_s * (n + 1) + 5.0)
+    r = await sandbox.run_python(grader_source(), stdin=json.dumps(request), timeout_s=timeout_s)
     if not r.ok:  # the solution killed the grader, or exhausted its time or memory
         cut = TestOutcome(passed=False, error=f"grading ended early: {r.status}", where="crash")
         return GradeResult(outcomes=[cut] * n, grader_status=str(r.status))

@@ -32,7 +32,7 @@ BUILTINS = {
 }
 
 _sources: dict[str, str] = {}  # env id -> where it came from
-_discovered = False
+_broken: list[EnvInfo] = []  # advertised entry points that could not be registered
 
 
 class EnvInfo(BaseModel):
@@ -64,16 +64,11 @@ def register(name: str, entry_point: Any, *, source: str = "registered at runtim
     return eid
 
 
-def discover() -> list[EnvInfo]:
-    """Register every env advertised in the `agentrl.envs` entry-point group (once), importing nothing.
+def _discover() -> None:
+    """Register every env advertised in the `agentrl.envs` entry-point group, importing nothing.
 
-    Returns the entry points that could not even be registered (a malformed value).
+    Entry points that cannot even be registered (a malformed value) go to `_broken`.
     """
-    global _discovered
-    broken = []
-    if _discovered:
-        return broken
-    _discovered = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         source = ep.dist.name if ep.dist is not None else "unknown package"
         if env_id(ep.name) in gymnasium.registry:
@@ -81,8 +76,7 @@ def discover() -> list[EnvInfo]:
         try:
             register(ep.name, ep.value, source=source)
         except Exception as e:
-            broken.append(EnvInfo(name=ep.name, id=env_id(ep.name), source=source, entry_point=ep.value, error=str(e)))
-    return broken
+            _broken.append(EnvInfo(name=ep.name, id=env_id(ep.name), source=source, entry_point=ep.value, error=str(e)))
 
 
 def _register_builtins() -> None:
@@ -97,7 +91,6 @@ def make(name: str, **kwargs: Any):
     and enforces reset-before-step itself. An unknown name raises Gymnasium's error with
     its "Did you mean" suggestion; an env that fails to import says which package it is from.
     """
-    discover()
     eid = env_id(name)
     try:
         return gymnasium.make(eid, disable_env_checker=True, **kwargs).unwrapped
@@ -107,8 +100,7 @@ def make(name: str, **kwargs: Any):
 
 def list_envs() -> list[EnvInfo]:
     """Every agentrl env, importing each to read its description; failures are reported, not raised."""
-    broken = discover()
-    infos = list(broken)
+    infos = list(_broken)
     for eid, spec in sorted(gymnasium.registry.items()):
         if spec.namespace != NAMESPACE:
             continue
@@ -124,4 +116,4 @@ def list_envs() -> list[EnvInfo]:
 
 
 _register_builtins()
-discover()  # reads package metadata only; no plugin is imported until made or listed
+_discover()  # reads package metadata only; no plugin is imported until made or listed
