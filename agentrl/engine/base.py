@@ -1,0 +1,128 @@
+"""The inference engine contract: token ids in; token ids, logprobs, versions out.
+
+Words used throughout (fixed here once):
+- request: one `generate` call, a prompt of token ids and `SamplingParams`;
+- policy version: an integer the engine increments on every weight update; every
+  generated token records the version of the weights that sampled it;
+- engine logprob (lp_b in DESIGN.md §3): log q(y_t), where q is the distribution the
+  token was actually drawn from (see `agentrl.engine.sampling`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FinishReason = Literal["stop", "length", "aborted"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample one request. Validated here, before anything reaches a model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    """softmax temperature; 0 means greedy decoding"""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """nucleus sampling: keep the smallest set of tokens whose probability reaches top_p"""
+    top_k: int = Field(0, ge=0)
+    """keep the k most likely tokens; 0 turns it off"""
+    max_tokens: int = Field(256, ge=1)
+    """generate at most this many tokens (finish reason "length")"""
+    stop_token_ids: tuple[int, ...] = ()
+    """generation stops after any of these; the stop token is part of the output"""
+    seed: int | None = None
+    """seeds this request's own generator, so its tokens do not depend on batching"""
+
+    @model_validator(mode="after")
+    def _greedy_has_no_filters(self) -> SamplingParams:
+        if self.temperature == 0 and (self.top_p < 1 or self.top_k):
+            raise ValueError("top_p / top_k have no effect with temperature=0 (greedy); leave them at 1.0 / 0")
+        return self
+
+
+@dataclass
+class Generation:
+    """What one request produced. The three per-token lists have the same length."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """engine logprob of each generated token, under `InferenceEngine.logprob_semantics`"""
+    versions: list[int]
+    """policy version of the weights that sampled each token"""
+    finish_reason: FinishReason
+    prompt_len: int = 0
+    routed_experts: list[list[list[int]]] | None = field(default=None, repr=False)
+    """MoE models, when asked: per generated token, per layer, the experts it was routed to"""
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) == len(self.logprobs) == len(self.versions), "per-token lists differ in length"
+
+
+class ContextTooLong(ValueError):
+    """The prompt plus `max_tokens` does not fit the model's context: refused before the model."""
+
+
+class InferenceEngine(ABC):
+    """Generates from token ids; takes weight updates; aborts requests.
+
+    Contract for every engine (set `name` and `logprob_semantics` in ALL subclasses):
+    - `generate(prompt_ids, params, request_id=)` returns a `Generation`. Generated ids are
+      never detokenised and re-encoded. A request whose prompt plus `max_tokens` exceeds
+      `max_context` raises `ContextTooLong` without touching the model.
+    - `abort(request_id)` ends that request early: its `generate` returns the tokens made so
+      far with finish reason "aborted". Unknown or finished ids are ignored.
+    - `update_weights(state_dict=..., lora=...)` installs new weights between two decode
+      steps and returns the new policy version (old version + 1). Requests in flight keep
+      going; their later tokens carry the new version.
+    - `close()` releases the engine; safe to call twice. `async with` closes it too.
+    """
+
+    name: ClassVar[str]
+    logprob_semantics: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def version(self) -> int:
+        """The current policy version (starts at 0)."""
+
+    @property
+    @abstractmethod
+    def max_context(self) -> int:
+        """Most tokens (prompt plus generated) one request may hold."""
+
+    @abstractmethod
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> Generation: ...
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
+                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+        ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    def check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len < 1:
+            raise ValueError("empty prompt: an engine needs at least one prompt token")
+        if prompt_len + params.max_tokens > self.max_context:
+            raise ContextTooLong(
+                f"prompt of {prompt_len} tokens + max_tokens={params.max_tokens} exceeds the context of "
+                f"{self.max_context}; shorten the prompt or lower max_tokens"
+            )
+
+    async def __aenter__(self) -> InferenceEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,322 @@
+"""`hf` engine: a transformers model decoding many requests in one batch with a KV cache.
+
+Continuous batching, written here because transformers' own `generate` decodes a fixed
+batch to the end, and its continuous-batching manager neither reports the logprob of the
+distribution a token was drawn from nor lets a weight update land between two steps.
+A background thread runs the loop; each iteration:
+
+1. finishes aborted requests with the tokens they have;
+2. one decode step for every running request: feed its last sampled token, sample the
+   next from `agentrl.engine.sampling` (each request its own generator and parameters);
+3. prefills newly arrived requests as a left-padded batch, samples their first token and
+   merges their KV cache into the running one (left-padding the shorter side);
+4. drops finished rows from the cache, and cache columns no row uses any more.
+
+So a request joins while others are mid-generation, as multi-turn rollouts need: an episode
+back from its sandbox does not wait for the batch to drain. Every sampling step holds
+`self._lock`; `update_weights` takes the same lock, so new weights land between two steps
+and the tokens after carry the new version. asyncio callers get their result through a
+future resolved on their own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from agentrl.engine.base import FinishReason, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.sampling import sample, sampling_logprobs
+
+
+@dataclass(eq=False)
+class _Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    n_ctx: int = 0  # real (unpadded) tokens in this row's KV cache
+    aborted: bool = False
+    finish: FinishReason | None = None
+
+
+class HFEngine(InferenceEngine):
+    """The embedded engine. Pass the trainer's own module to share its weights (no copy).
+
+    With a shared module the trainer changes weights in place: it wraps the change in
+    `with engine.paused():` (no decode step runs meanwhile) and then calls
+    `await engine.update_weights()` with no arguments, which only bumps the version.
+    """
+
+    name = "hf"
+    logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
+
+    def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
+                 seed: int = 0) -> None:  # fmt: skip
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self._max_context = max_context or int(model.config.max_position_embeddings)
+        self._seeds = itertools.count(seed * 1_000_003)
+        self._version = 0
+        self._lock = threading.Lock()  # held by every decode step and every weight update
+        self._cv = threading.Condition()  # guards _waiting, _closed
+        self._waiting: deque[_Request] = deque()
+        self._by_id: dict[str, _Request] = {}
+        self._rows: list[_Request] = []  # the running batch, in cache row order
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # (B, L) 1 where the cache column holds a real token
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs) -> HFEngine:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        return cls(model, **kwargs)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    # -- requests --------------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        self.check_fits(len(prompt_ids), params)
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else next(self._seeds)
+        req = _Request(
+            id=request_id or uuid.uuid4().hex,
+            prompt=list(prompt_ids),
+            params=params,
+            generator=torch.Generator(self.device).manual_seed(seed),
+            loop=loop,
+            future=loop.create_future(),
+        )
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            if req.id in self._by_id:
+                raise ValueError(f"request id {req.id!r} is already in flight")
+            self._by_id[req.id] = req
+            self._waiting.append(req)
+            self._ensure_thread()
+            self._cv.notify()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.aborted = True  # the loop drops it at its next step
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        req = self._by_id.get(request_id)
+        if req is not None:
+            req.aborted = True
+            with self._cv:
+                self._cv.notify()
+
+    async def abort_all(self) -> None:
+        for req in list(self._by_id.values()):
+            req.aborted = True
+        with self._cv:
+            self._cv.notify()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No decode step runs inside this block (for in-place updates of a shared model)."""
+        with self._lock:
+            yield
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
+                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+        return await asyncio.to_thread(self._install, state_dict, lora)
+
+    def _install(self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None) -> int:
+        if state_dict is not None and lora is not None:
+            raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
+        with self._lock, torch.no_grad():
+            if lora is not None:
+                from peft import PeftModel, set_peft_model_state_dict
+
+                if not isinstance(self.model, PeftModel):
+                    raise ValueError("a LoRA update needs the engine's model to be a peft PeftModel")
+                result = set_peft_model_state_dict(self.model, dict(lora))
+                if result.unexpected_keys:
+                    raise ValueError(f"LoRA update has keys the adapter lacks: {result.unexpected_keys[:5]}")
+            elif state_dict is not None:
+                self.model.load_state_dict(dict(state_dict), strict=True)
+            # Neither: the module is shared with the trainer and already holds the new weights.
+            self._version += 1
+            return self._version
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    # -- the decode loop (engine thread) --------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="agentrl-hf-engine", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._waiting or self._rows or self._closed):
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                    room = self.max_batch_size - len(self._rows)
+                    new = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                with self._lock, torch.no_grad():
+                    self._step(new)
+        except BaseException as e:  # a model error fails every request instead of hanging them
+            self._error = e
+        for req in [*self._rows, *self._waiting]:
+            self._resolve(req, error=self._error or RuntimeError("engine closed"))
+        self._rows.clear()
+        self._waiting.clear()
+
+    def _step(self, new: list[_Request]) -> None:
+        for req in self._rows:
+            if req.aborted:
+                req.finish = "aborted"
+        self._drop_finished()
+        if self._rows:
+            self._decode()
+        new_live = []
+        for req in new:
+            if req.aborted:
+                req.finish = "aborted"
+                self._resolve(req)
+            else:
+                new_live.append(req)
+        if new_live:
+            self._prefill(new_live)
+        self._drop_finished()
+
+    def _decode(self) -> None:
+        """Feed each row's last sampled token; sample the next one."""
+        assert self._cache is not None and self._mask is not None
+        B = len(self._rows)
+        input_ids = torch.tensor([[r.tokens[-1]] for r in self._rows], device=self.device)  # (B, 1)
+        positions = torch.tensor([[r.n_ctx] for r in self._rows], device=self.device)  # (B, 1)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(B, 1)], dim=1)  # (B, L+1)
+        out = self.model(input_ids=input_ids, attention_mask=self._mask, position_ids=positions,
+                         past_key_values=self._cache, use_cache=True)  # fmt: skip
+        for r in self._rows:
+            r.n_ctx += 1
+        self._sample(self._rows, out.logits[:, -1])
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        """Left-padded prefill of new prompts, merged into the running batch."""
+        L = max(len(r.prompt) for r in reqs)
+        ids = torch.zeros(len(reqs), L, dtype=torch.long, device=self.device)  # (n, L)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(reqs):
+            ids[i, L - len(r.prompt) :] = torch.tensor(r.prompt, device=self.device)
+            mask[i, L - len(r.prompt) :] = 1
+            r.n_ctx = len(r.prompt)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        self._merge(reqs, cache, mask)
+        self._sample(reqs, out.logits[:, -1])
+
+    def _merge(self, reqs: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+        if self._cache is None or not self._rows:
+            self._rows, self._cache, self._mask = list(reqs), cache, mask
+            return
+        L = max(mask.shape[1], self._mask.shape[1])
+
+        def lpad(t: torch.Tensor, dim: int) -> torch.Tensor:  # left-pad dim `dim` up to L
+            pad = [0, 0] * (t.dim() - 1 - dim) + [L - t.shape[dim], 0]
+            return F.pad(t, pad)
+
+        layers = [
+            (torch.cat([lpad(a.keys, 2), lpad(b.keys, 2)]), torch.cat([lpad(a.values, 2), lpad(b.values, 2)]))
+            for a, b in zip(self._cache.layers, cache.layers, strict=True)
+        ]
+        self._cache = DynamicCache(layers)
+        self._mask = torch.cat([lpad(self._mask, 1), lpad(mask, 1)])
+        self._rows.extend(reqs)
+
+    def _sample(self, rows: list[_Request], logits: torch.Tensor) -> None:
+        """Sample one token per row from its own distribution (logits (B, V))."""
+        for r, z in zip(rows, logits, strict=True):
+            p = r.params
+            logq = sampling_logprobs(z, p.temperature, p.top_k, p.top_p)  # (V,)
+            y = sample(logq, p.temperature, r.generator)
+            r.tokens.append(y)
+            r.logprobs.append(float(logq[y]))
+            r.versions.append(self._version)
+            if y in p.stop_token_ids:
+                r.finish = "stop"
+            elif len(r.tokens) >= p.max_tokens:
+                r.finish = "length"
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if r.finish is None]
+        if len(keep) == len(self._rows):
+            return
+        for r in self._rows:
+            if r.finish is not None:
+                self._resolve(r)
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._cache = self._mask = None
+            return
+        idx = torch.tensor(keep, device=self.device)
+        self._mask = self._mask[idx]
+        start = int((self._mask.sum(0) > 0).long().argmax())  # first column some row still uses
+        self._mask = self._mask[:, start:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[idx, :, start:]
+            layer.values = layer.values[idx, :, start:]
+
+    def _resolve(self, req: _Request, error: BaseException | None = None) -> None:
+        self._by_id.pop(req.id, None)
+        if error is None:
+            finish = req.finish or "aborted"
+            gen = Generation(req.tokens, req.logprobs, req.versions, finish, prompt_len=len(req.prompt))
+        fut = req.future
+
+        def settle() -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(gen)
+
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
+            req.loop.call_soon_threadsafe(settle)
