@@ -1,0 +1,11 @@
+"""Rollouts: environments plus an inference engine, turned into token-exact trajectories."""
+
+from agentrl.rollout.chat import ChatFormat, TemplatePrefixError
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.controller import Group, RolloutBatch, RolloutController, RolloutStats
+from agentrl.rollout.trajectory import Segment, Status, Trajectory, TrajectoryError, Turn
+
+__all__ = [
+    "ChatFormat", "Group", "RolloutBatch", "RolloutConfig", "RolloutController", "RolloutStats", "Segment",
+    "Status", "TemplatePrefixError", "Trajectory", "TrajectoryError", "Turn",
+]  # fmt: skip

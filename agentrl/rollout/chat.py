@@ -1,0 +1,93 @@
+"""Chat-template deltas: the tokens to append after a generated turn, without re-rendering.
+
+Re-rendering a conversation and re-tokenising it drifts from what the model saw: BPE merges
+across the boundary between generated text and template text differ, decoded text does not
+re-encode to the same ids, and templates rewrite history (Qwen3 drops the `<think>` part of
+earlier assistant turns). So the next prompt is always `trajectory + delta`, where the delta
+comes from rendering the new messages after a stand-in assistant turn:
+
+    full = render([user, assistant(SENTINEL), *new], generation_prompt)
+    delta = full[after SENTINEL:]                      # <|im_end|>\n<|im_start|>user\n...assistant\n
+
+The prefix property is checked on every delta: `full` must start with the rendering of the
+turns before the assistant's and hold the assistant's content once (the template does not
+rewrite or drop earlier turns when messages are appended), and the delta must start with a
+special token, so no BPE merge can join it to whatever the model wrote. Either failing
+raises `TemplatePrefixError`. When the model closed its turn
+with a stop token that the delta starts with, that token is not repeated; when it was cut
+(length), the delta's end-of-turn tokens close it.
+
+What the trajectory keeps of a turn is what the model generated, `<think>` included: the
+next turn's prompt is the one the model really continued, not a re-rendered version of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentrl.env.base import Message
+
+SENTINEL = "AGENTRLSENTINEL"
+
+
+class TemplatePrefixError(ValueError):
+    """The chat template breaks the prefix property, so deltas cannot be token-exact."""
+
+
+class ChatFormat:
+    """Turns chat messages into token ids for one tokenizer and its chat template."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, template_kwargs: dict[str, Any] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; set tokenizer.chat_template")
+        self.tokenizer = tokenizer
+        self.template_kwargs = template_kwargs or {}
+        stops = {tokenizer.eos_token_id}
+        for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"):
+            tid = tokenizer.convert_tokens_to_ids(t)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id and t in tokenizer.all_special_tokens:
+                stops.add(tid)
+        self._atomic = set(tokenizer.get_added_vocab())  # special and added tokens: never merged
+        self.stop_token_ids: tuple[int, ...] = tuple(sorted(i for i in stops if i is not None))
+
+    def render(self, messages: list[Message], *, tools: list[dict] | None = None, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
+        )  # fmt: skip
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: list[Message], *, tools: list[dict] | None = None) -> list[int]:
+        """The first prompt: the opening messages rendered with the generation prompt."""
+        return self.encode(self.render(messages, tools=tools, generation_prompt=True))
+
+    def observation_ids(self, messages: list[Message], *, last_token: int | None) -> list[int]:
+        """The delta after a generated turn whose last token is `last_token` (see module doc)."""
+        stand_in: list[Message] = [{"role": "user", "content": "x"}]
+        before = self.render(stand_in, generation_prompt=False)
+        full = self.render([*stand_in, {"role": "assistant", "content": SENTINEL}, *messages], generation_prompt=True)
+        if not full.startswith(before) or full.count(SENTINEL) != 1:
+            raise TemplatePrefixError(
+                "the chat template rewrites earlier turns once messages are appended, so a conversation is "
+                f"not a prefix of its continuation: {before!r} + an assistant turn rendered as {full!r}"
+            )
+        head = full[: full.index(SENTINEL) + len(SENTINEL)]
+        delta = self.encode(full[len(head) :])
+        if not delta or self.tokenizer.convert_ids_to_tokens(delta[0]) not in self._atomic:
+            raise TemplatePrefixError(
+                f"the assistant turn ends with plain text ({full[len(head) : len(head) + 20]!r}), which BPE may "
+                "merge with what the model wrote: the template's end-of-turn text must start with a special token"
+            )
+        if last_token is not None and delta[:1] == [last_token]:
+            delta = delta[1:]  # the model closed its own turn
+        return delta
+
+    def decode(self, generated: list[int]) -> str:
+        """The text an environment reads: markup such as <tool_call> kept, a final stop token dropped."""
+        if generated and generated[-1] in self.stop_token_ids:
+            generated = generated[:-1]
+        return self.tokenizer.decode(generated, skip_special_tokens=False)

@@ -1,0 +1,60 @@
+"""Rollout settings: one typed model, every default here, checked before any actor starts."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.engine.base import SamplingParams
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = "code_sandbox"
+    """the environment's registered name"""
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """keyword arguments for the environment (its Config)"""
+    group_size: int = Field(4, ge=1)
+    """G: samples of the same task, compared with each other for advantages"""
+    groups_per_iteration: int = Field(4, ge=1)
+    """finished groups an iteration hands to the trainer (its completion target)"""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    """temperature / top_p / top_k / seed; max_tokens is the per-turn token budget"""
+    max_episode_tokens: int = Field(4096, ge=2)
+    """per-episode budget: prompt, generated and observation tokens together"""
+    num_workers: int = Field(2, ge=1)
+    """env worker actors"""
+    sandboxes_per_worker: int = Field(8, ge=1)
+    """warm sandboxes each worker keeps"""
+    partial: bool = True
+    """partial rollouts: end the iteration at its target and park unfinished episodes"""
+    max_groups_in_flight: int | None = None
+    """groups running or parked at once (partial only); default 2 x groups_per_iteration"""
+    iteration_token_budget: int | None = Field(None, ge=1)
+    """partial only: also end the iteration once this many tokens were generated in it"""
+    max_staleness: int = Field(4, ge=0)
+    """a parked trajectory more policy versions behind than this is dropped (and counted)"""
+    on_infra_failure: Literal["retry", "mask"] = "retry"
+    """an infrastructure failure restarts the episode (up to max_retries) or masks it out"""
+    max_retries: int = Field(1, ge=0)
+    """restarts per episode slot before it is masked out"""
+    seed: int = 0
+    """seeds task order and every request's sampling generator"""
+    ray_address: str | None = None
+    """an existing Ray cluster; None starts a local one"""
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if not self.partial and (self.iteration_token_budget is not None or self.max_groups_in_flight is not None):
+            raise ValueError("iteration_token_budget / max_groups_in_flight need partial=true")
+        if self.max_groups_in_flight is not None and self.max_groups_in_flight < self.groups_per_iteration:
+            raise ValueError("max_groups_in_flight must be >= groups_per_iteration, or nothing can finish")
+        return self
+
+    @property
+    def groups_in_flight(self) -> int:
+        if not self.partial:
+            return self.groups_per_iteration
+        return self.max_groups_in_flight or 2 * self.groups_per_iteration

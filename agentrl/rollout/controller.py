@@ -1,0 +1,355 @@
+"""The rollout controller: many episodes at once, token-exact, across policy versions.
+
+Each episode is one asyncio task: reset on an env worker, then turns of
+`generate -> env step -> append the observation delta` until the episode ends. Generation
+is requested the moment an episode needs it, so the engine batches whichever episodes are
+not waiting on a sandbox. One iteration (`run_iteration`):
+
+1. drops parked trajectories more than `max_staleness` policy versions behind;
+2. starts new groups (G episodes of one task) until `groups_in_flight` groups are live;
+3. drives every live episode. With partial rollouts, once `groups_per_iteration` groups
+   are complete (or `iteration_token_budget` tokens were generated) the rest stop: an
+   episode mid-generation is aborted at a token boundary (its partial tokens are kept),
+   one in an env step stops after it (a turn boundary). They stay parked, sandbox alive,
+   and continue next iteration under the new policy version. Without partial rollouts the
+   iteration waits for every episode it started;
+4. returns the complete groups: every member finished, failed or dropped.
+
+An infrastructure failure (the env reports infra_error, or its worker actor dies) never
+becomes a zero reward: the episode is restarted (`on_infra_failure="retry"`) or marked
+failed, left out of the loss, and counted either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import ray.exceptions
+from pydantic import BaseModel
+
+from agentrl.engine.base import InferenceEngine
+from agentrl.env.base import FailureClass
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.trajectory import Status, Trajectory
+from agentrl.rollout.workers import RemoteEnvWorker
+
+log = logging.getLogger(__name__)
+
+
+class _InfraFailure(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class _Episode:
+    traj: Trajectory
+    seed: int
+    attempt: int = 0
+    worker: Any = None  # the EnvWorker actor holding its env
+    generating: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.traj.status is not Status.RUNNING
+
+
+@dataclass
+class Group:
+    """G samples of one task. Training uses `trainable` (finished) members only."""
+
+    group_id: str
+    task_id: str
+    trajectories: list[Trajectory]
+
+    @property
+    def trainable(self) -> list[Trajectory]:
+        return [t for t in self.trajectories if t.trainable]
+
+
+class RolloutStats(BaseModel):
+    iteration: int
+    policy_version: int
+    wall_s: float
+    generated_tokens: int
+    tokens_per_s: float
+    episodes_finished: int
+    episodes_per_min: float
+    groups_finished: int
+    parked: int
+    """episodes left unfinished at the end of the iteration, to continue in the next"""
+    dropped_stale: int
+    failed: int
+    """episodes given up after infrastructure failures (masked out of the loss)"""
+    retried: int
+    """episode restarts after infrastructure failures"""
+    truncated: int
+    max_staleness: int
+    """most policy versions between the oldest and the newest token of a returned trajectory"""
+
+
+@dataclass
+class RolloutBatch:
+    groups: list[Group]
+    stats: RolloutStats
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [t for g in self.groups for t in g.trajectories]
+
+
+@dataclass
+class _Counts:
+    tokens: int = 0
+    finished: int = 0
+    dropped: int = 0
+    failed: int = 0
+    retried: int = 0
+    truncated: int = 0
+    complete_groups: set[str] = field(default_factory=set)
+
+
+class RolloutController:
+    """Drives episodes on env worker actors with one inference engine. `async with` closes it."""
+
+    def __init__(self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.chat = chat
+        self.iteration = 0
+        self.workers: list[Any] = []
+        self._groups: dict[str, list[_Episode]] = {}  # live groups, in start order
+        self._next_worker = 0
+        self._stopping = asyncio.Event()
+        self._counts = _Counts()
+        self._partial = cfg.partial
+        self._aborts: set[asyncio.Task] = set()
+        self._started_ray = False
+
+    async def start(self) -> RolloutController:
+        if not ray.is_initialized():
+            ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+            self._started_ray = True
+        self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
+        return self
+
+    def _new_worker(self) -> Any:
+        return RemoteEnvWorker.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker)
+
+    async def __aenter__(self) -> RolloutController:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def parked(self) -> list[Trajectory]:
+        return [ep.traj for eps in self._groups.values() for ep in eps if not ep.final]
+
+    # -- one iteration ---------------------------------------------------------------
+
+    async def run_iteration(self, task_ids: list[str] | None = None, *, drain: bool = False) -> RolloutBatch:
+        """Run one iteration; `task_ids` (optional) chooses the tasks of the new groups.
+
+        `drain=True` starts no new group and finishes every live episode (for shutdown or eval).
+        """
+        t0 = time.perf_counter()
+        self._counts = _Counts()
+        self._stopping = asyncio.Event()
+        self._partial = self.cfg.partial and not drain
+        version = self.engine.version
+        for ep in self._live():
+            if ep.traj.staleness(version) > self.cfg.max_staleness:
+                ep.traj.status = Status.DROPPED
+                self._counts.dropped += 1
+                await self._close_env(ep)
+        n_new = 0 if drain else max(0, self.cfg.groups_in_flight - len(self._groups))
+        requested = list(task_ids or [])[:n_new]
+        if len(requested) < n_new:
+            seed = zlib.crc32(f"{self.cfg.seed}/tasks/{self.iteration}".encode())
+            requested += await self.workers[0].sample_tasks.remote(n_new - len(requested), seed)
+        for task_id in requested:
+            self._new_group(task_id)
+        self._note_complete_groups()
+        await asyncio.gather(*(self._drive(ep) for ep in self._live()))
+
+        done = [gid for gid, eps in self._groups.items() if all(ep.final for ep in eps)]
+        groups = []
+        for gid in done:
+            eps = self._groups.pop(gid)
+            groups.append(Group(gid, eps[0].traj.task_id, [ep.traj for ep in eps]))
+        wall = time.perf_counter() - t0
+        c = self._counts
+        stale = [t.policy_versions[-1] - t.policy_versions[0] for g in groups for t in g.trajectories if t.versions]
+        stats = RolloutStats(
+            iteration=self.iteration,
+            policy_version=version,
+            wall_s=wall,
+            generated_tokens=c.tokens,
+            tokens_per_s=c.tokens / wall,
+            episodes_finished=c.finished,
+            episodes_per_min=60 * c.finished / wall,
+            groups_finished=len(groups),
+            parked=len(self.parked),
+            dropped_stale=c.dropped,
+            failed=c.failed,
+            retried=c.retried,
+            truncated=c.truncated,
+            max_staleness=max(stale, default=0),
+        )
+        self.iteration += 1
+        return RolloutBatch(groups, stats)
+
+    def _live(self) -> list[_Episode]:
+        return [ep for eps in self._groups.values() for ep in eps if not ep.final]
+
+    def _new_group(self, task_id: str) -> None:
+        gid = uuid.uuid4().hex[:12]
+        self._groups[gid] = [
+            _Episode(self._new_traj(gid, task_id), seed=zlib.crc32(f"{self.cfg.seed}/{gid}/{i}".encode()))
+            for i in range(self.cfg.group_size)
+        ]
+
+    def _new_traj(self, gid: str, task_id: str) -> Trajectory:
+        return Trajectory(episode_id=uuid.uuid4().hex, group_id=gid, task_id=task_id, sampling=self.cfg.sampling)
+
+    # -- the end of an iteration ------------------------------------------------------
+
+    def _note_complete_groups(self) -> None:
+        for gid, eps in self._groups.items():
+            if all(ep.final for ep in eps):
+                self._counts.complete_groups.add(gid)
+        target = len(self._counts.complete_groups) >= self.cfg.groups_per_iteration
+        budget = self.cfg.iteration_token_budget
+        if self._partial and (target or (budget is not None and self._counts.tokens >= budget)):
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        for ep in self._live():
+            if ep.generating:  # its generate returns the partial tokens, finish reason "aborted"
+                task = asyncio.ensure_future(self.engine.abort(ep.traj.episode_id))
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
+
+    # -- one episode ------------------------------------------------------------------
+
+    async def _drive(self, ep: _Episode) -> None:
+        while True:
+            try:
+                await self._play(ep)
+            except (ray.exceptions.RayError, _InfraFailure) as e:
+                if isinstance(e, ray.exceptions.RayActorError):
+                    self._replace_worker(ep.worker)
+                await self._close_env(ep)
+                if self.cfg.on_infra_failure == "retry" and ep.attempt < self.cfg.max_retries:
+                    log.warning("episode %s: infrastructure failure, retrying: %s", ep.traj.episode_id, e)
+                    ep.attempt += 1
+                    ep.traj = self._new_traj(ep.traj.group_id, ep.traj.task_id)
+                    ep.worker = None
+                    self._counts.retried += 1
+                    continue
+                log.warning("episode %s: infrastructure failure, masked out: %s", ep.traj.episode_id, e)
+                ep.traj.status = Status.FAILED
+                ep.traj.failure = FailureClass.INFRA
+                ep.traj.error = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+                self._counts.failed += 1
+            finally:
+                ep.generating = False
+            self._note_complete_groups()
+            return
+
+    async def _play(self, ep: _Episode) -> None:
+        traj = ep.traj
+        limit = min(self.cfg.max_episode_tokens, self.engine.max_context)
+        if not traj.token_ids:
+            ep.worker = self._pick_worker()
+            obs, info = await ep.worker.reset.remote(traj.episode_id, traj.task_id, ep.seed)
+            traj.append_prompt(self.chat.prompt_ids(obs, tools=info.get("tools")))
+        while not self._stopping.is_set():
+            used = traj.turns[-1].end - traj.turns[-1].start if traj.turn_open else 0
+            budget = min(self.cfg.sampling.max_tokens - used, limit - len(traj.token_ids))
+            if budget < 1:
+                return await self._finish(ep, truncation="episode_tokens" if used == 0 else "context")
+            seed = zlib.crc32(f"{ep.seed}/{len(traj.token_ids)}".encode())
+            params = self.cfg.sampling.model_copy(
+                update={"max_tokens": budget, "stop_token_ids": self.chat.stop_token_ids, "seed": seed}
+            )
+            prompt = list(traj.token_ids)
+            traj.check_prompt(prompt)
+            ep.generating = True
+            gen = await self.engine.generate(prompt, params, request_id=traj.episode_id)
+            ep.generating = False
+            traj.append_generation(gen)
+            self._counts.tokens += len(gen.token_ids)
+            self._note_complete_groups()
+            if gen.finish_reason == "aborted":
+                return  # parked at a token boundary; the turn continues next iteration
+            turn = traj.turns[-1]
+            obs, reward, terminated, truncated, info = await ep.worker.step.remote(
+                traj.episode_id, self.chat.decode(traj.generated_ids(turn.index))
+            )
+            turn.reward, turn.info = reward, info
+            if info.get("failure") == FailureClass.INFRA:
+                raise _InfraFailure(info.get("error", "the environment reported an infrastructure failure"))
+            if terminated or truncated:
+                return await self._finish(ep, terminated=terminated, truncation="env" if truncated else None)
+            delta = self.chat.observation_ids(obs, last_token=traj.token_ids[-1])
+            if len(traj.token_ids) + len(delta) + 1 > limit:  # an over-long context never reaches the model
+                return await self._finish(ep, truncation="episode_tokens")
+            traj.append_observation(delta)
+        # stopping: parked at a turn boundary, its env (and sandbox) kept on the worker
+
+    async def _finish(self, ep: _Episode, *, terminated: bool = False, truncation: str | None = None) -> None:
+        t = ep.traj
+        t.status = Status.FINISHED
+        t.terminated, t.truncated, t.truncation = terminated, truncation is not None, truncation
+        t.outcome_reward = sum(turn.reward for turn in t.turns)
+        self._counts.finished += 1
+        self._counts.truncated += t.truncated
+        if truncation not in (None, "env"):  # the env did not end it: release its sandbox
+            await self._close_env(ep)
+
+    # -- workers ----------------------------------------------------------------------
+
+    def _pick_worker(self) -> Any:
+        w = self.workers[self._next_worker % len(self.workers)]
+        self._next_worker += 1
+        return w
+
+    def _replace_worker(self, dead: Any) -> None:
+        """A worker actor died: its episodes fail; a fresh one takes its place."""
+        for i, w in enumerate(self.workers):
+            if w is dead:
+                log.warning("env worker %d died; starting a replacement", i)
+                self.workers[i] = self._new_worker()
+
+    async def _close_env(self, ep: _Episode) -> None:
+        if ep.worker is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):  # a dead worker's sandboxes are reaped by owner pid
+            await ep.worker.close.remote(ep.traj.episode_id)
+
+    async def close(self) -> None:
+        """Close parked episodes' envs and stop the workers (their sandbox pools close)."""
+        for ep in self._live():
+            await self._close_env(ep)
+        self._groups.clear()
+        for w in self.workers:
+            with contextlib.suppress(ray.exceptions.RayError):
+                await w.shutdown.remote()
+            ray.kill(w)
+        self.workers = []
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,159 @@
+"""The token-exact record of one episode: what the engine saw, what it sampled, and why.
+
+Words (fixed once): a *turn* is one generation by the policy followed by the environment's
+reply; an *episode* runs from reset to its end; its *trajectory* is this record; an
+*iteration* is one rollout-then-train cycle; the *policy version* counts weight updates.
+
+Per token (parallel lists, one entry per position of `token_ids`):
+  segment      prompt | generated | observation
+  turn         the turn index (prompt tokens: 0, observation tokens: the turn they answer)
+  loss_mask    1 on generated tokens the trainer optimises, else 0
+  logprob      lp_b: the engine's logprob for generated tokens (0.0 elsewhere)
+  version      the policy version that sampled a generated token (-1 elsewhere)
+
+The invariant (DESIGN.md §4.1): every prompt handed to the engine equals `token_ids` at that
+moment (`check_prompt`), so the ids the trainer scores are exactly the ids the engine saw
+and produced. Nothing is ever decoded and re-encoded to build the next prompt.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from agentrl.engine.base import FinishReason, Generation, SamplingParams
+from agentrl.env.base import FailureClass
+
+
+class Segment(enum.IntEnum):
+    PROMPT = 0
+    GENERATED = 1
+    OBSERVATION = 2
+
+
+class Status(enum.StrEnum):
+    RUNNING = "running"
+    """still being generated; parked between iterations with its sandbox kept alive"""
+    FINISHED = "finished"
+    """ended: terminated by the env, or truncated by the env's turn limit or a token budget"""
+    FAILED = "failed"
+    """an infrastructure failure: left out of the loss (and counted), never scored as 0"""
+    DROPPED = "dropped"
+    """past the staleness bound (too many policy versions behind): left out and counted"""
+
+
+class TrajectoryError(RuntimeError):
+    """The token bookkeeping broke (a prompt that is not the trajectory, a stray append)."""
+
+
+class Turn(BaseModel):
+    """One turn: the span [start, end) of its generated tokens, its reward and its info."""
+
+    index: int
+    start: int
+    end: int
+    reward: float = 0.0
+    finish_reason: FinishReason | None = None
+    """why its generation ended; "aborted" pieces were continued and do not show here"""
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(BaseModel):
+    episode_id: str
+    group_id: str
+    task_id: str
+    sampling: SamplingParams
+    token_ids: list[int] = Field(default_factory=list)
+    segments: list[Segment] = Field(default_factory=list)
+    turn_index: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    versions: list[int] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list)
+    routed_experts: list[list[list[int]]] | None = None
+    """MoE models, when recorded: per generated token, per layer, the experts chosen"""
+    status: Status = Status.RUNNING
+    terminated: bool = False
+    truncated: bool = False
+    truncation: str | None = None
+    """why it was truncated: "env" (turn limit), "episode_tokens", "context", or an infra error"""
+    failure: FailureClass = FailureClass.OK
+    error: str | None = None
+    outcome_reward: float = 0.0
+    """the episode's return: the sum of its turn rewards (the env's outcome term included)"""
+
+    # -- appending ------------------------------------------------------------------
+
+    def _extend(self, ids: list[int], segment: Segment, turn: int) -> None:
+        n = len(ids)
+        self.token_ids.extend(ids)
+        self.segments.extend([segment] * n)
+        self.turn_index.extend([turn] * n)
+        self.loss_mask.extend([int(segment is Segment.GENERATED)] * n)
+        self.logprobs.extend([0.0] * n)
+        self.versions.extend([-1] * n)
+
+    def append_prompt(self, ids: list[int]) -> None:
+        if self.token_ids:
+            raise TrajectoryError("the prompt is appended once, first")
+        self._extend(ids, Segment.PROMPT, 0)
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """Raise unless `prompt_ids` is exactly this trajectory (the prefix property)."""
+        if prompt_ids != self.token_ids:
+            n = next((i for i, (a, b) in enumerate(zip(prompt_ids, self.token_ids, strict=False)) if a != b), None)
+            where = f"first difference at token {n}" if n is not None else "lengths differ"
+            raise TrajectoryError(
+                f"prompt of {len(prompt_ids)} tokens is not the trajectory of {len(self.token_ids)} ({where})"
+            )
+
+    @property
+    def turn_open(self) -> bool:
+        """True while the last turn's generation is unfinished (it was aborted and parked)."""
+        return bool(self.turns) and self.turns[-1].finish_reason is None
+
+    def append_generation(self, gen: Generation) -> None:
+        """Append one generation; an aborted one leaves the turn open for continuation."""
+        if not self.turn_open:
+            self.turns.append(Turn(index=len(self.turns), start=len(self.token_ids), end=len(self.token_ids)))
+        turn = self.turns[-1]
+        start = len(self.token_ids)
+        self._extend(gen.token_ids, Segment.GENERATED, turn.index)
+        self.logprobs[start:] = gen.logprobs
+        self.versions[start:] = gen.versions
+        turn.end = len(self.token_ids)
+        if gen.routed_experts is not None:
+            self.routed_experts = (self.routed_experts or []) + gen.routed_experts
+        if gen.finish_reason != "aborted":
+            turn.finish_reason = gen.finish_reason
+
+    def append_observation(self, ids: list[int]) -> None:
+        if self.turn_open or not self.turns:
+            raise TrajectoryError("an observation follows a finished turn")
+        self._extend(ids, Segment.OBSERVATION, self.turns[-1].index)
+
+    # -- reading --------------------------------------------------------------------
+
+    def generated_ids(self, turn: int) -> list[int]:
+        t = self.turns[turn]
+        return self.token_ids[t.start : t.end]
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def policy_versions(self) -> list[int]:
+        """The distinct policy versions that sampled this trajectory's tokens, ascending."""
+        return sorted({v for v in self.versions if v >= 0})
+
+    def staleness(self, current_version: int) -> int:
+        """How many versions behind the current policy its oldest token is (0 if none yet)."""
+        vs = self.policy_versions
+        return current_version - vs[0] if vs else 0
+
+    @property
+    def trainable(self) -> bool:
+        return self.status is Status.FINISHED

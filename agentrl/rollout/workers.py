@@ -1,0 +1,74 @@
+"""Env workers: Ray actors that own environments and, through them, a sandbox pool.
+
+The controller reaches them only through Ray, so the same code runs with a local
+`ray.init()` and on a cluster (`ray.address`). One worker runs many episodes at once on
+its own event loop (an async actor); its envs share one warm `SandboxPool`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import ray
+
+from agentrl.env.base import Message, TextEnv
+from agentrl.env.sandboxes import SandboxSource
+
+
+class EnvWorker:
+    """Holds `episode_id -> env`. Every method is a coroutine: Ray runs them concurrently."""
+
+    def __init__(self, env: str, env_kwargs: dict[str, Any], sandboxes: int) -> None:
+        self.env_name = env
+        self.env_kwargs = env_kwargs
+        self.pool_size = sandboxes
+        self.source: SandboxSource | None = None
+        self.envs: dict[str, TextEnv] = {}
+        self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
+
+    def _make(self) -> TextEnv:
+        import agentrl
+
+        if self.source is None:  # created on the actor's own event loop
+            self.source = SandboxSource.default(size=self.pool_size)
+        return agentrl.make(self.env_name, sandboxes=self.source, **self.env_kwargs)
+
+    async def sample_tasks(self, n: int, seed: int) -> list[str]:
+        """n task ids drawn from the env's task set (its train split by default), reproducibly."""
+        if self.sampler is None:
+            self.sampler = self._make()
+        rng = np.random.default_rng(seed)
+        return [self.sampler.task_set.sample(rng).id for _ in range(n)]
+
+    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        env = self.envs.get(episode_id) or self._make()
+        self.envs[episode_id] = env
+        obs, info = await env.areset(seed=seed, options={"task_id": task_id})
+        return obs, dict(info)
+
+    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = await self.envs[episode_id].astep(text)
+        if terminated or truncated:
+            await self.close(episode_id)
+        return obs, float(reward), terminated, truncated, dict(info)
+
+    async def close(self, episode_id: str) -> None:
+        env = self.envs.pop(episode_id, None)
+        if env is not None:
+            await env.aclose()
+
+    async def shutdown(self) -> None:
+        for eid in list(self.envs):
+            await self.close(eid)
+        if self.sampler is not None:
+            await self.sampler.aclose()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# Actors cost no CPU reservation: they wait on sandboxes, and the machine's cores belong to
+# the engine and the trainer.
+RemoteEnvWorker = ray.remote(num_cpus=0, max_restarts=0)(EnvWorker)

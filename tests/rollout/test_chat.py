@@ -1,0 +1,86 @@
+"""Chat-template deltas: exact on two templates, loud when a template breaks the prefix property."""
+
+import pytest
+
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.rollout.chat import ChatFormat, TemplatePrefixError
+
+TOOLS = [{"type": "function", "function": {"name": "run_python", "description": "run", "parameters": {}}}]
+OBS = [{"role": "tool", "content": "stdout:\n3\n"}, {"role": "user", "content": "Now submit."}]
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_delta_extends_the_rendering_token_exactly(template):
+    """Where the model's text re-encodes to itself, trajectory + delta == a full re-render."""
+    chat = ChatFormat(load_tokenizer(template))
+    opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 1 and 2."}]
+    reply = '<tool_call>{"name": "run_python", "arguments": {"code": "print(1 + 2)"}}</tool_call>'
+    ids = chat.prompt_ids(opening, tools=TOOLS)
+    ids += [*chat.encode(reply), chat.tokenizer.eos_token_id]  # the model closes its turn
+    ids += chat.observation_ids(OBS, last_token=ids[-1])
+    full = [*opening, {"role": "assistant", "content": reply}, *OBS]
+    assert ids == chat.encode(chat.render(full, tools=TOOLS, generation_prompt=True))
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_turn_cut_by_length_gets_closed(template):
+    chat = ChatFormat(load_tokenizer(template))
+    closed = chat.observation_ids(OBS, last_token=chat.tokenizer.eos_token_id)
+    cut = chat.observation_ids(OBS, last_token=chat.encode("abc")[-1])
+    assert cut == [chat.tokenizer.eos_token_id, *closed]
+
+
+def test_think_is_kept_as_generated_not_rerendered():
+    """Qwen3's template drops earlier <think> blocks; the trajectory keeps what the model saw."""
+    chat = ChatFormat(load_tokenizer("qwen3"))
+    opening = [{"role": "user", "content": "Add 1 and 2."}]
+    reply = "<think>\nadd them\n</think>\n\n3"
+    ids = chat.prompt_ids(opening) + chat.encode(reply) + [chat.tokenizer.eos_token_id]
+    ids += chat.observation_ids([{"role": "user", "content": "And 2 and 2?"}], last_token=ids[-1])
+    text = chat.tokenizer.decode(ids)
+    assert "add them" in text and text.endswith("<|im_start|>assistant\n")
+    rerendered = chat.render(
+        [*opening, {"role": "assistant", "content": reply}, {"role": "user", "content": "And 2 and 2?"}],
+        generation_prompt=True,
+    )
+    assert "add them" not in rerendered, "the template's history rewriting the delta avoids"
+    # thinking turned off in the template: the generation prompt carries an empty think block
+    off = ChatFormat(load_tokenizer("qwen3"), template_kwargs={"enable_thinking": False})
+    assert off.tokenizer.decode(off.observation_ids(OBS, last_token=None)).endswith("<think>\n\n</think>\n\n")
+
+
+def test_decoding_and_reencoding_drifts():
+    """Why deltas: generated ids rarely survive decode + encode (BPE merges differ)."""
+    chat = ChatFormat(load_tokenizer("qwen3"))
+    generated = [chat.encode("ab")[0], *chat.encode("c def"), *chat.encode("in"), *chat.encode("g x")]
+    assert chat.encode(chat.decode(generated)) != generated
+
+
+def test_template_that_rewrites_history_is_refused():
+    tok = load_tokenizer("qwen3")
+    # renders only the last two messages: earlier turns vanish once a turn is appended
+    tok.chat_template = (
+        "{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplatePrefixError, match="not a prefix"):
+        ChatFormat(tok).observation_ids(OBS, last_token=None)
+
+
+def test_template_whose_turn_end_merges_with_content_is_refused():
+    tok = load_tokenizer("qwen3")
+    # ends a turn with plain text, which could merge with the assistant's last characters
+    tok.chat_template = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}er\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    with pytest.raises(TemplatePrefixError, match="plain text"):
+        ChatFormat(tok).observation_ids(OBS, last_token=None)
+
+
+def test_stop_tokens_and_decode():
+    chat = ChatFormat(load_tokenizer("llama3"))
+    eot = chat.tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    assert eot in chat.stop_token_ids
+    ids = chat.encode("<tool_call>{}</tool_call>")
+    assert chat.decode([*ids, eot]) == "<tool_call>{}</tool_call>"
