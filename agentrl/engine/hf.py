@@ -117,6 +117,8 @@ class HFEngine(InferenceEngine):
             future=loop.create_future(),
         )
         with self._cv:
+            if self._error is not None:
+                raise RuntimeError(f"the engine's decode loop failed: {self._error!r}") from self._error
             if self._closed:
                 raise RuntimeError("engine is closed")
             if req.id in self._by_id:
@@ -188,6 +190,7 @@ class HFEngine(InferenceEngine):
             self._thread.start()
 
     def _run(self) -> None:
+        new: list[_Request] = []
         try:
             while True:
                 with self._cv:
@@ -199,9 +202,12 @@ class HFEngine(InferenceEngine):
                     new = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                 with self._lock, torch.no_grad():
                     self._step(new)
-        except BaseException as e:  # a model error fails every request instead of hanging them
-            self._error = e
-        for req in [*self._rows, *self._waiting]:
+        except BaseException as e:  # a model error fails every request (and later ones) instead of hanging them
+            with self._cv:
+                self._error = e
+        with self._cv:
+            pending = [*self._rows, *(r for r in new if r not in self._rows), *self._waiting]
+        for req in pending:
             self._resolve(req, error=self._error or RuntimeError("engine closed"))
         self._rows.clear()
         self._waiting.clear()

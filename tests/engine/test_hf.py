@@ -182,3 +182,12 @@ def test_sampling_params_are_validated():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temprature"):
         SamplingParams(temprature=1.0)
+
+
+async def test_a_model_error_fails_requests_instead_of_hanging():
+    model = tiny_model("llama", seed=0)
+    async with HFEngine(model) as eng:
+        with pytest.raises(IndexError):  # an id past the embedding table breaks the forward pass
+            await eng.generate([model.config.vocab_size + 5], SamplingParams(max_tokens=4))
+        with pytest.raises(RuntimeError, match="decode loop failed"):
+            await eng.generate([1, 2], SamplingParams(max_tokens=4))

@@ -1,0 +1,100 @@
+"""`agentrl serve`: an inference engine behind the OpenAI completions API, token ids in and out."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+import uvicorn
+from rich.console import Console
+
+err = Console(stderr=True)
+
+# Requests still running this long after SIGINT/SIGTERM are cut off (`_Server.shutdown` aborted
+# them already, so this only bounds an engine that does not honour aborts).
+GRACE_S = 10
+
+
+def serve(
+    model: Annotated[
+        Path | None, typer.Option(help="Checkpoint directory (save_pretrained output).", exists=True, file_okay=False)
+    ] = None,
+    tiny: Annotated[
+        str | None, typer.Option(help="Serve a fresh random-init tiny model of this architecture, e.g. qwen3_moe.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Weight seed of the --tiny model.")] = 0,
+    engine: Annotated[Literal["hf", "vllm"], typer.Option(help="Inference engine (vllm needs a GPU).")] = "hf",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).")] = 8000,
+    dtype: Annotated[str, typer.Option(help="Weight dtype (torch name).")] = "float32",
+    max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
+) -> None:
+    """Serve a model over HTTP (OpenAI completions, token ids in and out) until SIGINT or SIGTERM.
+
+    Prints `agentrl serve: NAME on http://HOST:PORT` once it is listening.
+
+    It takes weight updates too (POST /agentrl/weights): `OpenAIEngine` drives it as a policy.
+    """
+    if (model is None) == (tiny is None):
+        err.print("[red]pass exactly one of --model DIR and --tiny ARCH[/red]")
+        raise typer.Exit(2)
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from agentrl.engine import engine_class
+    from agentrl.engine.server import create_app
+    from agentrl.models.tiny import save_tiny
+
+    transformers_logging.disable_progress_bar()  # stderr stays readable: the URL line, warnings, "stopped"
+    with tempfile.TemporaryDirectory(prefix="agentrl-serve-") as tmp:
+        try:
+            path = model if model is not None else save_tiny(tmp, tiny, seed=seed)
+        except ValueError as e:  # an unknown architecture; the message lists the known ones
+            err.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+        name = str(model) if model is not None else f"tiny-{tiny}"
+        # Both engines load a checkpoint directory the same way (HFEngine / VLLMEngine.from_pretrained).
+        eng = engine_class(engine).from_pretrained(path, dtype=dtype, max_batch_size=max_batch_size)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):  # no tokenizer files: replies carry ids only, no `text`
+            tokenizer = None
+        vocab_size = AutoConfig.from_pretrained(path).vocab_size
+        app = create_app(eng, model_name=name, tokenizer=tokenizer, vocab_size=vocab_size)
+        asyncio.run(_serve(app, eng, name, host, port))
+    err.print("agentrl serve: stopped")
+
+
+class _Server(uvicorn.Server):
+    async def shutdown(self, sockets=None) -> None:
+        # Abort the running requests first: uvicorn waits for every open request before it stops,
+        # and an aborted one replies at once, with the tokens made so far (finish_reason "abort").
+        await self.config.app.state.stop()
+        await super().shutdown(sockets)
+
+
+async def _serve(app, engine, name: str, host: str, port: int) -> None:
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=GRACE_S)  # fmt: skip
+    server = _Server(config)
+    # uvicorn catches SIGINT/SIGTERM while it serves, shuts down gracefully, then restores the
+    # handlers it found and raises the signal again. These are the handlers it finds: they take
+    # that repeat, so the process goes on to close the engine and exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+    try:
+        try:  # bound here, so that a taken port is one clear line and the URL is printed once it listens
+            sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as e:
+            err.print(f"[red]cannot listen on {host}:{port}: {e.strerror}[/red]")
+            raise typer.Exit(1) from None
+        bound_host, bound_port = sock.getsockname()[:2]
+        print(f"agentrl serve: {name} on http://{bound_host}:{bound_port}", flush=True)
+        await server.serve(sockets=[sock])
+    finally:
+        await engine.close()

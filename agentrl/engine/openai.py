@@ -1,0 +1,359 @@
+"""`openai` engine: any OpenAI-compatible completions server (agentrl serve, vLLM, ...) over httpx.
+
+Token ids go in as the `prompt`; token ids come back as `choices[].token_ids` (vLLM's
+`return_token_ids`, >= 0.10.2) or, from older servers, parsed from "token_id:N" strings
+(`return_tokens_as_token_ids`), never by re-encoding text. Requests always stream, so that
+`abort` can end one and still return the tokens it has.
+
+Every sampling setting is sent explicitly, including the neutral `repetition_penalty`,
+`min_p` and `ignore_eos`: a vLLM server otherwise fills unset fields from the model's
+generation_config, which would change the distribution tokens are drawn from.
+
+Failures: connection errors, timeouts and 5xx replies are retried with exponential backoff
+(a retried request starts over); a 4xx reply raises at once with the server's message
+(`ContextTooLong` for a context overflow, else `RequestRejected`); no answer after every
+retry raises `ServerUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+import torch
+
+from agentrl.engine.base import ContextTooLong, FinishReason, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.protocol import Completion, CompletionChoice, CompletionRequest, ModelList, PolicyVersion
+
+MAX_BACKOFF_S = 8.0
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+FOREIGN_WEIGHTS = (
+    "{url} is not an agentrl server, so it cannot take weights over HTTP. Load them the server's own way "
+    "(vLLM: restart it on the new checkpoint, or for a LoRA adapter start it with --enable-lora and "
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and POST /v1/load_lora_adapter), then call update_weights() with "
+    "no arguments to bump this engine's policy version. `agentrl serve` takes weights directly."
+)
+
+
+class RequestRejected(ValueError):
+    """The server refused the request (HTTP 4xx); retrying it unchanged would not help."""
+
+
+class ServerError(RuntimeError):
+    """The server failed: a 5xx reply after every retry, an error inside a stream, or a malformed reply."""
+
+
+class ServerUnavailable(ConnectionError):
+    """No answer from the server after every retry."""
+
+
+class _Retryable(ServerError):
+    """A 5xx reply: the next attempt may succeed."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One request as received so far."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: str | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """set once the server has sent a chunk: it holds the request"""
+    aborted: bool = False
+    task: asyncio.Task[None] | None = None
+    """the current attempt (one streaming POST)"""
+
+    def restart(self) -> None:
+        self.tokens, self.logprobs, self.versions, self.finish = [], [], [], None
+        self.started.clear()
+
+
+class OpenAIEngine(InferenceEngine):
+    """A client of one server. `await engine.connect()` learns the model, `max_context` and, from
+    `agentrl serve`, the policy version; `generate` connects on its first call.
+
+    base_url: the server, with or without the trailing `/v1`.
+    model: the served model to ask for; None takes the first in `/v1/models`.
+    timeout_s: the longest wait for a connection or for the next bytes of a reply (agentrl
+        serve sends a request's tokens when it ends: keep it above the longest generation).
+    max_retries: further attempts after a connection error, timeout or 5xx reply.
+    max_context: the context length; None reads `max_model_len` from `/v1/models`.
+
+    Policy versions: each token carries the server's `policy_versions` when it sends them
+    (agentrl serve), else this engine's own counter, which `update_weights()` with no
+    arguments bumps after the weights of a foreign server were changed its own way.
+    """
+
+    name = "openai"
+    logprob_semantics = (
+        "the server's. agentrl serve: agentrl.engine.sampling's, log q(y) with q = softmax(top_p(top_k(logits / T))) "
+        "renormalised, greedy: softmax(logits). vLLM: the same only when started with "
+        "`--logprobs-mode processed_logprobs` (vLLM >= 0.10.2); its default, raw_logprobs, is softmax(logits) "
+        "before temperature, top-k and top-p"
+    )
+    # The flag and its choices (raw_logprobs (default), raw_logits, processed_logprobs, processed_logits)
+    # were checked against vLLM's engine-argument docs and its v1 Sampler (v0.10.2 and later): processed
+    # logprobs are taken after temperature and top-k/top-p, and for greedy requests before temperature.
+
+    def __init__(self, base_url: str, model: str | None = None, *, timeout_s: float = 600.0, max_retries: int = 5,
+                 retry_backoff_s: float = 0.5, max_context: int | None = None) -> None:  # fmt: skip
+        if max_retries < 0 or retry_backoff_s < 0 or timeout_s <= 0:
+            raise ValueError("need max_retries >= 0, retry_backoff_s >= 0 and timeout_s > 0")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self._max_context = max_context
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s))
+        self._version = 0
+        self._agentrl: bool | None = None  # whether the server is agentrl serve; None until connected
+        self._connecting = asyncio.Lock()
+        self._inflight: dict[str, _Pending] = {}
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        if self._max_context is None:
+            raise RuntimeError(
+                f"max_context of {self.base_url} is not known yet: `await engine.connect()` first, "
+                "or pass max_context= (needed when the server does not report max_model_len)"
+            )
+        return self._max_context
+
+    async def connect(self) -> OpenAIEngine:
+        """Ask the server what it serves (retrying until it answers); later calls return at once."""
+        async with self._connecting:
+            if self._agentrl is not None:
+                return self
+            models = ModelList.model_validate(self._ok(await self._send("GET", "/v1/models")).json())
+            served = [m.id for m in models.data]
+            card = next((m for m in models.data if self.model in (None, m.id)), None)
+            if card is None:
+                raise RequestRejected(f"{self.base_url} does not serve model {self.model!r}; it serves {served}")
+            self.model = card.id
+            if self._max_context is None:
+                self._max_context = card.max_model_len
+            resp = await self._send("GET", "/agentrl/version")
+            self._agentrl = resp.status_code == 200
+            if self._agentrl:
+                self._version = PolicyVersion.model_validate(resp.json()).version
+        return self
+
+    # -- requests --------------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        await self.connect()
+        self.check_fits(len(prompt_ids), params)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        body = self._body(list(prompt_ids), params, rid)
+        st = self._inflight[rid] = _Pending()
+        try:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    st.restart()  # a retry generates from the prompt again
+                    await asyncio.sleep(self._backoff(attempt - 1))
+                if st.aborted:
+                    break
+                st.task = asyncio.create_task(self._stream(body, st))
+                try:
+                    await asyncio.wait({st.task})
+                except asyncio.CancelledError:  # our caller gave up: close the stream (the server then aborts)
+                    st.task.cancel()
+                    raise
+                if st.task.cancelled() or st.task.exception() is None or st.aborted:
+                    break
+                error = st.task.exception()
+                if not isinstance(error, _Retryable | httpx.TransportError):
+                    raise error
+            else:
+                raise self._gave_up(error, self.max_retries + 1)
+        finally:
+            del self._inflight[rid]
+        if st.finish in ("stop", "length"):
+            finish = _FINISH[st.finish]
+        elif st.aborted or st.finish == "abort":
+            finish = "aborted"
+        else:
+            raise ServerError(f"{self.base_url}: the stream ended without a finish_reason (got {st.finish!r})")
+        return Generation(st.tokens, st.logprobs, st.versions, finish, prompt_len=len(prompt_ids))
+
+    async def abort(self, request_id: str) -> None:
+        st = self._inflight.get(request_id)
+        if st is None or st.aborted:
+            return
+        st.aborted = True
+        if self._agentrl and st.started.is_set():
+            # agentrl serve ends the stream itself, sending the tokens made so far.
+            with contextlib.suppress(httpx.HTTPError):
+                if (await self._client.post("/agentrl/abort", json={"request_id": request_id})).status_code == 200:
+                    return
+        if st.task is not None:
+            st.task.cancel()  # closing the stream makes the server abort; the tokens received are kept
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
+                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+        """agentrl serve: upload the weights (safetensors), returning the server's new version.
+        A foreign server: only `update_weights()` with no arguments, after its weights changed."""
+        if state_dict is not None and lora is not None:
+            raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
+        await self.connect()
+        tensors = lora if lora is not None else state_dict
+        if not self._agentrl:
+            if tensors is not None:
+                raise NotImplementedError(FOREIGN_WEIGHTS.format(url=self.base_url))
+            self._version += 1
+            return self._version
+        if tensors is None:
+            raise ValueError("agentrl serve holds its own copy of the weights: pass the new state_dict or LoRA adapter")
+        import safetensors.torch
+
+        # Fresh CPU copies: safetensors refuses tensors that share storage (tied weights).
+        payload = safetensors.torch.save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()})
+        resp = await self._send("POST", "/agentrl/weights", content=payload, resend=False,
+                                params={"lora": 1} if lora is not None else None,
+                                headers={"content-type": "application/octet-stream"})  # fmt: skip
+        self._version = PolicyVersion.model_validate(self._ok(resp).json()).version
+        return self._version
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _body(self, prompt_ids: list[int], p: SamplingParams, rid: str) -> dict:
+        req = CompletionRequest(
+            model=self.model, prompt=prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+            top_k=p.top_k, stop_token_ids=list(p.stop_token_ids), seed=p.seed, logprobs=0, stream=True,
+            return_token_ids=True, return_tokens_as_token_ids=True, request_id=rid,
+            repetition_penalty=1.0, min_p=0.0, ignore_eos=True,
+        )  # fmt: skip
+        return req.model_dump(exclude_unset=True, exclude_none=True)
+
+    async def _stream(self, body: dict, st: _Pending) -> None:
+        """One attempt: POST with `stream: true` and fold the server-sent chunks into `st`."""
+        async with self._client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                self._ok(resp)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line.removeprefix("data:").strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise ServerError(f"{self.base_url}: {_message(chunk)}")
+                for choice in Completion.model_validate(chunk).choices:
+                    self._fold(choice, st)
+                st.started.set()
+
+    def _fold(self, choice: CompletionChoice, st: _Pending) -> None:
+        lp = choice.logprobs
+        ids = choice.token_ids if choice.token_ids is not None else [_token_id(t) for t in (lp.tokens if lp else [])]
+        logprobs = lp.token_logprobs if lp else []
+        if len(logprobs) != len(ids) or any(x is None for x in logprobs):
+            raise ServerError(f"{self.base_url} sent {len(ids)} token ids but logprobs {logprobs}: need one per token")
+        versions = choice.policy_versions if choice.policy_versions is not None else [self._version] * len(ids)
+        st.tokens += ids
+        st.logprobs += logprobs
+        st.versions += versions
+        if versions:
+            self._version = max(self._version, versions[-1])  # follow the server's updates made by others
+        if choice.finish_reason is not None:
+            if choice.finish_reason not in _FINISH:
+                raise ServerError(f"{self.base_url}: unexpected finish_reason {choice.finish_reason!r}")
+            st.finish = choice.finish_reason
+
+    async def _send(self, method: str, path: str, *, resend: bool = True, **kwargs) -> httpx.Response:
+        """One request, retried on connection errors, timeouts and 5xx replies; 4xx replies are returned.
+
+        resend=False (a weight upload): retry only failures to connect, which never reached the
+        server; a lost reply or a 5xx might follow an update that was applied.
+        """
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt - 1))
+            try:
+                resp = await self._client.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                error: Exception = e
+                continue
+            except httpx.TransportError as e:
+                if not resend:
+                    raise ServerError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
+                error = e
+                continue
+            if resp.status_code < 500:
+                return resp
+            error = _Retryable(f"{self.base_url}{path}: HTTP {resp.status_code}: {_message(resp)}")
+            if not resend:
+                raise error
+        raise self._gave_up(error, self.max_retries + 1)
+
+    def _ok(self, resp: httpx.Response) -> httpx.Response:
+        """`resp` if it succeeded; a 4xx raises what the server said, a 5xx raises retryably."""
+        if resp.status_code < 400:
+            return resp
+        message = f"{self.base_url} refused the request (HTTP {resp.status_code}): {_message(resp)}"
+        if resp.status_code >= 500:
+            raise _Retryable(message)
+        if resp.status_code == 400 and _is_context_overflow(resp):
+            raise ContextTooLong(message)
+        raise RequestRejected(message)
+
+    def _gave_up(self, error: Exception, attempts: int) -> Exception:
+        if isinstance(error, ServerError):
+            return ServerError(f"{error} (after {attempts} attempts)")
+        return ServerUnavailable(f"no answer from {self.base_url} after {attempts} attempts: {type(error).__name__}: "
+                                 f"{error or 'no detail'}")  # fmt: skip
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)
+
+
+def _token_id(token: str) -> int:
+    if not token.startswith("token_id:"):
+        raise ServerError(
+            f"the server sent token text {token!r}, not ids: it supports neither return_token_ids nor "
+            "return_tokens_as_token_ids (vLLM >= 0.10.2 does)"
+        )
+    return int(token.removeprefix("token_id:"))
+
+
+def _error_json(obj: dict) -> dict:
+    """The error object of a reply: OpenAI's {"error": {...}}, or older vLLM's flat {"message": ...}."""
+    return obj["error"] if isinstance(obj.get("error"), dict) else obj
+
+
+def _message(reply: httpx.Response | dict) -> str:
+    if isinstance(reply, dict):
+        return str(_error_json(reply).get("message", reply))
+    try:
+        return str(_error_json(reply.json()).get("message", reply.text))
+    except ValueError:  # not JSON
+        return reply.text[:500]
+
+
+def _is_context_overflow(resp: httpx.Response) -> bool:
+    """OpenAI's code for it, or vLLM's message ("This model's maximum context length is ...")."""
+    try:
+        error = _error_json(resp.json())
+    except ValueError:
+        return False
+    return error.get("code") == "context_length_exceeded" or "maximum context length" in str(error.get("message"))

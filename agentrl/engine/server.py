@@ -1,0 +1,278 @@
+"""An OpenAI-compatible HTTP server around any `InferenceEngine` (what `agentrl serve` runs).
+
+Token ids in, token ids out, as vLLM serves them (the wire format is `agentrl.engine.protocol`):
+
+- `GET /health`; `GET /v1/models` (with `max_model_len`, as vLLM reports it);
+- `POST /v1/completions`: `prompt` is token ids; `choices[0].token_ids` (with `return_token_ids`),
+  `.logprobs.token_logprobs` (with `logprobs: 0`), `.policy_versions` (always), `finish_reason`
+  "stop" | "length" | "abort". With `stream: true`, server-sent events: a first chunk once the
+  engine holds the request, one chunk per generated token, a last chunk with the finish
+  reason, then `data: [DONE]`;
+- `POST /agentrl/abort` {"request_id"}: the request ends early and its reply (or stream) carries
+  the tokens made so far; a client that disconnects aborts its request too, discarding them;
+- `POST /agentrl/weights` (body: a safetensors state dict; `?lora=1`: a LoRA adapter) installs new
+  weights and returns the new policy version; `GET /agentrl/version`.
+
+The engine contract hands over a request's tokens when it ends, so the token chunks of a
+stream are sent together then. Logprobs keep the engine's `logprob_semantics`. Every error is
+OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; a request the server
+refuses gets 400 with a message naming the field, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+import safetensors.torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from transformers import PreTrainedTokenizerBase
+
+from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine
+from agentrl.engine.protocol import (
+    AbortRequest,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PolicyVersion,
+    Usage,
+)
+
+# The engine contract's finish reasons, as OpenAI / vLLM spell them.
+FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
+
+
+def create_app(
+    engine: InferenceEngine,
+    *,
+    model_name: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    vocab_size: int | None = None,
+) -> FastAPI:
+    """The app; the caller owns `engine` and closes it after the server stops.
+
+    tokenizer: only for the `text` fields of replies (generation never decodes).
+    vocab_size: refuse prompt ids outside the vocabulary with a 400 (before the model sees them).
+
+    `await app.state.stop()` before shutting the server down: new requests get 503 and running
+    ones are aborted, so their replies go out at once with the tokens made so far.
+    """
+    app = FastAPI(title="agentrl serve")
+    created = int(time.time())
+    running: set[str] = set()  # request ids the engine holds
+
+    async def stop() -> None:
+        app.state.stopping = True
+        for rid in list(running):
+            await engine.abort(rid)
+
+    app.state.stopping = False
+    app.state.stop = stop
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        return error(400, _describe(exc.errors()), param=".".join(str(x) for x in first["loc"][1:]) or None)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model_name, created=created, max_model_len=engine.max_context)])
+
+    @app.get("/agentrl/version")
+    async def version() -> PolicyVersion:
+        return PolicyVersion(version=engine.version)
+
+    @app.post("/agentrl/abort")
+    async def abort(body: AbortRequest) -> dict[str, str]:
+        await engine.abort(body.request_id)
+        return {}
+
+    @app.post("/agentrl/weights", response_model=None)
+    async def weights(request: Request, lora: bool = False) -> PolicyVersion | JSONResponse:
+        data = await request.body()
+        if not data:
+            return error(400, "send the weights as the request body: safetensors bytes of a state dict")
+        try:
+            tensors = safetensors.torch.load(data)
+        except Exception as e:  # safetensors raises its own error types for malformed bytes
+            return error(400, f"the body is not a safetensors state dict: {e}")
+        try:
+            v = await (engine.update_weights(lora=tensors) if lora else engine.update_weights(tensors))
+        except (ValueError, RuntimeError) as e:  # wrong keys or shapes (torch raises RuntimeError), no LoRA model
+            return error(400, f"{type(e).__name__}: {e}")
+        return PolicyVersion(version=v)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        if app.state.stopping:
+            return error(503, "the server is shutting down")
+        if req.model is not None and req.model != model_name:
+            return error(404, f"model {req.model!r} is not served here; this server serves {model_name!r}", "model")
+        if vocab_size is not None and (bad := [t for t in req.prompt if t >= vocab_size]):
+            return error(400, f"prompt token ids {bad[:5]} are outside the vocabulary of {vocab_size}", "prompt")
+        try:
+            params = req.sampling_params()
+            engine.check_fits(len(req.prompt), params)
+        except ValidationError as e:
+            return error(400, _describe(e.errors()))
+        except ContextTooLong as e:
+            return error(400, str(e), "max_tokens", code="context_length_exceeded")
+        rid = req.request_id or uuid.uuid4().hex
+        task = asyncio.ensure_future(engine.generate(req.prompt, params, request_id=rid))
+        await asyncio.sleep(0)  # engines register the request before their first await: an abort now finds it
+        if task.done() and task.exception() is not None:  # refused, e.g. its request id is in flight already
+            return _failed(task.exception())
+        running.add(rid)
+        task.add_done_callback(lambda _: running.discard(rid))
+        reply = _Reply(req, rid, model_name, created, tokenizer)
+        if req.stream:
+            return StreamingResponse(reply.events(engine, task, request), media_type="text/event-stream")
+        try:
+            gen = await _until_done(engine, task, rid, request)
+        except Exception as e:
+            return _failed(e)
+        if gen is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(reply.completion(gen).model_dump(mode="json"))
+
+    return app
+
+
+class _Reply:
+    """Builds the reply objects of one request."""
+
+    def __init__(self, req: CompletionRequest, rid: str, model: str, created: int,
+                 tokenizer: PreTrainedTokenizerBase | None) -> None:  # fmt: skip
+        self.req, self.rid, self.model, self.created, self.tokenizer = req, rid, model, created, tokenizer
+
+    def completion(self, gen: Generation) -> Completion:
+        choice = self._choice(gen.token_ids, gen.logprobs, gen.versions, self._decode(gen.token_ids),
+                              FINISH[gen.finish_reason], prompt=True)  # fmt: skip
+        return self._wrap([choice], self._usage(gen))
+
+    async def events(self, engine: InferenceEngine, task: asyncio.Future[Generation], request: Request
+                     ) -> AsyncIterator[str]:  # fmt: skip
+        yield _sse(self._wrap([self._choice([], [], [], "", None, prompt=True)]))
+        try:
+            gen = await _until_done(engine, task, self.rid, request)
+        except Exception as e:  # the status line has gone out: report the failure in the stream, as vLLM does
+            yield _sse(_error_body(e))
+            return
+        if gen is None:
+            return
+        texts = self._text_deltas(gen.token_ids)
+        for t, lp, v, text in zip(gen.token_ids, gen.logprobs, gen.versions, texts, strict=True):
+            yield _sse(self._wrap([self._choice([t], [lp], [v], text, None)]))
+        usage = self._usage(gen) if self.req.stream_options and self.req.stream_options.include_usage else None
+        yield _sse(self._wrap([self._choice([], [], [], "", FINISH[gen.finish_reason])], usage))
+        yield "data: [DONE]\n\n"
+
+    def _choice(self, ids: list[int], lps: list[float], versions: list[int], text: str, finish: str | None,
+                *, prompt: bool = False) -> CompletionChoice:  # fmt: skip
+        """prompt: carry `prompt_token_ids` (vLLM sends them in a reply, or a stream's first chunk)."""
+        logprobs = None
+        if self.req.logprobs is not None:
+            logprobs = CompletionLogprobs(tokens=[self._token(t) for t in ids], token_logprobs=lps)
+        ids_out = self.req.return_token_ids
+        return CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish, policy_versions=versions,
+                                token_ids=ids if ids_out else None,
+                                prompt_token_ids=self.req.prompt if ids_out and prompt else None)  # fmt: skip
+
+    def _token(self, t: int) -> str:
+        if self.req.return_tokens_as_token_ids or self.tokenizer is None:
+            return f"token_id:{t}"
+        return self._decode([t])
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.req.skip_special_tokens)
+
+    def _text_deltas(self, ids: list[int]) -> list[str]:
+        """The text each token adds; a token ending inside a multi-byte character adds "" until it completes."""
+        deltas, prefix, read = [], 0, 0
+        for i in range(1, len(ids) + 1):
+            before, now = self._decode(ids[prefix:read]), self._decode(ids[prefix:i])
+            if len(now) > len(before) and not now.endswith("\ufffd"):
+                deltas.append(now[len(before) :])
+                prefix, read = read, i
+            else:
+                deltas.append("")
+        return deltas
+
+    def _usage(self, gen: Generation) -> Usage:
+        n_prompt, n_out = len(self.req.prompt), len(gen.token_ids)
+        return Usage(prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out)
+
+    def _wrap(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
+        return Completion(id=f"cmpl-{self.rid}", created=self.created, model=self.model, choices=choices, usage=usage)
+
+
+async def _until_done(engine: InferenceEngine, task: asyncio.Future[Generation], rid: str,
+                      request: Request) -> Generation | None:  # fmt: skip
+    """The request's Generation, or None when the client disconnected first.
+
+    Whenever this returns or raises before the engine finished (client gone, handler cancelled),
+    the engine request is aborted: no decode steps are spent on a reply nobody reads.
+    """
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task in done else None
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its partial result is not read
+            with anyio.CancelScope(shield=True):
+                await engine.abort(rid)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read already, so the next ASGI message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(obj: Completion | ErrorResponse) -> str:
+    return f"data: {obj.model_dump_json()}\n\n"
+
+
+def error(status: int, message: str, param: str | None = None, *, code: str | None = None) -> JSONResponse:
+    """An OpenAI-shaped error reply."""
+    kind = "invalid_request_error" if status < 500 else "internal_error"
+    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _error_body(e: BaseException) -> ErrorResponse:
+    kind = "invalid_request_error" if isinstance(e, ValueError) else "internal_error"
+    return ErrorResponse(error=ErrorInfo(message=f"{type(e).__name__}: {e}", type=kind))
+
+
+def _failed(e: BaseException) -> JSONResponse:
+    """A request the engine raised on: its ValueErrors (a request id already in flight, ...) are the client's."""
+    return JSONResponse(_error_body(e).model_dump(mode="json"), status_code=400 if isinstance(e, ValueError) else 500)
+
+
+def _describe(errors: list[dict]) -> str:
+    """Pydantic's errors as one line, each led by the field it is about."""
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e["loc"] if x != "body")
+        parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+    return "; ".join(parts)

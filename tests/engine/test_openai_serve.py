@@ -1,0 +1,289 @@
+"""`agentrl serve` as a real process and `OpenAIEngine` against it: the HTTP path gives the same
+tokens and logprobs as the in-process `hf` engine, aborts keep partial tokens, weight updates
+bump the version, errors name the problem, and the client retries a server that is not up yet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from agentrl.cli import app as cli
+from agentrl.engine import ContextTooLong, SamplingParams
+from agentrl.engine.hf import HFEngine
+from agentrl.engine.openai import OpenAIEngine, RequestRejected, ServerUnavailable
+from agentrl.models.tiny import save_tiny, tiny_model
+
+ARCH = "qwen3_moe"
+PROMPTS = [[1, 2, 3], list(range(100, 140)), [7] * 9, [42]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+SAMPLED = [
+    SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, seed=1234),
+    SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=24, seed=7),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unblock_signals() -> None:
+    """In the child: SIGINT as a terminal delivers it (a background shell may have it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def start_server(model_dir, port: int = 0) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentrl", "serve", "--model", str(model_dir), "--port", str(port)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=unblock_signals)
+
+
+def wait_for_url(proc: subprocess.Popen) -> str:
+    """The URL the server prints once it listens."""
+    for line in proc.stdout:
+        if "http://" in line:
+            return line.split()[-1]
+    raise AssertionError(f"agentrl serve exited ({proc.wait()}) before listening: {proc.stderr.read()}")
+
+
+def stop_server(proc: subprocess.Popen, sig: signal.Signals) -> str:
+    """Send `sig`; the server must close its engine and exit 0. Returns its stderr."""
+    try:
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "agentrl serve: stopped" in stderr
+    return stderr
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny"), ARCH, seed=0)
+
+
+@pytest.fixture(scope="module")
+def url(model_dir):
+    proc = start_server(model_dir)
+    try:
+        yield wait_for_url(proc)
+    finally:
+        stop_server(proc, signal.SIGINT)
+
+
+@pytest.fixture(scope="module")
+async def local(model_dir):
+    """The same checkpoint in process: the reference the HTTP path must match."""
+    engine = HFEngine.from_pretrained(model_dir)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def remote(url):
+    engine = OpenAIEngine(url)
+    yield engine
+    await engine.close()
+
+
+def assert_same(remote_gen, local_gen) -> None:
+    assert remote_gen.token_ids == local_gen.token_ids
+    torch.testing.assert_close(torch.tensor(remote_gen.logprobs), torch.tensor(local_gen.logprobs), atol=1e-5, rtol=0)
+    assert remote_gen.finish_reason == local_gen.finish_reason
+    assert remote_gen.versions == local_gen.versions
+    assert remote_gen.prompt_len == local_gen.prompt_len
+
+
+async def test_connect_reads_model_and_context(remote, model_dir):
+    await remote.connect()
+    assert remote.model == str(model_dir)
+    assert remote.max_context == 4096  # max_model_len from /v1/models
+    assert remote.version == 0
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+async def test_greedy_matches_in_process(remote, local, prompt):
+    assert_same(await remote.generate(prompt, GREEDY), await local.generate(prompt, GREEDY))
+
+
+@pytest.mark.parametrize("params", SAMPLED)
+async def test_seeded_sampling_matches_in_process(remote, local, params):
+    for prompt in PROMPTS[:2]:
+        assert_same(await remote.generate(prompt, params), await local.generate(prompt, params))
+
+
+async def test_stop_token_ends_generation(remote, local):
+    free = await local.generate(PROMPTS[0], GREEDY)
+    stop = free.token_ids[5]
+    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=(stop,))
+    gen = await remote.generate(PROMPTS[0], params)
+    assert gen.finish_reason == "stop"
+    assert gen.token_ids[-1] == stop and gen.token_ids == free.token_ids[: gen.token_ids.index(stop) + 1]
+
+
+async def test_abort_returns_partial_tokens(remote, local):
+    params = SamplingParams(temperature=0.0, max_tokens=3000)
+    task = asyncio.create_task(remote.generate(PROMPTS[0], params, request_id="abort-me"))
+    await asyncio.sleep(1.0)
+    await remote.abort("abort-me")
+    gen = await asyncio.wait_for(task, 30)
+    assert gen.finish_reason == "aborted"
+    assert 0 < len(gen.token_ids) < 3000
+    assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
+    prefix = await local.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=len(gen.token_ids)))
+    assert gen.token_ids == prefix.token_ids  # the partial tokens are the real ones, not a restart
+
+
+async def test_abort_before_the_server_has_it_closes_the_stream(remote, local):
+    await remote.connect()
+    task = asyncio.create_task(remote.generate(PROMPTS[1], SamplingParams(max_tokens=3000), request_id="early"))
+    await asyncio.sleep(0)
+    await remote.abort("early")
+    gen = await asyncio.wait_for(task, 30)
+    assert gen.finish_reason == "aborted"
+    assert_same(await remote.generate(PROMPTS[0], GREEDY), await local.generate(PROMPTS[0], GREEDY))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_client_disconnect_aborts_the_engine_request(url, stream):
+    """Once the client is gone the engine drops the request: its id is free again within seconds
+    (the 2000 tokens it asked for take the tiny CPU model about a minute)."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 2000, "request_id": f"gone-{stream}", "stream": stream}
+    async with httpx.AsyncClient(base_url=url, timeout=1.0) as client:
+        if stream:
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                await anext(resp.aiter_lines())  # the server holds the request; now hang up
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/completions", json=body)
+    async with httpx.AsyncClient(base_url=url) as client:
+        for _ in range(50):
+            resp = await client.post("/v1/completions", json={**body, "max_tokens": 1, "stream": False})
+            if resp.status_code == 200:
+                return
+            assert "already in flight" in resp.json()["error"]["message"]
+            await asyncio.sleep(0.1)
+    raise AssertionError("the engine still holds the request of a client that disconnected")
+
+
+async def test_reply_shape_and_stream_chunks(url):
+    body = {"prompt": [[1, 2, 3]], "max_tokens": 5, "temperature": 0, "logprobs": 0, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}  # fmt: skip
+    async with httpx.AsyncClient(base_url=url) as client:
+        reply = (await client.post("/v1/completions", json=body)).json()
+        choice = reply["choices"][0]
+        assert reply["object"] == "text_completion" and isinstance(choice["text"], str)
+        assert len(choice["token_ids"]) == 5 and choice["finish_reason"] == "length"
+        assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+        assert choice["policy_versions"] == [0] * 5 and choice["prompt_token_ids"] == [1, 2, 3]
+        assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+        stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=stream_body) as resp:
+            events = [line.removeprefix("data: ") async for line in resp.aiter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e)["choices"][0] for e in events[1:-2]]
+    assert [c["token_ids"] for c in chunks] == [[t] for t in choice["token_ids"]]
+    assert [c["logprobs"]["token_logprobs"][0] for c in chunks] == choice["logprobs"]["token_logprobs"]
+    assert all(c["policy_versions"] == [0] and c["finish_reason"] is None for c in chunks)
+    last = json.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"prompt": "hello"}, "text prompts are not accepted"),
+        ({"prompt": ["hello", "world"]}, "text prompts are not accepted"),
+        ({"prompt": [1, 2], "temprature": 0.5}, "temprature"),
+        ({"prompt": [1, 2], "n": 2}, "n=2 is not supported"),
+        ({"prompt": [1, 2], "logprobs": 5}, "logprobs=5 is not supported"),
+        ({"prompt": [[1], [2]]}, "one prompt per request"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": [1, 2], "temperature": 0, "top_p": 0.5}, "top_p"),
+        ({"prompt": [1, 2], "stop": ["\n"]}, "stop_token_ids"),
+    ],
+)
+async def test_bad_requests_get_400_naming_the_problem(url, body, says):
+    async with httpx.AsyncClient(base_url=url) as client:
+        resp = await client.post("/v1/completions", json=body)
+    assert resp.status_code == 400
+    assert says in resp.json()["error"]["message"]
+
+
+async def test_client_raises_what_the_server_refused(url, remote):
+    with pytest.raises(RequestRejected, match="outside the vocabulary"):
+        await remote.generate([10**7], GREEDY)
+    with pytest.raises(RequestRejected, match="PeftModel"):
+        await remote.update_weights(lora={"x": torch.zeros(1)})
+    other = OpenAIEngine(url, model="no-such-model")
+    with pytest.raises(RequestRejected, match="does not serve model 'no-such-model'"):
+        await other.connect()
+    await other.close()
+
+
+async def test_context_too_long(url, remote):
+    with pytest.raises(ContextTooLong):  # checked here, before any request
+        await remote.generate([1] * 10, SamplingParams(max_tokens=4090))
+    unchecked = OpenAIEngine(url, max_context=10**6)
+    with pytest.raises(ContextTooLong, match=r"HTTP 400.*exceeds the context of 4096"):  # refused by the server
+        await unchecked.generate([1] * 10, SamplingParams(max_tokens=4090))
+    await unchecked.close()
+
+
+async def test_retries_until_the_server_is_up_then_takes_weights(model_dir, local):
+    port = free_port()
+    client = OpenAIEngine(f"http://127.0.0.1:{port}/v1", max_retries=40, retry_backoff_s=0.25)
+    first = asyncio.create_task(client.generate(PROMPTS[0], GREEDY))
+    await asyncio.sleep(0.5)  # the client is retrying a refused connection by now
+    proc = start_server(model_dir, port)
+    try:
+        assert_same(await asyncio.wait_for(first, 120), await local.generate(PROMPTS[0], GREEDY))
+
+        new_weights = tiny_model(ARCH, seed=1)
+        assert await client.update_weights(new_weights.state_dict()) == 1 == client.version
+        reference = HFEngine(new_weights)
+        gen = await client.generate(PROMPTS[1], GREEDY)
+        assert gen.versions == [1] * len(gen.token_ids)
+        assert gen.token_ids == (await reference.generate(PROMPTS[1], GREEDY)).token_ids
+        assert gen.token_ids != (await local.generate(PROMPTS[1], GREEDY)).token_ids  # the old weights differ
+        await reference.close()
+
+        # SIGTERM: the running request ends at once with its tokens, then the server exits 0.
+        running = asyncio.create_task(client.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000)))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(stop_server, proc, signal.SIGTERM)
+        cut = await asyncio.wait_for(running, 10)
+        assert cut.finish_reason == "aborted" and 0 < len(cut.token_ids) < 3000
+        assert cut.versions == [1] * len(cut.token_ids)
+    finally:
+        await client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_connection_refused_after_retries_is_a_clear_error():
+    url = f"http://127.0.0.1:{free_port()}"
+    client = OpenAIEngine(url, max_retries=2, retry_backoff_s=0.01)
+    with pytest.raises(ServerUnavailable, match=rf"no answer from {url} after 3 attempts: ConnectError"):
+        await client.generate([1, 2], GREEDY)
+    await client.close()
+
+
+def test_serve_needs_a_model():
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2 and "--model DIR" in result.output
