@@ -82,7 +82,8 @@ async def test_trajectories_are_token_exact(ray_local):
 
 async def test_budgets_truncate_before_the_model(ray_local):
     engine = RecordingEngine(tiny_model("qwen3_moe", seed=0))
-    async with engine, RolloutController(config(max_episode_tokens=900, env_kwargs={"max_turns": 8}), engine, chat()) as ctl:
+    cfg = config(max_episode_tokens=900, env_kwargs={"max_turns": 8})
+    async with engine, RolloutController(cfg, engine, chat()) as ctl:
         batch = await ctl.run_iteration()
     for traj in batch.trajectories:
         assert traj.status is Status.FINISHED and len(traj.token_ids) <= 900
@@ -121,7 +122,8 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
 async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
     engine = HFEngine(tiny_model("qwen3_moe", seed=1))
     cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=0,
-                 env_kwargs={"max_turns": 4}, sampling=SamplingParams(max_tokens=64), iteration_token_budget=300)  # fmt: skip
+                 iteration_token_budget=300, env_kwargs={"max_turns": 4},
+                 sampling=SamplingParams(max_tokens=64))  # fmt: skip
     async with engine, RolloutController(cfg, engine, chat()) as ctl:
         await ctl.run_iteration()
         n_parked = sum(bool(t.policy_versions) for t in ctl.parked)
