@@ -13,7 +13,7 @@ class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env: str = "code_sandbox"
-    """the environment's registered name"""
+    """the environment's registered name, or "module:name" to import the module that registers it"""
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     """keyword arguments for the environment (its Config)"""
     group_size: int = Field(4, ge=1)

@@ -7,6 +7,7 @@ its own event loop (an async actor); its envs share one warm `SandboxPool`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -33,7 +34,10 @@ class EnvWorker:
 
         if self.source is None:  # created on the actor's own event loop
             self.source = SandboxSource.default(size=self.pool_size)
-        return agentrl.make(self.env_name, sandboxes=self.source, **self.env_kwargs)
+        module, _, name = self.env_name.rpartition(":")
+        if module:  # Gymnasium's "module:name": importing the module registers the env
+            importlib.import_module(module)
+        return agentrl.make(name, sandboxes=self.source, **self.env_kwargs)
 
     async def sample_tasks(self, n: int, seed: int) -> list[str]:
         """n task ids drawn from the env's task set (its train split by default), reproducibly."""
