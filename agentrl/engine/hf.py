@@ -277,18 +277,23 @@ class HFEngine(InferenceEngine):
         self._rows.extend(reqs)
 
     def _sample(self, rows: list[_Request], logits: torch.Tensor) -> None:
-        """Sample one token per row from its own distribution (logits (B, V))."""
-        for r, z in zip(rows, logits, strict=True):
-            p = r.params
-            logq = sampling_logprobs(z, p.temperature, p.top_k, p.top_p)  # (V,)
-            y = sample(logq, p.temperature, r.generator)
-            r.tokens.append(y)
-            r.logprobs.append(float(logq[y]))
-            r.versions.append(self._version)
-            if y in p.stop_token_ids:
-                r.finish = "stop"
-            elif len(r.tokens) >= p.max_tokens:
-                r.finish = "length"
+        """Sample one token per row (logits (B, V)); rows with the same settings in one pass."""
+        by_setting: dict[tuple[float, int, float], list[int]] = {}
+        for i, r in enumerate(rows):
+            by_setting.setdefault((r.params.temperature, r.params.top_k, r.params.top_p), []).append(i)
+        for (temperature, top_k, top_p), idx in by_setting.items():
+            logq = sampling_logprobs(logits[idx], temperature, top_k, top_p)  # (n, V)
+            ys = sample(logq, temperature, [rows[i].generator for i in idx])  # (n,)
+            lps = logq.gather(-1, ys[:, None])[:, 0].tolist()
+            for i, y, lp in zip(idx, ys.tolist(), lps, strict=True):
+                r = rows[i]
+                r.tokens.append(y)
+                r.logprobs.append(lp)
+                r.versions.append(self._version)
+                if y in r.params.stop_token_ids:
+                    r.finish = "stop"
+                elif len(r.tokens) >= r.params.max_tokens:
+                    r.finish = "length"
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.finish is None]

@@ -46,8 +46,13 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, params: Sampli
     return logq.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def sample(logq: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Draw one token from log q (V,); argmax when greedy."""
+def sample(logq: torch.Tensor, temperature: float, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of log q (n, V) -> (n,); argmax when greedy.
+
+    Gumbel-max, argmax(log q + Gumbel noise), draws exactly from q, with each row's noise
+    from its own generator: a request's tokens do not depend on what it is batched with.
+    """
     if temperature == 0:
-        return int(torch.argmax(logq))
-    return int(torch.multinomial(logq.exp(), 1, generator=generator))
+        return torch.argmax(logq, dim=-1)
+    u = torch.stack([torch.rand(logq.shape[-1], generator=g, device=logq.device) for g in generators])  # (n, V)
+    return torch.argmax(logq - torch.log(-torch.log(u)), dim=-1)
