@@ -13,10 +13,9 @@ A background thread runs the loop; each iteration:
 4. drops finished rows from the cache, and cache columns no row uses any more.
 
 So a request joins while others are mid-generation, as multi-turn rollouts need: an episode
-back from its sandbox does not wait for the batch to drain. Every sampling step holds
-`self._lock`; `update_weights` takes the same lock, so new weights land between two steps
-and the tokens after carry the new version. asyncio callers get their result through a
-future resolved on their own loop.
+back from its sandbox does not wait for the batch to drain. The thread, the step lock that
+`update_weights` shares (new weights land between two steps; later tokens carry the new
+version) and the futures are `agentrl.engine.threaded`'s.
 """
 
 from __future__ import annotations
@@ -24,38 +23,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import threading
-import uuid
-from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from agentrl.engine.base import FinishReason, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import SamplingParams
 from agentrl.engine.sampling import sample, sampling_logprobs
+from agentrl.engine.threaded import Request, ThreadedEngine
 
 
-@dataclass(eq=False)
-class _Request:
-    id: str
-    prompt: list[int]
-    params: SamplingParams
+@dataclass(eq=False, kw_only=True)
+class _Request(Request):
     generator: torch.Generator
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
     n_ctx: int = 0  # real (unpadded) tokens in this row's KV cache
-    aborted: bool = False
-    finish: FinishReason | None = None
 
 
-class HFEngine(InferenceEngine):
+class HFEngine(ThreadedEngine):
     """The embedded engine. Pass the trainer's own module to share its weights (no copy).
 
     With a shared module the trainer changes weights in place: it wraps the change in
@@ -64,87 +51,35 @@ class HFEngine(InferenceEngine):
     """
 
     name = "hf"
+    thread_name = "agentrl-hf-engine"
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
                  seed: int = 0) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        super().__init__(max_context or int(model.config.max_position_embeddings))
         self.model = model
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
-        self._max_context = max_context or int(model.config.max_position_embeddings)
         self._seeds = itertools.count(seed * 1_000_003)
-        self._version = 0
-        self._lock = threading.Lock()  # held by every decode step and every weight update
-        self._cv = threading.Condition()  # guards _waiting, _closed
-        self._waiting: deque[_Request] = deque()
-        self._by_id: dict[str, _Request] = {}
         self._rows: list[_Request] = []  # the running batch, in cache row order
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (B, L) 1 where the cache column holds a real token
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._error: BaseException | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs) -> HFEngine:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         return cls(model, **kwargs)
 
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
     # -- requests --------------------------------------------------------------------
 
-    async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
-    ) -> Generation:
-        self.check_fits(len(prompt_ids), params)
-        loop = asyncio.get_running_loop()
+    def _new_request(self, request_id: str, prompt: list[int], params: SamplingParams,
+                     loop: asyncio.AbstractEventLoop) -> _Request:  # fmt: skip
         seed = params.seed if params.seed is not None else next(self._seeds)
-        req = _Request(
-            id=request_id or uuid.uuid4().hex,
-            prompt=list(prompt_ids),
-            params=params,
-            generator=torch.Generator(self.device).manual_seed(seed),
-            loop=loop,
-            future=loop.create_future(),
-        )
-        with self._cv:
-            if self._error is not None:
-                raise RuntimeError(f"the engine's decode loop failed: {self._error!r}") from self._error
-            if self._closed:
-                raise RuntimeError("engine is closed")
-            if req.id in self._by_id:
-                raise ValueError(f"request id {req.id!r} is already in flight")
-            self._by_id[req.id] = req
-            self._waiting.append(req)
-            self._ensure_thread()
-            self._cv.notify()
-        try:
-            return await asyncio.shield(req.future)
-        except asyncio.CancelledError:
-            req.aborted = True  # the loop drops it at its next step
-            raise
-
-    async def abort(self, request_id: str) -> None:
-        req = self._by_id.get(request_id)
-        if req is not None:
-            req.aborted = True
-            with self._cv:
-                self._cv.notify()
-
-    async def abort_all(self) -> None:
-        for req in list(self._by_id.values()):
-            req.aborted = True
-        with self._cv:
-            self._cv.notify()
+        generator = torch.Generator(self.device).manual_seed(seed)
+        return _Request(id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(),
+                        generator=generator)  # fmt: skip
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -174,44 +109,16 @@ class HFEngine(InferenceEngine):
             self._version += 1
             return self._version
 
-    async def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
-
     # -- the decode loop (engine thread) --------------------------------------------
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="agentrl-hf-engine", daemon=True)
-            self._thread.start()
+    def _busy(self) -> bool:
+        return bool(self._rows)
 
-    def _run(self) -> None:
-        new: list[_Request] = []
-        try:
-            while True:
-                with self._cv:
-                    while not (self._waiting or self._rows or self._closed):
-                        self._cv.wait()
-                    if self._closed:
-                        break
-                    room = self.max_batch_size - len(self._rows)
-                    new = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-                with self._lock, torch.no_grad():
-                    self._step(new)
-        except BaseException as e:  # a model error fails every request (and later ones) instead of hanging them
-            with self._cv:
-                self._error = e
-        with self._cv:
-            pending = [*self._rows, *(r for r in new if r not in self._rows), *self._waiting]
-        for req in pending:
-            self._resolve(req, error=self._error or RuntimeError("engine closed"))
-        self._rows.clear()
-        self._waiting.clear()
+    def _take(self) -> list[Request]:
+        room = self.max_batch_size - len(self._rows)
+        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
+    @torch.no_grad()
     def _step(self, new: list[_Request]) -> None:
         for req in self._rows:
             if req.aborted:
@@ -222,8 +129,7 @@ class HFEngine(InferenceEngine):
         new_live = []
         for req in new:
             if req.aborted:
-                req.finish = "aborted"
-                self._resolve(req)
+                self._resolve(req, "aborted")
             else:
                 new_live.append(req)
         if new_live:
@@ -313,21 +219,3 @@ class HFEngine(InferenceEngine):
         for layer in self._cache.layers:
             layer.keys = layer.keys[idx, :, start:]
             layer.values = layer.values[idx, :, start:]
-
-    def _resolve(self, req: _Request, error: BaseException | None = None) -> None:
-        self._by_id.pop(req.id, None)
-        if error is None:
-            finish = req.finish or "aborted"
-            gen = Generation(req.tokens, req.logprobs, req.versions, finish, prompt_len=len(req.prompt))
-        fut = req.future
-
-        def settle() -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(gen)
-
-        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
-            req.loop.call_soon_threadsafe(settle)

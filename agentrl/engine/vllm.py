@@ -1,11 +1,12 @@
 """`vllm` engine: an in-process `vllm.LLM` (extra `agentrl[vllm]`, a GPU machine), stepped by agentrl.
 
-As in `hf`, a background thread runs the loop: add the requests that arrived, abort the ones
-asked to stop, run one `LLMEngine.step()` and hand out its tokens. `update_weights` takes the
-same lock, so new weights land between two steps and each token records the version that
-sampled it. For that, vLLM's engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-set here): a core in its own process keeps stepping ahead of the outputs read here, and a token
-could be credited to the wrong version.
+As in `hf` (both are `agentrl.engine.threaded` engines), a background thread runs the loop:
+add the requests that arrived, abort the ones asked to stop, run one `LLMEngine.step()` and
+hand out its tokens. `update_weights` takes the same lock, so new weights land between two
+steps and each token records the version that sampled it. For that, vLLM's engine core runs
+in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here): a core in its own process
+keeps stepping ahead of the outputs read here, and a token could be credited to the wrong
+version.
 
 Logprobs: the LLM is built with `logprobs_mode="processed_logprobs"`, so vLLM reports log q(y)
 after temperature and top-k/top-p, and for greedy requests log softmax(logits): the meaning
@@ -25,21 +26,19 @@ Weights (vLLM >= 0.10.2):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import shutil
 import tempfile
-import threading
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.engine.base import FinishReason, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import FinishReason, SamplingParams
+from agentrl.engine.threaded import Request, ThreadedEngine
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -62,24 +61,16 @@ class WeightLoader:
         self.model_runner.model.load_weights(weights=weights)
 
 
-@dataclass(eq=False)
-class _Request:
-    id: str
-    prompt: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+@dataclass(eq=False, kw_only=True)
+class _Request(Request):
     vllm_id: str = ""  # a fresh id each time it is added to vLLM (a LoRA update re-adds it)
-    aborted: bool = False
 
 
-class VLLMEngine(InferenceEngine):
+class VLLMEngine(ThreadedEngine):
     """vLLM in this process. `llm_kwargs` go to `vllm.LLM` (tensor_parallel_size, gpu_memory_utilization, ...)."""
 
     name = "vllm"
+    thread_name = "agentrl-vllm-engine"
     logprob_semantics = (
         "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits) "
         "(vLLM logprobs_mode=processed_logprobs)"
@@ -101,65 +92,23 @@ class VLLMEngine(InferenceEngine):
             kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
         self.llm = LLM(**{**kwargs, **llm_kwargs})
         self._engine = self.llm.llm_engine
-        self._max_context = int(self._engine.model_config.max_model_len)
+        super().__init__(int(self._engine.model_config.max_model_len))
         self._lora_config = lora
         self._lora_dir = Path(tempfile.mkdtemp(prefix="agentrl-vllm-lora-")) if lora is not None else None
         self._lora_request = None  # the adapter of the current version; None: the base weights
         self._vllm_ids = itertools.count()
-        self._version = 0
-        self._lock = threading.Lock()  # held by every engine step and every weight update
-        self._cv = threading.Condition()  # guards _arrived, _closed
-        self._arrived: list[_Request] = []
-        self._by_id: dict[str, _Request] = {}
         self._running: dict[str, _Request] = {}  # by vllm_id: the requests vLLM holds
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._error: BaseException | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "auto", max_batch_size: int = 256,
                         **kwargs: Any) -> VLLMEngine:  # fmt: skip
         return cls(path, dtype=dtype, max_batch_size=max_batch_size, **kwargs)
 
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
     # -- requests --------------------------------------------------------------------
 
-    async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
-    ) -> Generation:
-        self.check_fits(len(prompt_ids), params)
-        loop = asyncio.get_running_loop()
-        req = _Request(request_id or uuid.uuid4().hex, list(prompt_ids), params, loop, loop.create_future())
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("engine is closed")
-            if req.id in self._by_id:
-                raise ValueError(f"request id {req.id!r} is already in flight")
-            self._by_id[req.id] = req
-            self._arrived.append(req)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="agentrl-vllm-engine", daemon=True)
-                self._thread.start()
-            self._cv.notify()
-        try:
-            return await asyncio.shield(req.future)
-        except asyncio.CancelledError:
-            req.aborted = True  # the loop drops it at its next step
-            raise
-
-    async def abort(self, request_id: str) -> None:
-        req = self._by_id.get(request_id)
-        if req is not None:
-            req.aborted = True
-            with self._cv:
-                self._cv.notify()
+    def _new_request(self, request_id: str, prompt: list[int], params: SamplingParams,
+                     loop: asyncio.AbstractEventLoop) -> _Request:  # fmt: skip
+        return _Request(id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future())
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
                              lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
@@ -201,35 +150,14 @@ class VLLMEngine(InferenceEngine):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     async def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
+        await super().close()
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     # -- the loop (engine thread) -----------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._arrived or self._running or self._closed):
-                        self._cv.wait()
-                    if self._closed:
-                        break
-                    arrived, self._arrived = self._arrived, []
-                with self._lock:
-                    self._step(arrived)
-        except BaseException as e:  # a vLLM error fails every request instead of hanging them
-            self._error = e
-        with self._cv:
-            pending, self._arrived = [*self._running.values(), *self._arrived], []
-            self._running.clear()
-        for req in pending:
-            self._resolve(req, error=self._error or RuntimeError("engine closed"))
+    def _busy(self) -> bool:
+        return bool(self._running)
 
     def _step(self, arrived: list[_Request]) -> None:
         for req in arrived:
@@ -276,18 +204,3 @@ class VLLMEngine(InferenceEngine):
         prompt = TokensPrompt(prompt_token_ids=req.prompt + req.tokens)
         self._engine.add_request(req.vllm_id, prompt, params, lora_request=self._lora_request)
         self._running[req.vllm_id] = req
-
-    def _resolve(self, req: _Request, finish: FinishReason | None = None, error: BaseException | None = None) -> None:
-        self._by_id.pop(req.id, None)
-        result = None if error else Generation(req.tokens, req.logprobs, req.versions, finish, len(req.prompt))
-
-        def settle() -> None:
-            if req.future.done():
-                return
-            if error is not None:
-                req.future.set_exception(error)
-            else:
-                req.future.set_result(result)
-
-        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
-            req.loop.call_soon_threadsafe(settle)

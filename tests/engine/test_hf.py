@@ -114,7 +114,7 @@ async def test_weight_update_bumps_version_mid_request():
     other = tiny_model("qwen3", seed=5).state_dict()
     prompt = load_tokenizer().encode("def f():")
     async with HFEngine(model) as eng:
-        req = asyncio.create_task(eng.generate(prompt, SamplingParams(max_tokens=400, seed=0)))
+        req = asyncio.create_task(eng.generate(prompt, SamplingParams(max_tokens=3000, seed=0)))
         await asyncio.sleep(0.3)
         assert await eng.update_weights(other) == 1
         gen = await req
