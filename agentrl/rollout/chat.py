@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from agentrl.env.base import Message
 
 SENTINEL = "AGENTRLSENTINEL"
+_STAND_IN: list[Message] = [{"role": "user", "content": "x"}]
 
 
 class TemplatePrefixError(ValueError):
@@ -49,6 +50,7 @@ class ChatFormat:
             tid = tokenizer.convert_tokens_to_ids(t)
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and t in tokenizer.all_special_tokens:
                 stops.add(tid)
+        self._stand_in_rendered = self.render(_STAND_IN, generation_prompt=False)  # the same for every delta
         self._atomic = set(tokenizer.get_added_vocab())  # special and added tokens: never merged
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(i for i in stops if i is not None))
 
@@ -67,9 +69,8 @@ class ChatFormat:
 
     def observation_ids(self, messages: list[Message], *, last_token: int | None) -> list[int]:
         """The delta after a generated turn whose last token is `last_token` (see module doc)."""
-        stand_in: list[Message] = [{"role": "user", "content": "x"}]
-        before = self.render(stand_in, generation_prompt=False)
-        full = self.render([*stand_in, {"role": "assistant", "content": SENTINEL}, *messages], generation_prompt=True)
+        full = self.render([*_STAND_IN, {"role": "assistant", "content": SENTINEL}, *messages], generation_prompt=True)
+        before = self._stand_in_rendered
         if not full.startswith(before) or full.count(SENTINEL) != 1:
             raise TemplatePrefixError(
                 "the chat template rewrites earlier turns once messages are appended, so a conversation is "

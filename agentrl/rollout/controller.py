@@ -285,10 +285,8 @@ class RolloutController:
             params = self.cfg.sampling.model_copy(
                 update={"max_tokens": budget, "stop_token_ids": self.chat.stop_token_ids, "seed": seed}
             )
-            prompt = list(traj.token_ids)
-            traj.check_prompt(prompt)
             ep.generating = True
-            gen = await self.engine.generate(prompt, params, request_id=traj.episode_id)
+            gen = await self.engine.generate(list(traj.token_ids), params, request_id=traj.episode_id)
             ep.generating = False
             traj.append_generation(gen)
             self._counts.tokens += len(gen.token_ids)

@@ -11,9 +11,9 @@ Per token (parallel lists, one entry per position of `token_ids`):
   logprob      lp_b: the engine's logprob for generated tokens (0.0 elsewhere)
   version      the policy version that sampled a generated token (-1 elsewhere)
 
-The invariant (DESIGN.md §4.1): every prompt handed to the engine equals `token_ids` at that
-moment (`check_prompt`), so the ids the trainer scores are exactly the ids the engine saw
-and produced. Nothing is ever decoded and re-encoded to build the next prompt.
+The invariant (DESIGN.md §4.1): every prompt handed to the engine is `token_ids` at that
+moment (the controller sends the trajectory itself), so the ids the trainer scores are
+exactly the ids the engine saw and produced. Nothing is ever decoded and re-encoded to build the next prompt.
 """
 
 from __future__ import annotations
@@ -99,15 +99,6 @@ class Trajectory(BaseModel):
         if self.token_ids:
             raise TrajectoryError("the prompt is appended once, first")
         self._extend(ids, Segment.PROMPT, 0)
-
-    def check_prompt(self, prompt_ids: list[int]) -> None:
-        """Raise unless `prompt_ids` is exactly this trajectory (the prefix property)."""
-        if prompt_ids != self.token_ids:
-            n = next((i for i, (a, b) in enumerate(zip(prompt_ids, self.token_ids, strict=False)) if a != b), None)
-            where = f"first difference at token {n}" if n is not None else "lengths differ"
-            raise TrajectoryError(
-                f"prompt of {len(prompt_ids)} tokens is not the trajectory of {len(self.token_ids)} ({where})"
-            )
 
     @property
     def turn_open(self) -> bool:
