@@ -75,10 +75,13 @@ async def controller_run(model, cfg: RolloutConfig, iterations: int, *, bump: bo
             "tokens_per_s": tokens / sum(walls),
             "episodes_per_min": 60 * episodes / sum(walls),
             "episodes_returned_in_iterations": episodes,
+            "s_per_returned_episode": sum(walls) / episodes,
             "episodes_after_drain": finished,
             "drain_s": drain_s,
             "lost": lost,
             "max_staleness_drained": drained.stats.max_staleness,
+            "prompt_tokens_prefilled": engine.prefilled_tokens,
+            "prompt_tokens_from_prefix_cache": engine.cached_tokens,
         }
 
 
@@ -139,6 +142,7 @@ async def main(args) -> dict:
             "partial_off": off,
             "partial_on": on,
             "iteration_time_cut": 1 - on["mean_iteration_s"] / off["mean_iteration_s"],
+            "time_per_returned_episode_cut": 1 - on["s_per_returned_episode"] / off["s_per_returned_episode"],
         },
     }
 
@@ -149,9 +153,9 @@ if __name__ == "__main__":
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--naive-episodes", type=int, default=6)
+    p.add_argument("--naive-episodes", type=int, default=4)
     p.add_argument("--tail-groups", type=int, default=4)
-    p.add_argument("--tail-iterations", type=int, default=4)
+    p.add_argument("--tail-iterations", type=int, default=8)
     args = p.parse_args()
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     ray.init(include_dashboard=False, log_to_driver=False,

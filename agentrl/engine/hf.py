@@ -29,17 +29,79 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
 from agentrl.engine.threaded import Request, ThreadedEngine
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer that appends into spare capacity. transformers' DynamicLayer re-concatenates
+    the whole layer on every decode step; on CPU that copy cost more than the attention itself."""
+
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if keys is not None and values is not None:
+            self.lazy_initialization(keys, values)
+            self._k, self._v = keys, values
+            self._grow(keys.shape[2], keys.shape[2])
+
+    def _grow(self, n: int, need: int) -> None:
+        """Fresh storage for `need` columns and headroom; the first n columns copied over."""
+        B, H, _, D = self._k.shape
+        cap = need + max(64, need // 2)
+        k, v = self._k.new_empty(B, H, cap, D), self._v.new_empty(B, H, cap, D)
+        k[:, :, :n], v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
+        self._k, self._v = k, v
+        self.keys, self.values = k[:, :, :n], v[:, :, :n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._k, self._v = key_states, value_states
+            self._grow(0, key_states.shape[2])
+        n, s = self.keys.shape[2], key_states.shape[2]
+        if n + s > self._k.shape[2]:
+            self._grow(n, n + s)
+        self._k[:, :, n : n + s], self._v[:, :, n : n + s] = key_states, value_states
+        self.keys, self.values = self._k[:, :, : n + s], self._v[:, :, : n + s]
+        return self.keys, self.values
+
+    @classmethod
+    def assemble(cls, parts: list[tuple[torch.Tensor, torch.Tensor] | None], L: int, extra: int = 0) -> _GrowingLayer:
+        """Blocks of rows (keys, values: (b, H, n, D); None: one empty row) stacked in order, each
+        right-aligned in L columns with zeros to its left, and room for `extra` more columns."""
+        like = next(b for b in parts if b is not None)
+        (_, H, _, D), B = like[0].shape, sum(1 if b is None else b[0].shape[0] for b in parts)
+        cap = L + extra + max(64, (L + extra) // 2)
+        layer = cls()
+        layer.lazy_initialization(*like)
+        layer._k, layer._v = like[0].new_zeros(B, H, cap, D), like[1].new_zeros(B, H, cap, D)  # pads: 0, not NaN
+        row = 0
+        for b in parts:
+            if b is not None:
+                n = b[0].shape[2]
+                layer._k[row : row + b[0].shape[0], :, L - n : L] = b[0]
+                layer._v[row : row + b[0].shape[0], :, L - n : L] = b[1]
+            row += 1 if b is None else b[0].shape[0]
+        layer.keys, layer.values = layer._k[:, :, :L], layer._v[:, :, :L]
+        return layer
+
+    def select(self, rows: torch.Tensor, start: int = 0) -> None:
+        """Keep `rows` (batch indices) and the columns from `start` on."""
+        n = self.keys.shape[2]
+        self._k, self._v = self._k[rows, :, start:], self._v[rows, :, start:]
+        self.keys, self.values = self._k[:, :, : n - start], self._v[:, :, : n - start]
 
 
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
     generator: torch.Generator
     n_ctx: int = 0  # real (unpadded) tokens in this row's KV cache
+    kv_version: int = 0  # the policy version its prefill ran under (its KV is older than later tokens')
 
 
 class HFEngine(ThreadedEngine):
@@ -55,7 +117,7 @@ class HFEngine(ThreadedEngine):
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
-                 seed: int = 0) -> None:  # fmt: skip
+                 prefix_cache_tokens: int = 65536, seed: int = 0) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         super().__init__(max_context or int(model.config.max_position_embeddings))
@@ -64,8 +126,11 @@ class HFEngine(ThreadedEngine):
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
         self._rows: list[_Request] = []  # the running batch, in cache row order
-        self._cache: DynamicCache | None = None
+        self._cache: Cache | None = None
         self._mask: torch.Tensor | None = None  # (B, L) 1 where the cache column holds a real token
+        self._prefix = PrefixCache(prefix_cache_tokens)  # 0 turns prefix reuse off
+        self.prefilled_tokens = 0  # prompt tokens run through the model
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs) -> HFEngine:
@@ -106,6 +171,7 @@ class HFEngine(ThreadedEngine):
             elif state_dict is not None:
                 self.model.load_state_dict(dict(state_dict), strict=True)
             # Neither: the module is shared with the trainer and already holds the new weights.
+            self._prefix.clear()  # KV of the old weights: reusing it would not sample the new policy
             self._version += 1
             return self._version
 
@@ -150,36 +216,94 @@ class HFEngine(ThreadedEngine):
         self._sample(self._rows, out.logits[:, -1])
 
     def _prefill(self, reqs: list[_Request]) -> None:
-        """Left-padded prefill of new prompts, merged into the running batch."""
-        L = max(len(r.prompt) for r in reqs)
-        ids = torch.zeros(len(reqs), L, dtype=torch.long, device=self.device)  # (n, L)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(reqs):
-            ids[i, L - len(r.prompt) :] = torch.tensor(r.prompt, device=self.device)
-            mask[i, L - len(r.prompt) :] = 1
-            r.n_ctx = len(r.prompt)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        """Prefill new prompts and merge them into the running batch; identical prompts (the G
+        samples of a group) are computed once."""
+        unique: dict[tuple[int, ...], int] = {}
+        which = [unique.setdefault(tuple(r.prompt), len(unique)) for r in reqs]  # row -> unique prompt
+        cache, mask, logits = self._forward_prompts([list(p) for p in unique])
+        if len(unique) < len(reqs):
+            idx = torch.tensor(which, device=self.device)
+            for layer in cache.layers:
+                layer.select(idx)
+            mask = mask[idx]
+        for r in reqs:
+            r.n_ctx, r.kv_version = len(r.prompt), self._version
         self._merge(reqs, cache, mask)
-        self._sample(reqs, out.logits[:, -1])
+        self._sample(reqs, logits[which])
 
-    def _merge(self, reqs: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+    def _forward_prompts(self, prompts: list[list[int]]) -> tuple[Cache, torch.Tensor, torch.Tensor]:
+        """One forward over distinct prompts, reusing cached prefixes; returns the batch's KV cache,
+        its (U, L) mask and each prompt's last logits (U, V). Every prompt's KV joins the prefix cache.
+
+        A prefix several of these prompts share beyond what the cache holds (the system prompt and
+        tool schemas, after a weight update emptied the cache) is computed once, first. Row layout,
+        columns: [pad | cached prefix (m) | pad | suffix (s)], both parts right-aligned, so the
+        cached KV stacks into one past and the suffix into one left-padded input; the 2D mask hides
+        both pads and explicit position ids keep every row's positions 0..m+s-1.
+        """
+        if shared := self._shared_prefixes(prompts):
+            self._forward_prompts(shared)
+        hits = [self._prefix.lookup(p) for p in prompts]
+        m = [n for n, _ in hits]
+        s = [len(p) - n for p, n in zip(prompts, m, strict=True)]
+        U, Lp, S = len(prompts), max(m), max(s)
+        ids = torch.zeros(U, S, dtype=torch.long, device=self.device)
+        positions = torch.zeros_like(ids)
+        mask = torch.zeros(U, Lp + S, dtype=torch.long, device=self.device)
+        for i, (p, mi, si) in enumerate(zip(prompts, m, s, strict=True)):
+            ids[i, S - si :] = torch.tensor(p[mi:], device=self.device)
+            positions[i, S - si :] = torch.arange(mi, mi + si, device=self.device)
+            mask[i, Lp - mi : Lp] = 1
+            mask[i, Lp + S - si :] = 1
+        cache = Cache(layer_class_to_replicate=_GrowingLayer)
+        if Lp:
+            n_layers = len(next(kv for _, kv in hits if kv is not None))
+            cache = Cache(
+                layers=[_GrowingLayer.assemble([(kv[layer][0][None], kv[layer][1][None]) if kv else None
+                                                for _, kv in hits], Lp, extra=S) for layer in range(n_layers)]
+            )  # fmt: skip
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         logits_to_keep=1)  # fmt: skip
+        self.cached_tokens += sum(m)
+        self.prefilled_tokens += sum(s)
+        for i, p in enumerate(prompts):
+            self._remember(p, cache, mask, i)
+        return cache, mask, out.logits[:, -1]
+
+    def _shared_prefixes(self, prompts: list[list[int]], min_tokens: int = 32) -> list[list[int]]:
+        """Prefixes that neighbouring prompts (in sorted order) share, at least `min_tokens` longer than
+        what the prefix cache already holds for them."""
+        if len(prompts) < 2 or self._prefix.max_tokens <= 0:
+            return []
+        ordered = sorted(prompts)
+        out: dict[tuple[int, ...], None] = {}
+        for a, b in itertools.pairwise(ordered):
+            n = common_prefix(a, b)
+            if n >= min_tokens and n - self._prefix.lookup(a[: n + 1])[0] >= min_tokens:
+                out[tuple(a[:n])] = None
+        return [list(p) for p in out]
+
+    def _remember(self, ids: list[int], cache: Cache, mask: torch.Tensor, row: int) -> None:
+        """Put row `row`'s KV (its real columns, copied out of the batch) in the prefix cache."""
+        if self._prefix.max_tokens <= 0:
+            return
+        cols = mask[row].bool()
+        kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]
+        assert kv[0][0].shape[1] == len(ids), "KV columns and ids disagree"
+        self._prefix.insert(ids, kv)
+
+    def _merge(self, reqs: list[_Request], cache: Cache, mask: torch.Tensor) -> None:
         if self._cache is None or not self._rows:
             self._rows, self._cache, self._mask = list(reqs), cache, mask
             return
         L = max(mask.shape[1], self._mask.shape[1])
-
-        def lpad(t: torch.Tensor, dim: int) -> torch.Tensor:  # left-pad dim `dim` up to L
-            pad = [0, 0] * (t.dim() - 1 - dim) + [L - t.shape[dim], 0]
-            return F.pad(t, pad)
-
-        layers = [
-            (torch.cat([lpad(a.keys, 2), lpad(b.keys, 2)]), torch.cat([lpad(a.values, 2), lpad(b.values, 2)]))
-            for a, b in zip(self._cache.layers, cache.layers, strict=True)
-        ]
-        self._cache = DynamicCache(layers)
-        self._mask = torch.cat([lpad(self._mask, 1), lpad(mask, 1)])
+        self._cache = Cache(
+            layers=[
+                _GrowingLayer.assemble([(a.keys, a.values), (b.keys, b.values)], L)
+                for a, b in zip(self._cache.layers, cache.layers, strict=True)
+            ]
+        )
+        self._mask = torch.cat([F.pad(self._mask, (L - self._mask.shape[1], 0)), F.pad(mask, (L - mask.shape[1], 0))])
         self._rows.extend(reqs)
 
     def _sample(self, rows: list[_Request], logits: torch.Tensor) -> None:
@@ -205,9 +329,12 @@ class HFEngine(ThreadedEngine):
         keep = [i for i, r in enumerate(self._rows) if r.finish is None]
         if len(keep) == len(self._rows):
             return
-        for r in self._rows:
+        for i, r in enumerate(self._rows):
             if r.finish is not None:
                 self._resolve(r)
+                if r.kv_version == self._version:  # its KV is all of the current weights
+                    # the last sampled token was never fed: the KV holds the prompt and the rest
+                    self._remember(r.prompt + r.tokens[:-1], self._cache, self._mask, i)
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:
             self._cache = self._mask = None
@@ -217,5 +344,4 @@ class HFEngine(ThreadedEngine):
         start = int((self._mask.sum(0) > 0).long().argmax())  # first column some row still uses
         self._mask = self._mask[:, start:]
         for layer in self._cache.layers:
-            layer.keys = layer.keys[idx, :, start:]
-            layer.values = layer.values[idx, :, start:]
+            layer.select(idx, start)

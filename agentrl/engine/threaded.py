@@ -131,8 +131,9 @@ class ThreadedEngine(InferenceEngine):
                         self._cv.wait()
                     if self._closed:
                         break
-                    new = self._take()
-                with self._lock:
+                with self._lock:  # taken under the step lock: what queued during a pause enters together
+                    with self._cv:
+                        new = self._take()
                     self._step(new)
         except BaseException as e:
             with self._cv:

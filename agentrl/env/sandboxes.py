@@ -25,10 +25,13 @@ class SandboxSource:
     running event loop the same pool of Docker sandboxes, started on first use and
     closed when the last env attached to it closes. A sync env runs its own event loop,
     so it gets a pool of its own: its next episode's sandbox starts while this one runs.
+    `keep_open=True` (long-lived owners such as env workers, whose envs come and go) keeps
+    the pool warm between episodes until `close()`, instead of stopping and restarting it.
     """
 
     def __init__(self, pool: SandboxPool | None = None, *, factory: Callable[[], Awaitable[Sandbox]] | None = None,
-                 size: int = DEFAULT_POOL_SIZE):  # fmt: skip
+                 size: int = DEFAULT_POOL_SIZE, keep_open: bool = False):  # fmt: skip
+        self._keep_open = keep_open
         self._owned = pool is None
         self._factory = factory or DockerSandbox.create
         self._size = size
@@ -62,5 +65,10 @@ class SandboxSource:
     async def detach(self, env: TextEnv) -> None:
         """The env is closing; an owned pool closes with its last env."""
         self._envs.discard(env)
-        if self._owned and not self._envs:
+        if self._owned and not self._envs and not self._keep_open:
+            await self.pool.close()
+
+    async def close(self) -> None:
+        """Close an owned pool (for `keep_open` sources; others close with their last env)."""
+        if self._owned:
             await self.pool.close()

@@ -32,8 +32,8 @@ class EnvWorker:
     def _make(self) -> TextEnv:
         import agentrl
 
-        if self.source is None:  # created on the actor's own event loop
-            self.source = SandboxSource.default(size=self.pool_size)
+        if self.source is None:  # created on the actor's own event loop; warm until shutdown
+            self.source = SandboxSource(size=self.pool_size, keep_open=True)
         module, _, name = self.env_name.rpartition(":")
         if module:  # Gymnasium's "module:name": importing the module registers the env
             importlib.import_module(module)
@@ -68,6 +68,8 @@ class EnvWorker:
             await self.close(eid)
         if self.sampler is not None:
             await self.sampler.aclose()
+        if self.source is not None:
+            await self.source.close()
 
     def pid(self) -> int:
         return os.getpid()

@@ -8,6 +8,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
 from agentrl.engine.base import ContextTooLong, SamplingParams
 from agentrl.engine.hf import HFEngine
+from agentrl.engine.prefix_cache import PrefixCache
 from agentrl.engine.sampling import sampling_logprobs, token_logprobs
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
@@ -96,6 +97,69 @@ async def test_requests_join_a_running_batch_and_are_batching_invariant():
         await long_running
     assert joined.token_ids == alone.token_ids
     torch.testing.assert_close(torch.tensor(joined.logprobs), torch.tensor(alone.logprobs), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "llama"])
+async def test_prefix_cache_reuses_earlier_turns_and_keeps_parity(arch):
+    """Turn 2 extends turn 1 (prompt, generated, observation): only the new tokens are prefilled,
+    identical prompts (a group) are prefilled once, and logprobs still match a fresh forward."""
+    model = tiny_model(arch, seed=4)
+    tok = load_tokenizer()
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    system = tok.encode("You are a coding agent. " * 8)
+    obs = tok.encode("<|im_end|>observation: ok")
+
+    async def turn(eng, prompts):
+        return await asyncio.gather(
+            *(eng.generate(p, params.model_copy(update={"seed": i})) for i, p in enumerate(prompts))
+        )
+
+    async with HFEngine(model) as eng, HFEngine(model, prefix_cache_tokens=0) as ref:
+        prompts = [system + tok.encode(f" task {i}") for i in range(3) for _ in range(2)]  # 3 groups of 2
+        gens = await turn(eng, prompts)
+        # however the requests fell into batches, the shared system prompt is prefilled once (same batch:
+        # computed first, once; a later batch: served by the cache) and so is each group's prompt (+1:
+        # a prompt identical to a cached one recomputes its last token for the logits)
+        assert eng.prefilled_tokens <= len(system) + sum(len(p) - len(system) + 1 for p in prompts[::2])
+        fresh = tok.encode("unrelated question")
+        prompts2 = [p + g.token_ids + obs for p, g in zip(prompts, gens, strict=True)] + [fresh]
+        before = eng.prefilled_tokens
+        gens2 = await turn(eng, prompts2)
+        # the last sampled token of turn 1 was never fed to the model: it is prefilled with the observation
+        assert eng.prefilled_tokens - before == 6 * (1 + len(obs)) + len(fresh)
+        assert [g.token_ids for g in gens2] == [g.token_ids for g in await turn(ref, prompts2)]
+        for prompt, gen in zip(prompts2, gens2, strict=True):
+            torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, params),
+                                       atol=ATOL, rtol=0)  # fmt: skip
+        # a weight update empties the cache: KV of the old weights is never reused
+        await eng.update_weights()
+        cached = eng.cached_tokens
+        await eng.generate(prompts2[0], params)
+        assert eng.cached_tokens == cached
+        # a batch arriving at once computes its shared system prompt once
+        before = eng.prefilled_tokens
+        await eng.update_weights()
+        with eng.paused():  # the loop cannot step: the requests queue up and enter as one batch
+            batch = [asyncio.ensure_future(eng.generate(p, params)) for p in prompts2[1:6]]
+            await asyncio.sleep(0.1)
+        await asyncio.gather(*batch)
+        assert eng.prefilled_tokens - before <= len(system) + sum(len(p) - len(system) for p in prompts2[1:6])
+
+
+def test_prefix_cache_keeps_the_longest_entries_within_its_budget():
+    cache = PrefixCache(max_tokens=10)
+    kv = lambda n: [(torch.arange(n).float()[None, :, None], torch.zeros(1, n, 1))]  # noqa: E731
+    cache.insert([1, 2, 3], kv(3))
+    cache.insert([1, 2, 3, 4, 5], kv(5))  # extends the first: replaces it
+    assert len(cache) == 1 and cache.tokens == 5
+    m, got = cache.lookup([1, 2, 3, 9])
+    assert m == 3 and got[0][0].flatten().tolist() == [0, 1, 2]
+    assert cache.lookup([1, 2, 3, 4, 5])[0] == 4, "the last prompt token must be prefilled for its logits"
+    assert cache.lookup([7, 1, 2])[0] == 0
+    cache.insert([7, 8, 9, 10], kv(4))
+    cache.lookup([1, 2])  # touch: [7, 8, 9, 10] is now the least recently used
+    cache.insert([5, 6], kv(2))
+    assert cache.tokens == 7 and cache.lookup([7, 8, 9])[0] == 0 and cache.lookup([1, 2, 3])[0] == 2
 
 
 async def test_stop_tokens_end_generation_and_are_returned():

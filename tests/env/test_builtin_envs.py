@@ -177,3 +177,19 @@ def test_code_sandbox_refuses_question_tasks():
     with pytest.raises(ValueError, match="needs code tasks"):
         env.reset(seed=0)
     env.close()
+
+
+@pytest.mark.parametrize("keep_open", [False, True])
+async def test_an_owned_pool_stops_with_its_last_env_unless_kept_open(sandbox_image, keep_open):
+    """Env workers keep their pool warm across episodes; an ad-hoc source frees it with its last env."""
+    source = SandboxSource(size=1, keep_open=keep_open)
+    for episode in range(2):
+        env = agentrl.make("code_sandbox", sandboxes=source, max_turns=3)
+        await env.areset(seed=episode)
+        obs, *_ = await env.astep(call("run_python", code="print(6 * 7)"))
+        assert "42" in obs[0]["content"]
+        pool = source.pool
+        await env.aclose()
+        assert pool._closed is not keep_open
+    await source.close()
+    assert source.pool._closed and not source.pool._idle

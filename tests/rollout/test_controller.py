@@ -1,11 +1,14 @@
 """The rollout controller on real Ray env workers, real Docker sandboxes and the hf engine."""
 
 import asyncio
+import itertools
+import json
 
 import pytest
 import ray
 import torch
 
+import agentrl
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.sampling import token_logprobs
@@ -48,36 +51,120 @@ def chat() -> ChatFormat:
     return ChatFormat(load_tokenizer("qwen3"))
 
 
+def assert_token_exact(engine: RecordingEngine, traj) -> list[list[int]]:
+    """The trajectory is every prompt the engine received and every token it produced, turn by turn,
+    and its logprobs are the model's own. Returns the observation deltas."""
+    calls = engine.calls[traj.episode_id]
+    assert len(calls) == len(traj.turns)  # one generation per turn
+    rebuilt: list[int] = []
+    deltas = []
+    for k, (prompt, gen) in enumerate(calls):
+        assert prompt[: len(rebuilt)] == rebuilt, f"turn {k}: the prompt does not extend the last one"
+        if k:  # the env's reply, as a template delta
+            assert set(traj.segments[len(rebuilt) : len(prompt)]) == {Segment.OBSERVATION}
+            deltas.append(prompt[len(rebuilt) :])
+        rebuilt = prompt + gen.token_ids
+        t = traj.turns[k]
+        assert (t.start, t.end) == (len(prompt), len(rebuilt))
+        assert traj.logprobs[t.start : t.end] == gen.logprobs and traj.versions[t.start : t.end] == gen.versions
+    assert traj.token_ids == rebuilt
+    assert traj.loss_mask == [int(s is Segment.GENERATED) for s in traj.segments]
+    assert traj.outcome_reward == pytest.approx(sum(t.reward for t in traj.turns))
+    # the logprobs are the model's own, position by position (invariant 2 through the whole loop)
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([traj.token_ids])).logits[0, :-1]
+    lp = token_logprobs(logits, torch.tensor(traj.token_ids[1:]), traj.sampling)
+    mask = torch.tensor(traj.loss_mask[1:]).bool()
+    torch.testing.assert_close(lp[mask], torch.tensor(traj.logprobs[1:])[mask], atol=1e-4, rtol=0)
+    assert traj.model_validate_json(traj.model_dump_json()) == traj  # serialisable
+    return deltas
+
+
 async def test_trajectories_are_token_exact(ray_local):
     engine = RecordingEngine(tiny_model("qwen3_moe", seed=0))
     async with engine, RolloutController(config(), engine, chat()) as ctl:
         batch = await ctl.run_iteration()
     assert batch.stats.groups_finished == 2 and batch.stats.failed == 0
     for traj in batch.trajectories:
-        calls = engine.calls[traj.episode_id]
-        assert len(calls) == len(traj.turns) == 3  # max_turns, one generation per turn
-        rebuilt: list[int] = []
-        for k, (prompt, gen) in enumerate(calls):
-            assert prompt[: len(rebuilt)] == rebuilt, f"turn {k}: the prompt does not extend the last one"
-            obs = prompt[len(rebuilt) :]
-            if k:  # the env's reply, as a template delta
-                assert set(traj.segments[len(rebuilt) : len(prompt)]) == {Segment.OBSERVATION}
-                assert "<|im_start|>" in chat().tokenizer.decode(obs)
-            rebuilt = prompt + gen.token_ids
-            t = traj.turns[k]
-            assert (t.start, t.end) == (len(prompt), len(rebuilt))
-            assert traj.logprobs[t.start : t.end] == gen.logprobs and traj.versions[t.start : t.end] == gen.versions
-        assert traj.token_ids == rebuilt
-        assert traj.loss_mask == [int(s is Segment.GENERATED) for s in traj.segments]
+        assert len(traj.turns) == 3  # max_turns
+        for delta in assert_token_exact(engine, traj):
+            assert "<|im_start|>" in chat().tokenizer.decode(delta)
         assert traj.truncated and traj.truncation == "env" and traj.status is Status.FINISHED
-        assert traj.outcome_reward == pytest.approx(sum(t.reward for t in traj.turns))
-        # the logprobs are the model's own, position by position (invariant 2 through the whole loop)
-        with torch.no_grad():
-            logits = engine.model(torch.tensor([traj.token_ids])).logits[0, :-1]
-        lp = token_logprobs(logits, torch.tensor(traj.token_ids[1:]), traj.sampling)
-        mask = torch.tensor(traj.loss_mask[1:]).bool()
-        torch.testing.assert_close(lp[mask], torch.tensor(traj.logprobs[1:])[mask], atol=1e-4, rtol=0)
-    assert traj.model_validate_json(traj.model_dump_json()) == traj  # serialisable
+
+
+# A scripted episode: two runs in the sandbox, then a submission that is graded.
+SCRIPT = [
+    {"name": "run_python", "arguments": {"code": "print(6 * 7)"}},
+    {"name": "run_python", "arguments": {"code": "import sys; print('py', sys.version_info[0])"}},
+    {"name": "submit", "arguments": {"code": "def solution():\n    return 0"}},
+]
+
+
+@pytest.fixture(scope="module")
+def tool_caller():
+    """A tiny Qwen3-MoE taught, on two tasks, to answer each turn with the script's tool call.
+
+    A random-init model almost never writes a well-formed call; this one does, so its episodes
+    carry real sandbox output. The training contexts come from the real env and sandboxes, the
+    way the controller builds them; greedy decoding then replays the script.
+    """
+    fmt = chat()
+    im_end = fmt.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    actions = [[*fmt.encode(f"<tool_call>\n{json.dumps(c)}\n</tool_call>"), im_end] for c in SCRIPT]
+
+    async def contexts() -> tuple[list[str], list[tuple[list[int], list[int]]]]:
+        env = agentrl.make("code_sandbox", max_turns=len(SCRIPT))
+        task_ids = [t.id for t in itertools.islice(env.task_set, 2)]
+        out = []
+        for task_id in task_ids:
+            obs, info = await env.areset(seed=0, options={"task_id": task_id})
+            ids = fmt.prompt_ids(obs, tools=info["tools"])
+            for action in actions:
+                out.append((list(ids), action))
+                obs, _, terminated, _, _ = await env.astep(fmt.decode(action))
+                ids += action + fmt.observation_ids(obs, last_token=action[-1])
+            assert terminated, "the script's last call submits"
+        await env.aclose()
+        return task_ids, out
+
+    task_ids, examples = asyncio.run(contexts())
+    L = max(len(c) + len(a) for c, a in examples)
+    ids = torch.zeros(len(examples), L, dtype=torch.long)
+    labels, attention = torch.full_like(ids, -100), torch.zeros_like(ids)
+    for i, (c, a) in enumerate(examples):
+        ids[i, : len(c) + len(a)] = torch.tensor(c + a)
+        labels[i, len(c) : len(c) + len(a)] = torch.tensor(a)
+        attention[i, : len(c) + len(a)] = 1
+    model = tiny_model("qwen3_moe", seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        out = model(input_ids=ids, attention_mask=attention, labels=labels)
+        target = labels[:, 1:] != -100
+        if out.loss.item() < 0.03 and (out.logits[:, :-1].argmax(-1)[target] == labels[:, 1:][target]).all():
+            break
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    else:
+        pytest.fail(f"the tiny model did not learn the script (loss {out.loss.item():.3f})")
+    return model.eval(), task_ids
+
+
+async def test_token_exact_over_real_tool_calls(ray_local, tool_caller):
+    """Every turn calls a tool that runs in a Docker sandbox; the trajectory stays token-exact."""
+    model, task_ids = tool_caller
+    engine = RecordingEngine(model)
+    cfg = config(sampling=SamplingParams(temperature=0.0, max_tokens=64), env_kwargs={"max_turns": len(SCRIPT)})
+    async with engine, RolloutController(cfg, engine, chat()) as ctl:
+        batch = await ctl.run_iteration(task_ids=task_ids)
+    assert sorted(g.task_id for g in batch.groups) == sorted(task_ids)
+    for traj in batch.trajectories:
+        deltas = assert_token_exact(engine, traj)
+        assert len(traj.turns) == len(SCRIPT) and traj.terminated and traj.status is Status.FINISHED
+        text = [chat().tokenizer.decode(d) for d in deltas]
+        assert "<tool_response>" in text[0] and "42" in text[0], text[0]  # the sandbox ran print(6 * 7)
+        assert "py 3" in text[1], text[1]
+        assert "tests_total" in traj.turns[-1].info, "the submission was graded"
 
 
 async def test_budgets_truncate_before_the_model(ray_local):
