@@ -30,71 +30,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
 from agentrl.engine.threaded import Request, ThreadedEngine
-
-
-class _GrowingLayer(DynamicLayer):
-    """A KV cache layer that appends into spare capacity. transformers' DynamicLayer re-concatenates
-    the whole layer on every decode step; on CPU that copy cost more than the attention itself."""
-
-    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
-        super().__init__()
-        if keys is not None and values is not None:
-            self.lazy_initialization(keys, values)
-            self._k, self._v = keys, values
-            self._grow(keys.shape[2], keys.shape[2])
-
-    def _grow(self, n: int, need: int) -> None:
-        """Fresh storage for `need` columns and headroom; the first n columns copied over."""
-        B, H, _, D = self._k.shape
-        cap = need + max(64, need // 2)
-        k, v = self._k.new_empty(B, H, cap, D), self._v.new_empty(B, H, cap, D)
-        k[:, :, :n], v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
-        self._k, self._v = k, v
-        self.keys, self.values = k[:, :, :n], v[:, :, :n]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self._k, self._v = key_states, value_states
-            self._grow(0, key_states.shape[2])
-        n, s = self.keys.shape[2], key_states.shape[2]
-        if n + s > self._k.shape[2]:
-            self._grow(n, n + s)
-        self._k[:, :, n : n + s], self._v[:, :, n : n + s] = key_states, value_states
-        self.keys, self.values = self._k[:, :, : n + s], self._v[:, :, : n + s]
-        return self.keys, self.values
-
-    @classmethod
-    def assemble(cls, parts: list[tuple[torch.Tensor, torch.Tensor] | None], L: int, extra: int = 0) -> _GrowingLayer:
-        """Blocks of rows (keys, values: (b, H, n, D); None: one empty row) stacked in order, each
-        right-aligned in L columns with zeros to its left, and room for `extra` more columns."""
-        like = next(b for b in parts if b is not None)
-        (_, H, _, D), B = like[0].shape, sum(1 if b is None else b[0].shape[0] for b in parts)
-        cap = L + extra + max(64, (L + extra) // 2)
-        layer = cls()
-        layer.lazy_initialization(*like)
-        layer._k, layer._v = like[0].new_zeros(B, H, cap, D), like[1].new_zeros(B, H, cap, D)  # pads: 0, not NaN
-        row = 0
-        for b in parts:
-            if b is not None:
-                n = b[0].shape[2]
-                layer._k[row : row + b[0].shape[0], :, L - n : L] = b[0]
-                layer._v[row : row + b[0].shape[0], :, L - n : L] = b[1]
-            row += 1 if b is None else b[0].shape[0]
-        layer.keys, layer.values = layer._k[:, :, :L], layer._v[:, :, :L]
-        return layer
-
-    def select(self, rows: torch.Tensor, start: int = 0) -> None:
-        """Keep `rows` (batch indices) and the columns from `start` on."""
-        n = self.keys.shape[2]
-        self._k, self._v = self._k[rows, :, start:], self._v[rows, :, start:]
-        self.keys, self.values = self._k[:, :, : n - start], self._v[:, :, : n - start]
 
 
 @dataclass(eq=False, kw_only=True)
@@ -221,14 +163,9 @@ class HFEngine(ThreadedEngine):
         unique: dict[tuple[int, ...], int] = {}
         which = [unique.setdefault(tuple(r.prompt), len(unique)) for r in reqs]  # row -> unique prompt
         cache, mask, logits = self._forward_prompts([list(p) for p in unique])
-        if len(unique) < len(reqs):
-            idx = torch.tensor(which, device=self.device)
-            for layer in cache.layers:
-                layer.select(idx)
-            mask = mask[idx]
         for r in reqs:
             r.n_ctx, r.kv_version = len(r.prompt), self._version
-        self._merge(reqs, cache, mask)
+        self._merge(reqs, cache, mask, which)
         self._sample(reqs, logits[which])
 
     def _forward_prompts(self, prompts: list[list[int]]) -> tuple[Cache, torch.Tensor, torch.Tensor]:
@@ -255,12 +192,12 @@ class HFEngine(ThreadedEngine):
             positions[i, S - si :] = torch.arange(mi, mi + si, device=self.device)
             mask[i, Lp - mi : Lp] = 1
             mask[i, Lp + S - si :] = 1
-        cache = Cache(layer_class_to_replicate=_GrowingLayer)
+        cache = Cache(layer_class_to_replicate=SlabLayer)
         if Lp:
             n_layers = len(next(kv for _, kv in hits if kv is not None))
             cache = Cache(
-                layers=[_GrowingLayer.assemble([(kv[layer][0][None], kv[layer][1][None]) if kv else None
-                                                for _, kv in hits], Lp, extra=S) for layer in range(n_layers)]
+                layers=[SlabLayer.assemble([kv[layer] if kv else None for _, kv in hits], Lp, S)
+                        for layer in range(n_layers)]
             )  # fmt: skip
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          logits_to_keep=1)  # fmt: skip
@@ -287,23 +224,25 @@ class HFEngine(ThreadedEngine):
         """Put row `row`'s KV (its real columns, copied out of the batch) in the prefix cache."""
         if self._prefix.max_tokens <= 0:
             return
-        cols = mask[row].bool()
-        kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]
+        cols = mask[row].nonzero()[:, 0]
+        kv = [
+            (layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols)) for layer in cache.layers
+        ]
         assert kv[0][0].shape[1] == len(ids), "KV columns and ids disagree"
         self._prefix.insert(ids, kv)
 
-    def _merge(self, reqs: list[_Request], cache: Cache, mask: torch.Tensor) -> None:
-        if self._cache is None or not self._rows:
-            self._rows, self._cache, self._mask = list(reqs), cache, mask
-            return
-        L = max(mask.shape[1], self._mask.shape[1])
-        self._cache = Cache(
-            layers=[
-                _GrowingLayer.assemble([(a.keys, a.values), (b.keys, b.values)], L)
-                for a, b in zip(self._cache.layers, cache.layers, strict=True)
-            ]
+    def _merge(self, reqs: list[_Request], cache: Cache, mask: torch.Tensor, which: list[int]) -> None:
+        """Append the prefilled rows (row i of the batch is row which[i] of `cache`) to the running batch."""
+        idx = torch.tensor(which, device=self.device)
+        if self._cache is None:
+            self._cache = Cache(layers=[SlabLayer() for _ in cache.layers])
+            self._mask = mask.new_zeros(0, 0)
+        for main, new in zip(self._cache.layers, cache.layers, strict=True):
+            main.append_rows(new.keys[idx], new.values[idx])
+        W = self._cache.layers[0].width
+        self._mask = torch.cat(
+            [F.pad(self._mask, (W - self._mask.shape[1], 0)), F.pad(mask[idx], (W - mask.shape[1], 0))]
         )
-        self._mask = torch.cat([F.pad(self._mask, (L - self._mask.shape[1], 0)), F.pad(mask, (L - mask.shape[1], 0))])
         self._rows.extend(reqs)
 
     def _sample(self, rows: list[_Request], logits: torch.Tensor) -> None:
@@ -326,22 +265,28 @@ class HFEngine(ThreadedEngine):
                     r.finish = "length"
 
     def _drop_finished(self) -> None:
-        keep = [i for i, r in enumerate(self._rows) if r.finish is None]
-        if len(keep) == len(self._rows):
+        B, rows = len(self._rows), self._rows
+        n = sum(r.finish is None for r in rows)
+        if n == B:
             return
-        for i, r in enumerate(self._rows):
+        for i, r in enumerate(rows):
             if r.finish is not None:
                 self._resolve(r)
                 if r.kv_version == self._version:  # its KV is all of the current weights
                     # the last sampled token was never fed: the KV holds the prompt and the rest
                     self._remember(r.prompt + r.tokens[:-1], self._cache, self._mask, i)
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._cache = self._mask = None
-            return
-        idx = torch.tensor(keep, device=self.device)
-        self._mask = self._mask[idx]
-        start = int((self._mask.sum(0) > 0).long().argmax())  # first column some row still uses
+        # rows that go on, from the end, move into the finished rows' places: only they are copied
+        holes = [i for i in range(n) if rows[i].finish is not None]
+        sources = [i for i in range(n, B) if rows[i].finish is None]
+        for h, src in zip(holes, sources, strict=True):
+            rows[h] = rows[src]
+        self._rows = rows[:n]
+        if holes:
+            self._mask[holes] = self._mask[sources]
+        self._mask = self._mask[:n]
+        used = (self._mask.sum(0) > 0).nonzero()
+        start = int(used[0]) if len(used) else self._mask.shape[1]  # columns before it: no row uses them
         self._mask = self._mask[:, start:]
+        holes_t, sources_t = torch.tensor(holes, device=self.device), torch.tensor(sources, device=self.device)
         for layer in self._cache.layers:
-            layer.select(idx, start)
+            layer.remove_rows(holes_t, sources_t, n, start)

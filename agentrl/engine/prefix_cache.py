@@ -20,15 +20,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (heads, n, head_dim)
 
 
-def common_prefix(a: list[int] | torch.Tensor, b: list[int] | torch.Tensor) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = min(len(a), len(b))
-    a, b = torch.as_tensor(a[:n]), torch.as_tensor(b[:n])
-    diff = (a != b).nonzero()
+    diff = (torch.tensor(a[:n]) != torch.tensor(b[:n])).nonzero()
     return int(diff[0]) if len(diff) else n
 
 
@@ -44,6 +44,9 @@ class PrefixCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._tokens = 0
         self._keys = itertools.count()
+        # every entry's ids, one row each, padded with -1, so one compare serves all entries
+        self._rows: list[int] = []  # the key of each row
+        self._table = torch.empty(0, 0, dtype=torch.long)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -52,44 +55,54 @@ class PrefixCache:
     def tokens(self) -> int:
         return self._tokens
 
+    def _matches(self, ids: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Every entry's key and how many leading tokens it shares with `ids`."""
+        n = min(len(ids), self._table.shape[1])
+        return self._rows, (self._table[:, :n] == ids[:n]).cumprod(1).sum(1)
+
     def lookup(self, prompt: list[int]) -> tuple[int, KV | None]:
         """The longest cached prefix of `prompt` (at most len - 1 tokens: the last is prefilled
         for its logits) and its KV, or (0, None)."""
-        limit = len(prompt) - 1
-        if limit < 1 or not self._entries:
+        if len(prompt) < 2 or not self._entries:
             return 0, None
-        q = torch.tensor(prompt[:limit])
-        best, best_m = None, 0
-        for key, e in self._entries.items():
-            m = common_prefix(e.ids, q)
-            if m > best_m:
-                best, best_m = key, m
-        if best is None:
+        keys, shared = self._matches(torch.tensor(prompt[:-1]))
+        m, row = (int(x) for x in shared.max(0))
+        if m == 0:
             return 0, None
-        self._entries.move_to_end(best)
-        e = self._entries[best]
-        return best_m, [(k[:, :best_m], v[:, :best_m]) for k, v in e.kv]
+        self._entries.move_to_end(keys[row])
+        return m, [(k[:, :m], v[:, :m]) for k, v in self._entries[keys[row]].kv]
 
     def insert(self, ids: list[int], kv: KV) -> None:
         """Remember `ids` (KV columns one per id). Entries it extends are dropped: it serves them."""
         if self.max_tokens <= 0 or not ids or len(ids) > self.max_tokens:
             return
         new = torch.tensor(ids)
-        for key, e in list(self._entries.items()):
-            n = len(e.ids)
-            if n <= len(new) and torch.equal(e.ids, new[:n]):
-                self._drop(key)
-            elif n > len(new) and torch.equal(e.ids[: len(new)], new):
-                self._entries.move_to_end(key)  # already served by a longer entry
-                return
-        self._entries[next(self._keys)] = _Entry(new, kv)
+        if self._entries:
+            keys, shared = self._matches(new)
+            for key, m in zip(list(keys), shared.tolist(), strict=True):
+                n = len(self._entries[key].ids)
+                if m == n:  # a prefix of the new one
+                    self._drop(key)
+                elif m == len(new):  # the new one is a prefix of it: already served
+                    self._entries.move_to_end(key)
+                    return
+        key = next(self._keys)
+        self._entries[key] = _Entry(new, kv)
+        width = max(self._table.shape[1], len(new))
+        self._table = torch.cat([F.pad(self._table, (0, width - self._table.shape[1]), value=-1),
+                                 F.pad(new, (0, width - len(new)), value=-1)[None]])  # fmt: skip
+        self._rows.append(key)
         self._tokens += len(new)
         while self._tokens > self.max_tokens:
             self._drop(next(iter(self._entries)))
 
     def clear(self) -> None:
         self._entries.clear()
+        self._rows, self._table = [], self._table[:0]
         self._tokens = 0
 
     def _drop(self, key: int) -> None:
         self._tokens -= len(self._entries.pop(key).ids)
+        row = self._rows.index(key)
+        del self._rows[row]
+        self._table = torch.cat([self._table[:row], self._table[row + 1 :]])

@@ -48,8 +48,8 @@ class SandboxSource:
             _per_loop[loop] = cls(size=size)
         return _per_loop[loop]
 
-    async def acquire(self, env: TextEnv) -> Sandbox:
-        self._envs.add(env)
+    async def start(self) -> None:
+        """Start the pool now rather than at the first acquire (no-op once started)."""
         async with self._start_lock:
             if self._owned and self.pool._closed:  # its last env closed; this one came later
                 self.pool = SandboxPool(self._factory, size=self._size)
@@ -57,6 +57,10 @@ class SandboxSource:
             if not self._started:
                 await self.pool.start()
                 self._started = True
+
+    async def acquire(self, env: TextEnv) -> Sandbox:
+        self._envs.add(env)
+        await self.start()
         return await self.pool.acquire()
 
     async def release(self, sandbox: Sandbox) -> None:

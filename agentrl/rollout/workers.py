@@ -39,6 +39,12 @@ class EnvWorker:
             importlib.import_module(module)
         return agentrl.make(name, sandboxes=self.source, **self.env_kwargs)
 
+    async def start_sandboxes(self) -> None:
+        """Fill the sandbox pool now, before the first episode needs one."""
+        if self.sampler is None:
+            self.sampler = self._make()
+        await self.source.start()
+
     async def sample_tasks(self, n: int, seed: int) -> list[str]:
         """n task ids drawn from the env's task set (its train split by default), reproducibly."""
         if self.sampler is None:

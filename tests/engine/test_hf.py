@@ -162,6 +162,23 @@ def test_prefix_cache_keeps_the_longest_entries_within_its_budget():
     assert cache.tokens == 7 and cache.lookup([7, 8, 9])[0] == 0 and cache.lookup([1, 2, 3])[0] == 2
 
 
+async def test_rows_leave_and_join_in_any_order():
+    """Requests of different lengths finish at different steps (their rows are refilled from the end
+    of the batch) while others join mid-generation; every one still matches a fresh forward pass."""
+    model = tiny_model("qwen3_moe", seed=6)
+    tok = load_tokenizer()
+    prompts = [tok.encode(f"{i} " + "word " * (3 * i + 1)) for i in range(10)]
+    params = [SamplingParams(temperature=1.0, max_tokens=4 + 7 * (i % 5), seed=i) for i in range(10)]
+    async with HFEngine(model) as eng:
+        first = [asyncio.create_task(eng.generate(prompts[i], params[i])) for i in range(6)]
+        await asyncio.sleep(0.05)
+        later = [asyncio.create_task(eng.generate(prompts[i], params[i])) for i in range(6, 10)]
+        gens = await asyncio.gather(*first, *later)
+    for prompt, p, gen in zip(prompts, params, gens, strict=True):
+        assert len(gen.token_ids) == p.max_tokens
+        torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, p), atol=ATOL, rtol=0)
+
+
 async def test_stop_tokens_end_generation_and_are_returned():
     model = tiny_model("llama", seed=0)
     prompt = load_tokenizer().encode("abc")
