@@ -1,0 +1,167 @@
+"""policy_loss against a direct, unvectorised transcription of DESIGN.md §3 (float64)."""
+
+import math
+
+import pytest
+import torch
+
+from agentrl.algo import OBJECTIVES, policy_loss
+
+B, T = 7, 12
+
+
+def batch(seed: int, noise: float):
+    """Random logprobs with ragged masks: a prompt prefix, generated tokens, padding; one empty row."""
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    lp_b = lp + noise * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i in range(B - 1):
+        start = int(torch.randint(0, 4, (1,), generator=g))
+        end = int(torch.randint(start + 1, T + 1, (1,), generator=g))
+        mask[i, start:end] = 1
+    lp = torch.where(mask.bool(), lp, torch.tensor(-math.inf))  # padding may hold anything
+    A_tok = torch.randn(B, T, generator=g, dtype=torch.float64)
+    A_seq = torch.randn(B, generator=g, dtype=torch.float64)
+    return lp, lp_b, mask, A_tok, A_seq
+
+
+def reference(lp, lp_b, A, mask, mode, eps_low, eps_high):
+    """DESIGN.md §3, one sequence and one token at a time; A is (B, T)."""
+
+    def clip(x):
+        return x.clamp(1 - eps_low, 1 + eps_high)
+
+    J, n = 0.0, 0
+    for i in range(lp.shape[0]):
+        T_i = [t for t in range(lp.shape[1]) if mask[i, t]]
+        if not T_i:
+            continue
+        n += 1
+        s_i = torch.exp(sum(lp[i, t] - lp_b[i, t] for t in T_i) / len(T_i))
+        if mode == "gspo":
+            A_i = A[i, T_i[0]]
+            J = J + torch.minimum(s_i * A_i, clip(s_i) * A_i)
+        elif mode == "gspo_token":
+            terms = []
+            for t in T_i:
+                s_it = s_i.detach() * torch.exp(lp[i, t] - lp[i, t].detach())
+                terms.append(torch.minimum(s_it * A[i, t], clip(s_it) * A[i, t]))
+            J = J + sum(terms) / len(T_i)
+        else:
+            terms = []
+            for t in T_i:
+                w = torch.exp(lp[i, t] - lp_b[i, t])
+                terms.append(torch.minimum(w * A[i, t], clip(w) * A[i, t]))
+            J = J + sum(terms) / len(T_i)
+    return -J / n
+
+
+def loss_and_grad(fn, lp):
+    lp = lp.clone().requires_grad_(True)
+    out = fn(lp)
+    loss = out[0] if isinstance(out, tuple) else out
+    loss.backward()
+    return loss.detach(), torch.nan_to_num(lp.grad, nan=0.0), out[1] if isinstance(out, tuple) else None
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_loss_and_gradient_match_the_equations(mode, seed):
+    eps_low, eps_high = OBJECTIVES[mode].default_clip
+    # noise sized so that some sequences (tokens, for GRPO) are clipped and some are not
+    lp, lp_b, mask, A_tok, A_seq = batch(seed, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq[:, None].expand(B, T) if mode == "gspo" else A_tok
+    ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
+    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_b, A, mask, mode, eps_low, eps_high), lp)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-6, rtol=0)
+    assert (g_ours[mask == 0] == 0).all(), "gradient leaked into prompt or padding positions"
+    assert 0 < metrics["clip_fraction"] < 1, "the batch should exercise both branches"
+    assert metrics["sequences"] == B - 1  # the empty row takes no part
+
+
+def test_gspo_token_with_constant_advantages_is_gspo():
+    lp, lp_b, mask, _, A_seq = batch(3, noise=2e-3)
+    A = A_seq[:, None].expand(B, T)
+    gspo, g_gspo, m1 = loss_and_grad(lambda x: policy_loss(x, lp_b, A_seq, mask, mode="gspo"), lp)
+    tok, g_tok, m2 = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode="gspo_token"), lp)
+    torch.testing.assert_close(gspo, tok, atol=1e-12, rtol=0)
+    torch.testing.assert_close(g_gspo, g_tok, atol=1e-12, rtol=0)
+    assert m1["clip_fraction"] == m2["clip_fraction"]
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+def test_equal_logprobs_give_ratio_one_and_no_clipping(mode):
+    lp, _, mask, A_tok, A_seq = batch(4, noise=0.0)
+    A = A_seq if mode == "gspo" else A_tok
+    loss, metrics = policy_loss(lp, lp, A, mask, mode=mode)
+    assert metrics["clip_fraction"] == 0 and metrics["abs_logprob_diff"] == 0 and metrics["seq_kl"] == 0
+    assert metrics["ratio_p05"] == metrics["ratio_p50"] == metrics["ratio_p95"] == 1
+    A_tok_full = A[:, None].expand(B, T) if A.dim() == 1 else A
+    has = mask.any(-1)
+    expected = -((A_tok_full * mask).sum(-1)[has] / mask.sum(-1)[has]).mean()  # −(1/B') Σ_i mean_t A_{i,t}
+    torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token"])
+def test_gspo_clips_whole_sequences_only(mode):
+    lp, lp_b, mask, _, A_seq = batch(5, noise=2e-3)
+    A = A_seq if mode == "gspo" else A_seq[:, None].expand(B, T)
+    _, grad, metrics = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
+    rows = [(grad[i][mask[i].bool()] != 0) for i in range(B) if mask[i].any()]
+    assert all(r.all() or not r.any() for r in rows), "a sequence was clipped token by token"
+    assert any(not r.any() for r in rows) and any(r.all() for r in rows)
+    assert metrics["clip_fraction"] == pytest.approx(sum(not r.any() for r in rows) / len(rows))
+
+
+def test_bad_calls_are_refused_with_the_fix():
+    lp, lp_b, mask, A_tok, _ = batch(6, noise=0.1)
+    with pytest.raises(ValueError, match="gspo_token"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="gspo")  # per-token advantages with sequence-level GSPO
+    with pytest.raises(ValueError, match="valid modes: gspo, gspo_token, grpo"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="ppo")
+    with pytest.raises(ValueError, match="kl_coef"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", ref_logprobs=lp_b)
+    with pytest.raises(ValueError, match="tis_cap"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", behaviour_logprobs=lp_b)
+    with pytest.raises(ValueError, match="clip_low"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", clip_low=1.0)
+    with pytest.raises(ValueError, match="all zero"):
+        policy_loss(lp, lp_b, A_tok, torch.zeros_like(mask), mode="grpo")
+    assert OBJECTIVES["gspo"].default_clip == OBJECTIVES["gspo_token"].default_clip == (3e-4, 4e-4)
+    assert OBJECTIVES["grpo"].default_clip == (0.2, 0.27)
+
+
+def test_kl_penalty_to_a_reference_policy():
+    lp, lp_b, mask, A_tok, _ = batch(7, noise=0.05)
+    ref = lp_b - 0.1
+    beta = 0.5
+    base, g_base, _ = loss_and_grad(lambda x: policy_loss(x, lp_b, A_tok, mask, mode="gspo_token"), lp)
+    kl, g_kl, metrics = loss_and_grad(
+        lambda x: policy_loss(x, lp_b, A_tok, mask, mode="gspo_token", ref_logprobs=ref, kl_coef=beta), lp
+    )
+
+    def k3_mean(x):  # (1/B') Σ_i (1/|T_i|) Σ_t [exp(ref − lp) − (ref − lp) − 1]
+        per = [sum(math.exp(ref[i, t] - x[i, t]) - (ref[i, t] - x[i, t]) - 1 for t in range(T) if mask[i, t])
+               / int(mask[i].sum()) for i in range(B) if mask[i].any()]  # fmt: skip
+        return float(sum(per) / len(per))
+
+    assert float(kl - base) == pytest.approx(beta * k3_mean(lp), abs=1e-9)
+    assert metrics["kl_ref"] == pytest.approx(k3_mean(lp), abs=1e-9)
+    i, t = 0, int(mask[0].nonzero()[0])  # d/dlp of β·k3/|T_i|/B' = β(1 − exp(ref − lp))/|T_i|/B'
+    expected = beta * (1 - math.exp(ref[i, t] - lp[i, t])) / int(mask[i].sum()) / (B - 1)
+    assert float(g_kl[i, t] - g_base[i, t]) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["gspo_token", "grpo"])
+def test_truncated_importance_sampling(mode):
+    lp, lp_b, mask, A_tok, _ = batch(8, noise=0.05)
+    plain, _ = policy_loss(lp, lp_b, A_tok, mask, mode=mode)
+    same, metrics = policy_loss(lp, lp_b, A_tok, mask, mode=mode, behaviour_logprobs=lp_b, tis_cap=2.0)
+    torch.testing.assert_close(plain, same)  # engine == trainer: every weight is 1
+    assert metrics["tis_weight_mean"] == pytest.approx(1.0)
+    engine = lp_b - 1.0  # the engine found every token less likely: exp(1) > the cap of 2
+    capped, metrics = policy_loss(lp, lp_b, A_tok, mask, mode=mode, behaviour_logprobs=engine, tis_cap=2.0)
+    torch.testing.assert_close(capped, 2.0 * plain)
+    assert metrics["tis_weight_mean"] == pytest.approx(2.0)
