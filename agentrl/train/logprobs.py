@@ -1,0 +1,61 @@
+"""Log-probabilities of target tokens without a float32 (B, T, V) tensor.
+
+A causal LM's last hidden states h (B, T, H) and its output head W (V, H) give the logits;
+at vocab 152k and 8k tokens those are 5 GB in fp32, more than the model on a small GPU. Here
+the positions are cut into chunks: each chunk's logits are made (in the head's dtype), upcast
+to fp32, turned into lp(y) under the engine's sampling distribution (`agentrl.engine.sampling`,
+invariant 2) and dropped. Each chunk runs under activation checkpointing, so backward
+recomputes its logits instead of keeping them: peak memory is one chunk's logits, not T's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.sampling import sampling_logprobs
+
+PLAIN_SOFTMAX = SamplingParams(temperature=1.0)  # lp under the model's plain softmax
+
+
+def _chunk(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, params: SamplingParams,
+           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    logq = sampling_logprobs(h @ W.T, params.temperature, params.top_k, params.top_p)  # (n, V) fp32
+    lp = logq.gather(-1, y[:, None])[:, 0]
+    if not with_entropy:
+        return lp, lp.new_zeros(())
+    with torch.no_grad():
+        q = logq.exp()
+        entropy = -(q * torch.where(q > 0, logq, 0.0)).sum(-1)  # filtered tokens: 0·log 0 = 0
+    return lp, entropy
+
+
+def target_logprobs(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+                    params: SamplingParams = PLAIN_SOFTMAX, *, chunk_size: int | None = None,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """lp(targets) (B, T) in fp32, and optionally the entropy of q per position (B, T), no gradient.
+
+    hidden (B, T, H): the hidden state that predicts targets[:, t] at position t (already shifted).
+    head (V, H): the output embedding. params: the distribution the tokens were sampled from.
+    chunk_size: positions per chunk; by default as many as keep one chunk's fp32 logits near
+    64 MB (2^24 values).
+    """
+    B, T, H = hidden.shape
+    chunk_size = chunk_size or max(16, 2**24 // head.shape[0])
+    h, y = hidden.reshape(B * T, H), targets.reshape(B * T)
+    lps, ents = [], []
+    for start in range(0, B * T, chunk_size):
+        args = (h[start : start + chunk_size], head, y[start : start + chunk_size], params, entropy)
+        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+    lp = torch.cat(lps).reshape(B, T)
+    return lp, (torch.cat(ents).reshape(B, T) if entropy else None)
+
+
+def naive_target_logprobs(logits: torch.Tensor, targets: torch.Tensor,
+                          params: SamplingParams = PLAIN_SOFTMAX) -> torch.Tensor:  # fmt: skip
+    """The reference: the whole (B, T, V) logits at once, upcast to fp32."""
+    logq = sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+    return logq.gather(-1, targets[..., None])[..., 0]
