@@ -1,0 +1,101 @@
+"""From rollout groups to the tensors of one update: ids, loss mask, lp_b and advantages.
+
+Shapes: B trajectories, L tokens (right-padded), K turns. Every per-token tensor is aligned
+with `input_ids`: position t holds token t's loss mask, its engine logprob lp_b and its
+advantage; the trainer scores token t from the hidden state at t − 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from agentrl.algo import outcome_advantages, per_token, turn_advantages
+from agentrl.engine.base import SamplingParams
+from agentrl.rollout import Group
+from agentrl.train.config import AlgoConfig
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor  # (B, L) long, 0 on padding
+    attention_mask: torch.Tensor  # (B, L) 1 on real tokens
+    loss_mask: torch.Tensor  # (B, L) 1 on generated tokens
+    old_logprobs: torch.Tensor  # (B, L) lp_b: the engine's logprob of each generated token
+    advantages: torch.Tensor  # (B, L) A_{i,t} (constant per sequence for "outcome")
+    sampling: SamplingParams  # the distribution the tokens were drawn from (lp_θ is scored under it)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
+        """The given trajectories, trimmed to their longest."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        L = max(int(self.attention_mask[rows].sum(-1).max()), 1) if len(rows) else 1
+        return TrainBatch(**{f.name: getattr(self, f.name)[rows, :L] for f in fields(self) if f.name != "sampling"},
+                          sampling=self.sampling)  # fmt: skip
+
+
+@dataclass
+class BatchInfo:
+    groups: int
+    trajectories: int
+    degenerate_groups: int
+    """groups whose members all had the same return (zero advantage)"""
+    filtered_groups: int
+    """degenerate groups left out (filter_degenerate_groups)"""
+
+
+def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, BatchInfo]:
+    """Advantages per group (trainable members only: failed and dropped ones are left out), then tensors."""
+    trajs, group_of = [], []
+    for k, g in enumerate(groups):
+        members = g.trainable
+        trajs += members
+        group_of += [k] * len(members)
+    if not trajs:
+        raise ValueError("no trainable trajectory in the batch (every episode failed or was dropped)")
+    settings = {(t.sampling.temperature, t.sampling.top_k, t.sampling.top_p) for t in trajs}
+    if len(settings) > 1:
+        raise ValueError(f"one batch must share one sampling distribution; found {sorted(settings)}")
+    index = {gi: k for k, gi in enumerate(dict.fromkeys(group_of))}
+    gids = torch.tensor([index[gi] for gi in group_of])  # (B,) dense group index
+    B, L = len(trajs), max(len(t.token_ids) for t in trajs)
+
+    def padded(values: list[list], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(B, L, dtype=dtype)
+        for i, v in enumerate(values):
+            out[i, : len(v)] = torch.tensor(v, dtype=dtype)
+        return out
+
+    loss_mask = padded([t.loss_mask for t in trajs], torch.long)
+    if algo.advantage == "outcome":
+        adv = outcome_advantages(torch.tensor([t.outcome_reward for t in trajs], dtype=torch.float64), gids,
+                                 scale=algo.scale_advantages)  # fmt: skip
+        advantages = adv.values[:, None] * loss_mask
+    else:
+        K = max(len(t.turns) for t in trajs)
+        rewards = torch.zeros(B, K, dtype=torch.float64)
+        turn_mask = torch.zeros(B, K)
+        for i, t in enumerate(trajs):
+            for turn in t.turns:
+                rewards[i, turn.index], turn_mask[i, turn.index] = turn.reward, 1
+        adv = turn_advantages(rewards, turn_mask, gids, gamma=algo.gamma, scale=algo.scale_advantages)
+        advantages = per_token(adv.values, padded([t.turn_index for t in trajs], torch.long), loss_mask)
+    batch = TrainBatch(
+        input_ids=padded([t.token_ids for t in trajs], torch.long),
+        attention_mask=padded([[1] * len(t.token_ids) for t in trajs], torch.long),
+        loss_mask=loss_mask,
+        old_logprobs=padded([t.logprobs for t in trajs], torch.float32),
+        advantages=advantages.float(),
+        sampling=trajs[0].sampling,
+    )
+    degenerate = int(torch.unique(gids[adv.degenerate]).numel())
+    info = BatchInfo(groups=len(index), trajectories=B, degenerate_groups=degenerate, filtered_groups=0)
+    if algo.filter_degenerate_groups and degenerate:
+        keep = (~adv.degenerate).nonzero()[:, 0]
+        if not len(keep):
+            raise ValueError("every group had equal rewards: nothing to learn from this batch")
+        batch, info.filtered_groups = batch.select(keep), degenerate
+    return batch, info

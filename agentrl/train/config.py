@@ -1,0 +1,90 @@
+"""Trainer settings: typed, every default here, checked before anything starts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AlgoConfig(_Strict):
+    loss: Literal["gspo", "gspo_token", "grpo"] = "gspo_token"
+    """the surrogate objective (DESIGN.md §3)"""
+    advantage: Literal["outcome", "turn"] = "turn"
+    """'outcome': one group-normalised A_i per episode; 'turn': group-normalised return-to-go per turn"""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """discount of later turns' rewards in the per-turn return-to-go"""
+    scale_advantages: bool = True
+    """divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)"""
+    clip_low: float | None = None
+    """ε_low; None: the loss's paper default (GSPO 3e-4, GRPO 0.2)"""
+    clip_high: float | None = None
+    """ε_high; None: the loss's paper default (GSPO 4e-4, GRPO 0.27)"""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """β of a KL penalty to the initial policy; 0 turns it off (no reference model is kept)"""
+    tis_cap: float | None = Field(None, gt=0.0)
+    """truncated importance-sampling cap for engine/trainer mismatch (needs old_logprobs='recompute')"""
+    old_logprobs: Literal["engine", "recompute"] = "engine"
+    """lp_b: the engine's logprobs from the trajectory, or the trainer's own, scored before the first update"""
+    filter_degenerate_groups: bool = False
+    """leave groups whose rewards are all equal (zero advantage) out of the update, as dynamic sampling does"""
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgoConfig:
+        if self.loss == "gspo" and self.advantage == "turn":
+            raise ValueError(
+                "loss 'gspo' takes one advantage per sequence: use advantage 'outcome' or loss 'gspo_token'"
+            )
+        if self.tis_cap is not None and self.old_logprobs != "recompute":
+            raise ValueError(
+                "tis_cap corrects the engine against the trainer's recomputed lp_b: set old_logprobs='recompute'"
+            )
+        return self
+
+
+class LoraSettings(_Strict):
+    rank: int = Field(16, ge=1)
+    """r of the low-rank update"""
+    alpha: float = 32.0
+    """the update is scaled by alpha / rank"""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """module names that get adapters (attention by default)"""
+    experts: bool = False
+    """also adapt the MoE expert projections (3D expert parameters)"""
+
+
+class ModelConfig(_Strict):
+    path: str = ""
+    """a local Hugging Face folder or a hub id (when online)"""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """parameter dtype; with bfloat16 under FSDP2 gradients are reduced in float32"""
+    lora: LoraSettings | None = None
+    """None: full fine-tuning"""
+    activation_checkpointing: bool = False
+    """recompute each decoder layer's activations in backward"""
+    cpu_offload: bool = False
+    """FSDP2 keeps parameters and optimizer state on the CPU"""
+    router_aux_loss: bool = True
+    """MoE models: add the router's load-balancing loss (times the config's router_aux_loss_coef)"""
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """gradients are clipped to this global norm before every step"""
+    minibatches: int = Field(4, ge=1)
+    """M: the rollout batch is split into M minibatches, one optimizer step each (the GSPO paper used 4)"""
+
+
+class TrainerConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    seed: int = 0

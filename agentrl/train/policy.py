@@ -1,0 +1,70 @@
+"""The policy: any Hugging Face causal LM, optionally with LoRA, sharded with FSDP2.
+
+`parallelize` is the one place that decides how the model is wrapped, in this order:
+activation checkpointing, then `fully_shard` per decoder layer (the MoE experts' 3D weights
+are sharded along their first dimension, the experts, like any parameter), then the root.
+The trainer never calls `fully_shard` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from agentrl.train.config import LoraSettings, ModelConfig
+
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' fused MoE experts
+
+
+def load_policy(cfg: ModelConfig) -> PreTrainedModel:
+    """From a local folder or a hub id, in float32 (the master weights: bf16 is FSDP2's compute dtype)."""
+    if not cfg.path:
+        raise ValueError("model.path is empty: give a Hugging Face folder or hub id")
+    model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=torch.float32)
+    return with_lora(model, cfg.lora) if cfg.lora else model
+
+
+def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
+    """A peft model whose only trainable parameters are the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    target_parameters = None
+    if lora.experts:
+        names = {n for n, _ in model.named_parameters()}
+        target_parameters = [p for p in EXPERT_PARAMETERS if any(n.endswith(p) for n in names)]
+        if not target_parameters:
+            raise ValueError(f"lora.experts: the model has no fused expert parameters ({', '.join(EXPERT_PARAMETERS)})")
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                     target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip
+    return get_peft_model(model, cfg)
+
+
+def causal_lm(model: nn.Module) -> PreTrainedModel:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = causal_lm(model).get_decoder()
+    if not hasattr(base, "layers"):
+        raise ValueError(f"{type(base).__name__} has no `layers`: agentrl shards decoder layers one by one")
+    return base.layers
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: nn.Module | None = None) -> nn.Module:
+    """Activation checkpointing, FSDP2 per decoder layer of `model` and at `root` (a module holding
+    `model`; default the model itself), mixed precision on GPU. Returns the root."""
+    if cfg.activation_checkpointing:
+        causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy()
+    if cfg.dtype == "bfloat16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    root = root or model
+    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    return root

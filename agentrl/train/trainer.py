@@ -1,0 +1,218 @@
+"""One GSPO(-token) update of the policy from a rollout batch, on one or many ranks.
+
+The batch is split into M minibatches, one optimizer step each (gradients clipped to a
+global norm). With several ranks each takes a disjoint share of every minibatch and FSDP2
+averages gradients; each rank's loss is rescaled so that the update is that of the whole
+minibatch: J is a mean over sequences, so rank r's mean over its n_r sequences weighs
+n_r / n (× the world size, which FSDP's average divides away).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+from torch import nn
+
+from agentrl.algo import policy_loss
+from agentrl.engine.base import SamplingParams
+from agentrl.train.batch import TrainBatch
+from agentrl.train.config import TrainerConfig
+from agentrl.train.logprobs import target_logprobs
+from agentrl.train.policy import causal_lm, parallelize
+
+
+class Scorer(nn.Module):
+    """lp_θ of every token given its prefix, without the (B, T, V) logits; the FSDP2 root.
+
+    Position t of the output scores token t from the hidden state at t − 1 (position 0: 0).
+    """
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
+                entropy: bool = False, router: bool = False):  # fmt: skip
+        lm = causal_lm(self.policy)
+        kwargs = {"output_router_logits": True} if router else {}
+        out = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        lp, ent = target_logprobs(out.last_hidden_state[:, :-1], lm.get_output_embeddings().weight,
+                                  input_ids[:, 1:], params, entropy=entropy)  # fmt: skip
+        pad = lp.new_zeros(lp.shape[0], 1)
+        return (torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None,
+                out.router_logits if router else None)  # fmt: skip
+
+
+def router_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
+    """Switch-style load balancing, transformers' convention: E · Σ_e (c_e / N) · P_e over the N real
+    tokens of all layers, c_e the tokens with e among their top-k, P_e the mean router probability.
+
+    With several ranks the counts and probability sums are summed over ranks first (a
+    differentiable all-reduce), so the loss is the one of the whole minibatch, not a mean of
+    per-rank losses: the update does not depend on how the minibatch was split.
+    """
+    logits = torch.cat(router_logits)  # (layers·B·L, E)
+    keep = mask.reshape(-1).repeat(len(router_logits)).bool()
+    probs = logits[keep].float().softmax(-1)
+    E = probs.shape[-1]
+    chosen = torch.zeros_like(probs).scatter_(1, probs.topk(top_k, -1).indices, 1.0)
+    stats = torch.cat([probs.sum(0), chosen.sum(0), probs.new_tensor([len(probs)])])  # (2E + 1,)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        stats = dist_nn.all_reduce(stats)
+    P, c, N = stats[:E], stats[E : 2 * E], stats[-1]
+    return E * ((c / N) * (P / N)).sum()
+
+
+def _expert_sets(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
+    """(layers, N) top-k expert sets of the masked tokens, as sorted index tuples packed in one int."""
+    keep = mask.reshape(-1).bool()
+    sets = [layer[keep].topk(top_k, -1).indices.sort(-1).values for layer in router_logits]  # (N, k) each
+    E = router_logits[0].shape[-1]
+    weights = E ** torch.arange(top_k, device=mask.device)
+    return torch.stack([(s * weights).sum(-1) for s in sets])
+
+
+@dataclass
+class _Share:
+    batch: TrainBatch
+    n_local: int  # sequences with generated tokens on this rank
+    n_global: int
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, policy: nn.Module) -> None:
+        self.cfg = cfg
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.policy = policy
+        self.scorer = Scorer(policy)
+        if dist.is_initialized():
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            parallelize(policy, init_device_mesh(device, (self.world,)), cfg.model, root=self.scorer)
+        config = causal_lm(policy).config
+        self.top_k = getattr(config, "num_experts_per_tok", 0)
+        self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
+        self.aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss else 0.0
+        trainable = [p for p in self.scorer.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas)
+        if cfg.algo.kl_coef and not hasattr(policy, "disable_adapter"):
+            raise ValueError("algo.kl_coef needs a LoRA policy: its reference is the base model (adapters off)")
+
+    # -- data split --------------------------------------------------------------------
+
+    def _minibatches(self, batch: TrainBatch) -> list[_Share]:
+        M = min(self.cfg.optim.minibatches, len(batch))
+        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.cfg.seed))
+        shares = []
+        for m in range(M):
+            rows = order[m::M]
+            n_global = int(batch.loss_mask[rows].any(-1).sum())
+            mine = rows[self.rank :: self.world]
+            if len(mine) == 0:  # every rank runs forward and backward (FSDP's collectives): a row that counts nothing
+                mb = batch.select(rows[:1])
+                mb.loss_mask = torch.zeros_like(mb.loss_mask)
+                shares.append(_Share(mb, 0, n_global))
+            else:
+                mb = batch.select(mine)
+                shares.append(_Share(mb, int(mb.loss_mask.any(-1).sum()), n_global))
+        return shares
+
+    # -- the update --------------------------------------------------------------------
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks)."""
+        algo = self.cfg.algo
+        shares = self._minibatches(batch)
+        metrics: dict[str, list[float]] = {}
+
+        def log(key: str, value: float, weight: float = 1.0) -> None:
+            metrics.setdefault(key, []).extend([value * weight, weight])
+
+        recomputed = []
+        if algo.old_logprobs == "recompute":  # lp_b from the trainer, before any step
+            with torch.no_grad():
+                for s in shares:
+                    lp, _, _ = self.scorer(s.batch.input_ids, s.batch.attention_mask, s.batch.sampling)
+                    recomputed.append(lp)
+        routing_before = None
+        self.scorer.train()
+        for m, s in enumerate(shares):
+            mb = s.batch
+            lp, entropy, router = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling, entropy=True,
+                                              router=self.moe)  # fmt: skip
+            extra = {}
+            old = mb.old_logprobs
+            if recomputed:
+                old = recomputed[m]
+                if algo.tis_cap is not None:
+                    extra = {"behaviour_logprobs": mb.old_logprobs, "tis_cap": algo.tis_cap}
+            if algo.kl_coef:
+                with torch.no_grad(), self.policy.disable_adapter():
+                    ref, _, _ = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling)
+                extra |= {"ref_logprobs": ref, "kl_coef": algo.kl_coef}
+            if s.n_local:
+                loss, mm = policy_loss(lp, old, mb.advantages, mb.loss_mask, mode=algo.loss, clip_low=algo.clip_low,
+                                       clip_high=algo.clip_high, **extra)  # fmt: skip
+                for k, v in mm.items():
+                    if k != "sequences":
+                        log(k, v, s.n_local)
+                if m == 0:  # before any step: lp_θ is the trainer's view of the behaviour policy
+                    log("mismatch_abs_logprob_diff", _mismatch(lp, mb, recomputed, "abs"), s.n_local)
+                    log("mismatch_seq_kl", _mismatch(lp, mb, recomputed, "kl"), s.n_local)
+                log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
+                loss = loss * (self.world * s.n_local / max(s.n_global, 1))
+            else:
+                loss = lp.sum() * 0.0  # keeps this rank in the collectives
+            if router is not None and self.aux_coef:
+                aux = router_aux_loss(router, self.top_k, mb.attention_mask)
+                loss = loss + self.aux_coef * aux
+                log("router_aux_loss", float(aux.detach()))
+            if router is not None and m == 0:
+                routing_before = (_expert_sets(router, self.top_k, mb.loss_mask), mb)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.scorer.parameters() if p.requires_grad],
+                                                       self.cfg.optim.max_grad_norm)  # fmt: skip
+            log("grad_norm", float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+            self.optimizer.step()
+        if routing_before is not None:  # the same data after every step: how many expert choices changed
+            sets, mb = routing_before
+            with torch.no_grad():
+                _, _, router = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling, router=True)
+            after = _expert_sets(router, self.top_k, mb.loss_mask)
+            if sets.numel():
+                log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
+        return self._reduce(metrics)
+
+    def _reduce(self, metrics: dict[str, list[float]]) -> dict[str, float]:
+        """Weighted means over minibatches and ranks."""
+        keys = sorted(metrics)
+        sums = torch.tensor([[sum(metrics[k][0::2]), sum(metrics[k][1::2])] for k in keys], dtype=torch.float64)
+        if self.world > 1:
+            all_keys: list[list[str]] = [[] for _ in range(self.world)]
+            dist.all_gather_object(all_keys, keys)
+            if any(k != keys for k in all_keys):  # a rank without data lacks some keys: align them
+                union = sorted({k for ks in all_keys for k in ks})
+                sums = torch.tensor([[sum(metrics[k][0::2]), sum(metrics[k][1::2])] if k in metrics else [0.0, 0.0]
+                                     for k in union], dtype=torch.float64)  # fmt: skip
+                keys = union
+            dist.all_reduce(sums)
+        return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
+
+
+def _mismatch(lp: torch.Tensor, mb: TrainBatch, recomputed: list[torch.Tensor], kind: str) -> float:
+    """Engine against trainer on the same tokens, before any update: mean |Δ| or the k3 KL per sequence."""
+    trainer = recomputed[0] if recomputed else lp.detach()
+    on = mb.loss_mask.bool()
+    d = torch.where(on, trainer.detach() - mb.old_logprobs, 0.0)
+    if kind == "abs":
+        return float(d.abs()[on].mean())
+    k3 = torch.where(on, d.exp() - d - 1, 0.0)
+    has = on.any(-1)
+    return float((k3.sum(-1)[has] / on.sum(-1)[has]).mean())

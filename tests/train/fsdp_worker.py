@@ -1,0 +1,59 @@
+"""One update of a tiny policy on a fixed batch; run plainly (one process) or under torchrun (gloo).
+
+python tests/train/fsdp_worker.py OUT {moe|lora}           # reference, no torch.distributed
+torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora}
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from agentrl.engine.base import SamplingParams
+from agentrl.models.tiny import tiny_model
+from agentrl.train.batch import TrainBatch
+from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.policy import with_lora
+from agentrl.train.trainer import Trainer
+
+
+def fixed_batch(B: int = 8, L: int = 40) -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(L // 2, L + 1, (B,), generator=g)
+    ids = torch.randint(1, 2000, (B, L), generator=g)
+    attention = (torch.arange(L)[None] < lengths[:, None]).long()
+    loss_mask = attention.clone()
+    loss_mask[:, :10] = 0  # the prompt
+    loss_mask[:, 20:24] = 0  # an observation
+    return TrainBatch(
+        input_ids=ids * attention, attention_mask=attention, loss_mask=loss_mask,
+        old_logprobs=(-3 - torch.rand(B, L, generator=g)) * loss_mask,
+        advantages=torch.randn(B, L, generator=g) * loss_mask, sampling=SamplingParams(temperature=0.9),
+    )  # fmt: skip
+
+
+def main(out: str, kind: str) -> None:
+    if "WORLD_SIZE" in __import__("os").environ:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    policy = tiny_model("qwen3_moe", seed=0)
+    if kind == "lora":
+        policy = with_lora(policy, LoraSettings(rank=4, experts=True))
+    cfg = TrainerConfig(model=ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None),
+                        optim=OptimConfig(lr=1e-3, minibatches=2))  # fmt: skip
+    trainer = Trainer(cfg, policy)
+    metrics = trainer.update(fixed_batch())
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(trainer.scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = trainer.scorer.state_dict()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()}}, out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
