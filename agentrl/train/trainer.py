@@ -216,3 +216,35 @@ def _mismatch(lp: torch.Tensor, mb: TrainBatch, recomputed: list[torch.Tensor], 
     k3 = torch.where(on, d.exp() - d - 1, 0.0)
     has = on.any(-1)
     return float((k3.sum(-1)[has] / on.sum(-1)[has]).mean())
+
+
+def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The policy's full (unsharded) weights on the CPU, under the policy's own key names. Every rank calls it."""
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(trainer.scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = {k: v.detach() for k, v in trainer.scorer.state_dict().items()}
+    return {k.removeprefix("policy."): v for k, v in state.items()}
+
+
+async def sync_weights(trainer: Trainer, engine) -> int | None:
+    """Hand the updated weights to the engine; returns its new policy version (None on ranks > 0).
+
+    - the `hf` engine holding this very module (one process, no sharding): nothing to copy,
+      the version is bumped (run `Trainer.update` inside `engine.paused()`);
+    - a LoRA policy: only the adapter is sent;
+    - otherwise the full state dict, gathered from the shards.
+    """
+    shared = getattr(engine, "model", None) in (trainer.policy, causal_lm(trainer.policy))
+    if shared and not dist.is_initialized():
+        return await engine.update_weights()
+    state = full_state_dict(trainer)
+    if trainer.rank != 0:
+        return None
+    if hasattr(trainer.policy, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        return await engine.update_weights(lora=get_peft_model_state_dict(trainer.policy, state_dict=state))
+    return await engine.update_weights(state)

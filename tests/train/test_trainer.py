@@ -1,0 +1,108 @@
+"""The trainer in one process: batches from trajectories, updates, and weight sync to a real hf engine."""
+
+import pytest
+import torch
+from fsdp_worker import fixed_batch  # the same fixed batch the FSDP test uses (this directory is on sys.path)
+from pydantic import ValidationError
+
+from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.hf import HFEngine
+from agentrl.models.tiny import tiny_model
+from agentrl.rollout import Group, Status, Trajectory
+from agentrl.train.batch import build_batch
+from agentrl.train.config import AlgoConfig, LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.policy import with_lora
+from agentrl.train.trainer import Trainer, sync_weights
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+def rescored(trainer: Trainer, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        lp, _, _ = trainer.scorer(ids, torch.ones_like(ids), GREEDY)
+    return lp[0, len(prompt) :]
+
+
+async def test_lora_update_reaches_a_separate_engine():
+    """The engine (own model copy, as in another process) samples with the trained adapter after sync."""
+    lora = LoraSettings(rank=4)
+    trainer = Trainer(TrainerConfig(model=ModelConfig(lora=lora), optim=OptimConfig(lr=3e-2, minibatches=1)),
+                      with_lora(tiny_model("qwen3_moe", seed=0), lora))  # fmt: skip
+    prompt = fixed_batch().input_ids[0, :12].tolist()
+    async with HFEngine(with_lora(tiny_model("qwen3_moe", seed=0), lora)) as engine:
+        before = await engine.generate(prompt, GREEDY)
+        trainer.update(fixed_batch())
+        assert await sync_weights(trainer, engine) == 1
+        after = await engine.generate(prompt, GREEDY)
+    assert set(after.versions) == {1}
+    torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
+                               rtol=0)  # fmt: skip
+    # the adapter changed the model: an engine that ignored it would still report the old logprobs
+    moved = (rescored(trainer, prompt, before.token_ids) - torch.tensor(before.logprobs)).abs().max()
+    assert moved > 1e-2
+
+
+async def test_shared_module_needs_no_copy():
+    policy = tiny_model("qwen3_moe", seed=0)
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=1e-2, minibatches=2)), policy)
+    prompt = fixed_batch().input_ids[1, :12].tolist()
+    async with HFEngine(policy) as engine:
+        before = await engine.generate(prompt, GREEDY)
+        with engine.paused():  # no decode step sees half-updated weights
+            trainer.update(fixed_batch())
+        assert await sync_weights(trainer, engine) == 1
+        after = await engine.generate(prompt, GREEDY)
+    assert engine.model is policy and set(after.versions) == {1}
+    torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
+                               rtol=0)  # fmt: skip
+    assert (rescored(trainer, prompt, before.token_ids) - torch.tensor(before.logprobs)).abs().max() > 1e-3
+
+
+def trajectory(group: str, turns: list[tuple[int, float]], *, status=Status.FINISHED, temperature=1.0) -> Trajectory:
+    """A prompt of 3 tokens, then per turn n generated tokens and a 2-token observation."""
+    t = Trajectory(episode_id=f"{group}-{len(turns)}", group_id=group, task_id=group,
+                   sampling=SamplingParams(temperature=temperature))  # fmt: skip
+    t.append_prompt([1, 2, 3])
+    for k, (n, reward) in enumerate(turns):
+        t.append_generation(Generation([10 + k] * n, [-0.5] * n, [0] * n, "stop"))
+        t.turns[-1].reward = reward
+        if k < len(turns) - 1:
+            t.append_observation([7, 8])
+    t.status = status
+    t.outcome_reward = sum(r for _, r in turns)
+    return t
+
+
+def test_build_batch_gives_each_turn_its_advantage_and_leaves_failures_out():
+    groups = [
+        Group("a", "a", [trajectory("a", [(2, 0.0), (3, 1.0)]), trajectory("a", [(4, 0.0)]),
+                         trajectory("a", [(5, 9.0)], status=Status.FAILED)]),
+        Group("b", "b", [trajectory("b", [(2, 0.5)]), trajectory("b", [(3, 0.5)])]),  # equal returns
+    ]  # fmt: skip
+    batch, info = build_batch(groups, AlgoConfig(advantage="turn"))
+    assert len(batch) == 4 and (info.groups, info.degenerate_groups, info.filtered_groups) == (2, 1, 0)
+    # group a pools returns-to-go of real turns: 1.0, 1.0 (first member), 0.0 (second)
+    mu, sigma = 2 / 3, (2 / 9) ** 0.5
+    hi, lo = (1 - mu) / (sigma + 1e-6), (0 - mu) / (sigma + 1e-6)
+    gen = batch.loss_mask[0].bool()
+    torch.testing.assert_close(batch.advantages[0][gen], torch.full((5,), hi))
+    torch.testing.assert_close(batch.advantages[1][batch.loss_mask[1].bool()], torch.full((4,), lo))
+    assert (batch.advantages[2:] == 0).all() and (batch.advantages[~batch.loss_mask.bool()] == 0).all()
+    assert batch.old_logprobs[batch.loss_mask.bool()].eq(-0.5).all()
+    filtered, info = build_batch(groups, AlgoConfig(advantage="turn", filter_degenerate_groups=True))
+    assert len(filtered) == 2 and info.filtered_groups == 1
+    with pytest.raises(ValueError, match="one sampling distribution"):
+        build_batch([Group("c", "c", [trajectory("c", [(2, 1.0)]), trajectory("c", [(2, 0.0)], temperature=0.7)])],
+                    AlgoConfig())  # fmt: skip
+
+
+def test_config_refuses_incompatible_settings_before_starting():
+    with pytest.raises(ValidationError, match="gspo_token"):
+        AlgoConfig(loss="gspo", advantage="turn")
+    with pytest.raises(ValidationError, match="recompute"):
+        AlgoConfig(tis_cap=2.0)
+    with pytest.raises(ValidationError, match="minibatchs"):
+        OptimConfig(minibatchs=4)
+    with pytest.raises(ValueError, match="LoRA"):
+        Trainer(TrainerConfig(algo=AlgoConfig(kl_coef=0.1)), tiny_model("qwen3", seed=0))
