@@ -166,6 +166,7 @@ class Trainer:
                     log("mismatch_abs_logprob_diff", _mismatch(lp, mb, recomputed, "abs"), s.n_local)
                     log("mismatch_seq_kl", _mismatch(lp, mb, recomputed, "kl"), s.n_local)
                 log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
+                log("loss", float(loss.detach()), s.n_local)
                 loss = loss * (self.world * s.n_local / max(s.n_global, 1))
             else:
                 loss = lp.sum() * 0.0  # keeps this rank in the collectives

@@ -1,0 +1,79 @@
+"""Checkpoints with `torch.distributed.checkpoint`: sharded, resumable, exportable to Hugging Face.
+
+A checkpoint folder holds the model and optimizer state (each rank writes its own shards;
+DCP reshards on load, so a run may resume on another world size), every rank's RNG state,
+and `state.json`: the step, the policy version and whatever the training loop needs to
+continue (the task cursor, the parked partial rollouts), written by rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoModelForCausalLM
+
+from agentrl.train.policy import causal_lm
+from agentrl.train.trainer import Trainer, full_state_dict
+
+
+def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
+    """Every rank calls it. `state` must be JSON-serialisable (rank 0's is written)."""
+    path = Path(path)
+    model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
+    dcp.save({"model": model, "optim": optim}, checkpoint_id=path)
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                else []}, path / f"rng_{trainer.rank}.pt")  # fmt: skip
+    if trainer.rank == 0:
+        tmp = path / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(path / "state.json")  # last: a folder without state.json is an unfinished checkpoint
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
+    """Restore model, optimizer and RNG into a trainer built like the saved one; returns `state`."""
+    path = Path(path)
+    if not (path / "state.json").exists():
+        raise FileNotFoundError(f"{path} is not a finished checkpoint (no state.json)")
+    model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
+    sd = {"model": model, "optim": optim}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(trainer.scorer, trainer.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    rng = path / f"rng_{trainer.rank}.pt"
+    if rng.exists():  # resumed on more ranks than saved: the new ones keep their seeds
+        saved = torch.load(rng, weights_only=True)
+        torch.set_rng_state(saved["cpu"])
+        if saved["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(saved["cuda"])
+    return json.loads((path / "state.json").read_text())
+
+
+def export_hf(trainer: Trainer, path: str | Path, *, merge_lora: bool = True) -> None:
+    """A plain Hugging Face folder (config + safetensors) of the current policy; every rank calls it.
+
+    A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter.
+    The tokenizer is the caller's to save beside it.
+    """
+    state = full_state_dict(trainer)
+    if trainer.rank == 0:
+        config = causal_lm(trainer.policy).config
+        model = AutoModelForCausalLM.from_config(config)
+        if hasattr(trainer.policy, "peft_config"):
+            from peft import get_peft_model
+
+            model = get_peft_model(model, trainer.policy.peft_config["default"])
+            model.load_state_dict(state)
+            if merge_lora:
+                model = model.merge_and_unload()
+        else:
+            model.load_state_dict(state)
+        model.save_pretrained(path)
+    if dist.is_initialized():
+        dist.barrier()

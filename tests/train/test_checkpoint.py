@@ -1,0 +1,64 @@
+"""A checkpoint after step k, resumed in a fresh trainer, reproduces step k+1; export to Hugging Face."""
+
+import pytest
+import torch
+from fsdp_worker import fixed_batch
+from transformers import AutoModelForCausalLM
+
+from agentrl.models.tiny import tiny_model
+from agentrl.train import checkpoint
+from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.policy import with_lora
+from agentrl.train.trainer import Trainer
+
+LORA = LoraSettings(rank=4)
+
+
+def trainer(lora: bool) -> Trainer:
+    policy = tiny_model("qwen3_moe", seed=0)
+    cfg = TrainerConfig(model=ModelConfig(lora=LORA if lora else None), optim=OptimConfig(lr=1e-2, minibatches=2))
+    return Trainer(cfg, with_lora(policy, LORA) if lora else policy)
+
+
+def second_batch():
+    b = fixed_batch()
+    b.advantages = -b.advantages  # another step's data
+    return b
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_reproduces_the_next_step(tmp_path, lora):
+    a = trainer(lora)
+    a.update(fixed_batch())
+    checkpoint.save(tmp_path / "step1", a, {"step": 1, "policy_version": 1, "task_cursor": 8})
+    expected = a.update(second_batch())
+    expected_state = {k: v.clone() for k, v in a.scorer.state_dict().items()}
+
+    b = trainer(lora)  # a fresh process would build it the same way
+    assert checkpoint.load(tmp_path / "step1", b) == {"step": 1, "policy_version": 1, "task_cursor": 8}
+    got = b.update(second_batch())
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+    for name, value in b.scorer.state_dict().items():  # the optimizer's moments came back too
+        torch.testing.assert_close(value, expected_state[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_an_unfinished_checkpoint_is_refused(tmp_path):
+    (tmp_path / "half").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a finished checkpoint"):
+        checkpoint.load(tmp_path / "half", trainer(False))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
+def test_export_to_a_hugging_face_folder(tmp_path, lora):
+    t = trainer(lora)
+    t.update(fixed_batch())
+    checkpoint.export_hf(t, tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = fixed_batch().input_ids[:2, :16]
+    with torch.no_grad():
+        lp, _, _ = t.scorer(ids, torch.ones_like(ids), fixed_batch().sampling)
+        logits = exported(ids).logits[:, :-1]
+    from agentrl.engine.sampling import token_logprobs
+
+    expected = token_logprobs(logits, ids[:, 1:], fixed_batch().sampling)
+    torch.testing.assert_close(lp[:, 1:], expected, atol=1e-4, rtol=0)
