@@ -106,3 +106,26 @@ def test_config_refuses_incompatible_settings_before_starting():
         OptimConfig(minibatchs=4)
     with pytest.raises(ValueError, match="LoRA"):
         Trainer(TrainerConfig(algo=AlgoConfig(kl_coef=0.1)), tiny_model("qwen3", seed=0))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen3", "llama"])
+@pytest.mark.parametrize("old", ["engine", "recompute"])
+def test_update_on_moe_and_dense_models(tmp_path, arch, old):
+    """From a saved Hugging Face folder; MoE models report routing diagnostics, dense ones do not."""
+    from agentrl.models.tiny import save_tiny
+    from agentrl.train.policy import load_policy
+
+    policy = load_policy(ModelConfig(path=str(save_tiny(tmp_path / arch, arch))))
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    trainer = Trainer(TrainerConfig(algo=AlgoConfig(old_logprobs=old), optim=OptimConfig(lr=1e-3)), policy)
+    metrics = trainer.update(fixed_batch())
+    moe = arch in ("qwen3_moe", "mixtral")
+    assert ("expert_flip_rate" in metrics) == moe and ("router_aux_loss" in metrics) == moe
+    assert 0 <= metrics.get("expert_flip_rate", 0) <= 1 and metrics["grad_norm"] > 0
+    # the fixed batch's fake engine logprobs are far from the model's: a large mismatch either way
+    assert metrics["mismatch_abs_logprob_diff"] > 0.5
+    if old == "recompute":  # lp_b is the trainer's own: the ratios stay near 1
+        assert metrics["abs_logprob_diff"] < 0.1 * metrics["mismatch_abs_logprob_diff"]
+    else:  # lp_b is the engine's: the ratio carries the mismatch
+        assert metrics["abs_logprob_diff"] == pytest.approx(metrics["mismatch_abs_logprob_diff"], rel=0.2)
+    assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
