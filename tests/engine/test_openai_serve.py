@@ -287,3 +287,40 @@ async def test_connection_refused_after_retries_is_a_clear_error():
 def test_serve_needs_a_model():
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2 and "--model DIR" in result.output
+
+
+async def test_trainer_weights_reach_agentrl_serve(model_dir):
+    """A GSPO-token update, synced over HTTP: the server then samples with the trained weights."""
+    from agentrl.train.batch import TrainBatch
+    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.policy import load_policy
+    from agentrl.train.trainer import Trainer, sync_weights
+
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=1e-2, minibatches=1)),
+                      load_policy(ModelConfig(path=str(model_dir))))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 2000, (4, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[:, :8] = 0
+    trainer.update(TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
+                              old_logprobs=-5.0 * mask, advantages=torch.randn(4, 24, generator=g) * mask,
+                              sampling=SamplingParams()))  # fmt: skip
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    prompt = ids[0, :8].tolist()
+    proc = start_server(model_dir)  # its own server: the module's shared one keeps the original weights
+    try:
+        async with OpenAIEngine(wait_for_url(proc)) as remote:
+            before = await remote.generate(prompt, greedy)
+            assert await sync_weights(trainer, remote) == 1
+            after = await remote.generate(prompt, greedy)
+    finally:
+        stop_server(proc, signal.SIGINT)
+
+    def rescored(tokens):
+        x = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            return trainer.scorer(x, torch.ones_like(x), greedy)[0][0, len(prompt) :]
+
+    assert set(after.versions) == {1}
+    torch.testing.assert_close(torch.tensor(after.logprobs), rescored(after.token_ids), atol=1e-4, rtol=0)
+    assert (rescored(before.token_ids) - torch.tensor(before.logprobs)).abs().max() > 1e-2
