@@ -38,6 +38,8 @@ from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
 from agentrl.engine.threaded import Request, ThreadedEngine
 
+_Prefilled = tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor | None]  # cache, mask, logits, routing
+
 
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
@@ -59,7 +61,7 @@ class HFEngine(ThreadedEngine):
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536, seed: int = 0) -> None:  # fmt: skip
+                 prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         super().__init__(max_context or int(model.config.max_position_embeddings))
@@ -72,7 +74,31 @@ class HFEngine(ThreadedEngine):
         self._mask: torch.Tensor | None = None  # (B, L) 1 where the cache column holds a real token
         self._prefix = PrefixCache(prefix_cache_tokens)  # 0 turns prefix reuse off
         self.prefilled_tokens = 0  # prompt tokens run through the model
+        # MoE routing: each router's chosen experts at the last forward, captured by a hook
+        self._routers: list[torch.Tensor | None] | None = None
+        if record_routing:
+            self._hook_routers()
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+
+    def _hook_routers(self) -> None:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        gates = [getattr(layer.mlp, "gate", None) for layer in base.get_decoder().layers]
+        if not gates or any(g is None for g in gates):
+            raise ValueError("record_routing needs an MoE model whose layers route with `mlp.gate`")
+        self._routers = [None] * len(gates)
+
+        def capture(i: int):
+            def hook(module, args, out) -> None:  # transformers' routers return (logits, weights, indices)
+                self._routers[i] = out[2]
+
+            return hook
+
+        for i, gate in enumerate(gates):
+            gate.register_forward_hook(capture(i))
+
+    def _routing(self) -> torch.Tensor:
+        """(tokens of the last forward, layers, k): the experts each token was sent to."""
+        return torch.stack(self._routers, 1)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs) -> HFEngine:
@@ -155,6 +181,8 @@ class HFEngine(ThreadedEngine):
                          past_key_values=self._cache, use_cache=True)  # fmt: skip
         for r in self._rows:
             r.n_ctx += 1
+        if self._routers is not None:
+            self._record(self._rows, self._routing())
         self._sample(self._rows, out.logits[:, -1])
 
     def _prefill(self, reqs: list[_Request]) -> None:
@@ -162,15 +190,27 @@ class HFEngine(ThreadedEngine):
         samples of a group) are computed once."""
         unique: dict[tuple[int, ...], int] = {}
         which = [unique.setdefault(tuple(r.prompt), len(unique)) for r in reqs]  # row -> unique prompt
-        cache, mask, logits = self._forward_prompts([list(p) for p in unique])
+        cache, mask, logits, routing = self._forward_prompts([list(p) for p in unique])
         for r in reqs:
             r.n_ctx, r.kv_version = len(r.prompt), self._version
         self._merge(reqs, cache, mask, which)
+        if routing is not None:
+            self._record(reqs, routing[which])
         self._sample(reqs, logits[which])
 
-    def _forward_prompts(self, prompts: list[list[int]]) -> tuple[Cache, torch.Tensor, torch.Tensor]:
+    def _record(self, rows: list[_Request], routing: torch.Tensor) -> None:
+        """The routing (rows, layers, k) of the positions whose outputs sample each row's next token."""
+        for r, experts in zip(rows, routing.tolist(), strict=True):
+            if r.routed is None:
+                r.routed = []
+            r.routed.append(experts)
+
+    def _forward_prompts(
+        self, prompts: list[list[int]]
+    ) -> tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One forward over distinct prompts, reusing cached prefixes; returns the batch's KV cache,
-        its (U, L) mask and each prompt's last logits (U, V). Every prompt's KV joins the prefix cache.
+        its (U, L) mask, each prompt's last logits (U, V) and, when recording routing, its last
+        position's experts (U, layers, k). Every prompt's KV joins the prefix cache.
 
         A prefix several of these prompts share beyond what the cache holds (the system prompt and
         tool schemas, after a weight update emptied the cache) is computed once, first. Row layout,
@@ -205,7 +245,10 @@ class HFEngine(ThreadedEngine):
         self.prefilled_tokens += sum(s)
         for i, p in enumerate(prompts):
             self._remember(p, cache, mask, i)
-        return cache, mask, out.logits[:, -1]
+        routing = None
+        if self._routers is not None:
+            routing = self._routing().reshape(U, S, len(self._routers), -1)[:, -1]
+        return cache, mask, out.logits[:, -1], routing
 
     def _shared_prefixes(self, prompts: list[list[int]], min_tokens: int = 32) -> list[list[int]]:
         """Prefixes that neighbouring prompts (in sorted order) share, at least `min_tokens` longer than

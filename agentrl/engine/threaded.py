@@ -30,6 +30,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routed: list[list[list[int]]] | None = None  # per generated token, per layer: the experts chosen
     aborted: bool = False
     finish: FinishReason | None = None
 
@@ -147,7 +148,8 @@ class ThreadedEngine(InferenceEngine):
         """Hand `req`'s result (or `error`) to its caller; `finish` overrides `req.finish`."""
         self._by_id.pop(req.id, None)
         req.finish = finish or req.finish or "aborted"
-        result = None if error else Generation(req.tokens, req.logprobs, req.versions, req.finish, len(req.prompt))
+        result = None if error else Generation(req.tokens, req.logprobs, req.versions, req.finish, len(req.prompt),
+                                               routed_experts=req.routed)  # fmt: skip
 
         def settle() -> None:
             if req.future.done():

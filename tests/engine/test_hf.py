@@ -272,3 +272,33 @@ async def test_a_model_error_fails_requests_instead_of_hanging():
             await eng.generate([model.config.vocab_size + 5], SamplingParams(max_tokens=4))
         with pytest.raises(RuntimeError, match="decode loop failed"):
             await eng.generate([1, 2], SamplingParams(max_tokens=4))
+
+
+def experts_of(model, ids: list[int]) -> list[list[list[int]]]:
+    """Per position, per layer, the sorted experts a fresh forward routes it to."""
+    chosen = []
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda m, a, out: chosen.append(out[2])) for layer in model.model.layers
+    ]
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    return [[sorted(layer[p].tolist()) for layer in chosen] for p in range(len(ids))]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+async def test_routed_experts_are_those_of_a_fresh_forward(arch):
+    """Each generated token records, per layer, the experts of the position that sampled it."""
+    model = tiny_model(arch, seed=2)
+    tok = load_tokenizer()
+    prompts = [tok.encode("def add(a, b):"), tok.encode("The quick brown fox " * 3)]
+    async with HFEngine(model, record_routing=True) as eng:
+        gens = await asyncio.gather(
+            *(eng.generate(p, SamplingParams(max_tokens=6, seed=i)) for i, p in enumerate(prompts))
+        )
+    for prompt, gen in zip(prompts, gens, strict=True):
+        expected = experts_of(model, prompt + gen.token_ids)[len(prompt) - 1 : -1]
+        assert [[sorted(e) for e in token] for token in gen.routed_experts] == expected
+    with pytest.raises(ValueError, match="MoE"):
+        HFEngine(tiny_model("llama", seed=0), record_routing=True)
