@@ -11,10 +11,11 @@ import torch.distributed as dist
 
 from agentrl.engine.base import SamplingParams
 from agentrl.models.tiny import tiny_model
+from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.policy import with_lora
-from agentrl.train.trainer import Trainer
+from agentrl.train.trainer import Trainer, full_state_dict
 
 
 def fixed_batch(B: int = 8, L: int = 40) -> TrainBatch:
@@ -32,7 +33,13 @@ def fixed_batch(B: int = 8, L: int = 40) -> TrainBatch:
     )  # fmt: skip
 
 
-def main(out: str, kind: str) -> None:
+def second_batch() -> TrainBatch:
+    b = fixed_batch()
+    b.advantages = -b.advantages
+    return b
+
+
+def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
     if "WORLD_SIZE" in __import__("os").environ:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -42,13 +49,16 @@ def main(out: str, kind: str) -> None:
     cfg = TrainerConfig(model=ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None),
                         optim=OptimConfig(lr=1e-3, minibatches=2))  # fmt: skip
     trainer = Trainer(cfg, policy)
-    metrics = trainer.update(fixed_batch())
-    if dist.is_initialized():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(trainer.scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if phase == "save":
+        trainer.update(fixed_batch())
+        checkpoint.save(ckpt, trainer, {"step": 1})
+        metrics = trainer.update(second_batch())
+    elif phase == "resume":
+        assert checkpoint.load(ckpt, trainer) == {"step": 1}
+        metrics = trainer.update(second_batch())
     else:
-        state = trainer.scorer.state_dict()
+        metrics = trainer.update(fixed_batch())
+    state = full_state_dict(trainer)
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()}}, out)
     if dist.is_initialized():
@@ -56,4 +66,4 @@ def main(out: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -15,8 +15,8 @@ WORKER = Path(__file__).with_name("fsdp_worker.py")
 ATOL = 1e-5
 
 
-def run(out: Path, kind: str, ranks: int) -> dict:
-    cmd = [sys.executable, str(WORKER), str(out), kind]
+def run(out: Path, kind: str, ranks: int, *phase: str) -> dict:
+    cmd = [sys.executable, str(WORKER), str(out), kind, *phase]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone",
                *cmd[1:]]  # fmt: skip
@@ -34,12 +34,23 @@ def test_two_ranks_match_one_process(tmp_path, kind):
     # the loss terms that do not depend on how sequences are weighted across ranks agree exactly
     for key in ("grad_norm", "router_aux_loss", "mismatch_seq_kl"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4), key
-    initial = {f"policy.{k}": v for k, v in tiny_model("qwen3_moe", seed=0).state_dict().items()}
+    initial = {k: v for k, v in tiny_model("qwen3_moe", seed=0).state_dict().items()}
     changed = [n for n, v in one["state"].items() if n in initial and not torch.equal(v, initial[n])]
     if kind == "lora":  # only the adapters learn; lora_B starts at zero, so it must have moved
-        base = {n.replace("base_model.model.", "").replace(".base_layer", ""): v for n, v in one["state"].items()
+        base = {n.replace("base_model.model.", "", 1).replace(".base_layer", ""): v for n, v in one["state"].items()
                 if "lora_" not in n}  # fmt: skip
         assert all(torch.equal(base[n], initial[n]) for n in initial if n in base)
         assert any("lora_B" in n and v.abs().sum() > 0 for n, v in one["state"].items())
     else:
         assert changed
+
+
+def test_a_sharded_checkpoint_resumes_on_two_ranks_and_on_one(tmp_path):
+    """Saved by two FSDP2 ranks; resumed by two ranks and by a plain process (DCP reshards)."""
+    ckpt = str(tmp_path / "ckpt")
+    saved = run(tmp_path / "saved.pt", "moe", 2, "save", ckpt)
+    for ranks in (2, 1):
+        resumed = run(tmp_path / f"resumed{ranks}.pt", "moe", ranks, "resume", ckpt)
+        assert resumed["metrics"]["loss"] == pytest.approx(saved["metrics"]["loss"], abs=1e-5)
+        for name, value in saved["state"].items():
+            torch.testing.assert_close(resumed["state"][name], value, atol=ATOL, rtol=0, msg=name)
