@@ -1,6 +1,6 @@
 """Checkpoints with `torch.distributed.checkpoint`: sharded, resumable, exportable to Hugging Face.
 
-A checkpoint folder holds the model and optimizer state (each rank writes its own shards;
+A checkpoint folder holds the model, optimizer and learning-rate schedule state (each rank writes its own shards;
 DCP reshards on load, so a run may resume on another world size), every rank's RNG state,
 and `state.json`: the step, the policy version and whatever the training loop needs to
 continue (the task cursor, the parked partial rollouts), written by rank 0.
@@ -26,7 +26,7 @@ def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
     """Every rank calls it. `state` must be JSON-serialisable (rank 0's is written)."""
     path = Path(path)
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
-    dcp.save({"model": model, "optim": optim}, checkpoint_id=path)
+    dcp.save({"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}, checkpoint_id=path)
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                 else []}, path / f"rng_{trainer.rank}.pt")  # fmt: skip
     if trainer.rank == 0:
@@ -43,9 +43,10 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a finished checkpoint (no state.json)")
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
-    sd = {"model": model, "optim": optim}
+    sd = {"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}
     dcp.load(sd, checkpoint_id=path)
     set_state_dict(trainer.scorer, trainer.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    trainer.scheduler.load_state_dict(sd["scheduler"])
     rng = path / f"rng_{trainer.rank}.pt"
     if rng.exists():  # resumed on more ranks than saved: the new ones keep their seeds
         saved = torch.load(rng, weights_only=True)

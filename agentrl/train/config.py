@@ -77,6 +77,8 @@ class OptimConfig(_Strict):
     lr: float = Field(1e-6, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    """optimizer steps of linear learning-rate warmup from lr / (warmup_steps + 1); constant after"""
     max_grad_norm: float = Field(1.0, gt=0.0)
     """gradients are clipped to this global norm before every step"""
     minibatches: int = Field(4, ge=1)

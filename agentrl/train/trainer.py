@@ -101,6 +101,9 @@ class Trainer:
         trainable = [p for p in self.scorer.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (o.warmup_steps + 1))
+        )
         if cfg.algo.kl_coef and not hasattr(policy, "disable_adapter"):
             raise ValueError("algo.kl_coef needs a LoRA policy: its reference is the base model (adapters off)")
 
@@ -182,6 +185,7 @@ class Trainer:
                                                        self.cfg.optim.max_grad_norm)  # fmt: skip
             log("grad_norm", float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
             self.optimizer.step()
+            self.scheduler.step()
         if routing_before is not None:  # the same data after every step: how many expert choices changed
             sets, mb = routing_before
             with torch.no_grad():

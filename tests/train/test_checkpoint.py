@@ -16,7 +16,9 @@ LORA = LoraSettings(rank=4)
 
 def trainer(lora: bool) -> Trainer:
     policy = tiny_model("qwen3_moe", seed=0)
-    cfg = TrainerConfig(model=ModelConfig(lora=LORA if lora else None), optim=OptimConfig(lr=1e-2, minibatches=2))
+    cfg = TrainerConfig(
+        model=ModelConfig(lora=LORA if lora else None), optim=OptimConfig(lr=1e-2, minibatches=2, warmup_steps=5)
+    )
     return Trainer(cfg, with_lora(policy, LORA) if lora else policy)
 
 
@@ -38,7 +40,8 @@ def test_resume_reproduces_the_next_step(tmp_path, lora):
     assert checkpoint.load(tmp_path / "step1", b) == {"step": 1, "policy_version": 1, "task_cursor": 8}
     got = b.update(second_batch())
     assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
-    for name, value in b.scorer.state_dict().items():  # the optimizer's moments came back too
+    assert b.scheduler.last_epoch == a.scheduler.last_epoch == 4  # 2 updates x 2 minibatches
+    for name, value in b.scorer.state_dict().items():  # the optimizer's moments and the schedule came back too
         torch.testing.assert_close(value, expected_state[name], atol=1e-6, rtol=0, msg=name)
 
 
