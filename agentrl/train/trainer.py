@@ -198,15 +198,13 @@ class Trainer:
     def _reduce(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         """Weighted means over minibatches and ranks."""
         keys = sorted(metrics)
-        sums = torch.tensor([[sum(metrics[k][0::2]), sum(metrics[k][1::2])] for k in keys], dtype=torch.float64)
-        if self.world > 1:
+        if self.world > 1:  # a rank without data lacks some keys: every rank reduces the union
             all_keys: list[list[str]] = [[] for _ in range(self.world)]
             dist.all_gather_object(all_keys, keys)
-            if any(k != keys for k in all_keys):  # a rank without data lacks some keys: align them
-                union = sorted({k for ks in all_keys for k in ks})
-                sums = torch.tensor([[sum(metrics[k][0::2]), sum(metrics[k][1::2])] if k in metrics else [0.0, 0.0]
-                                     for k in union], dtype=torch.float64)  # fmt: skip
-                keys = union
+            keys = sorted({k for ks in all_keys for k in ks})
+        sums = torch.tensor([[sum(metrics.get(k, [])[0::2]), sum(metrics.get(k, [])[1::2])] for k in keys],
+                            dtype=torch.float64)  # fmt: skip
+        if self.world > 1:
             dist.all_reduce(sums)
         return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
 

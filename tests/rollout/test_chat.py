@@ -56,25 +56,22 @@ def test_decoding_and_reencoding_drifts():
     assert chat.encode(chat.decode(generated)) != generated
 
 
-def test_template_that_rewrites_history_is_refused():
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        # renders only the last two messages: earlier turns vanish once a turn is appended
+        ("{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", "not a prefix"),
+        # ends a turn with plain text, which could merge with the assistant's last characters
+        ("{% for m in messages %}{{ m.role }}: {{ m.content }}er\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant: {% endif %}", "plain text"),
+    ],
+    ids=["rewrites-history", "plain-text-turn-end"],
+)  # fmt: skip
+def test_templates_that_break_the_prefix_property_are_refused(template, match):
     tok = load_tokenizer("qwen3")
-    # renders only the last two messages: earlier turns vanish once a turn is appended
-    tok.chat_template = (
-        "{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    with pytest.raises(TemplatePrefixError, match="not a prefix"):
-        ChatFormat(tok).observation_ids(OBS, last_token=None)
-
-
-def test_template_whose_turn_end_merges_with_content_is_refused():
-    tok = load_tokenizer("qwen3")
-    # ends a turn with plain text, which could merge with the assistant's last characters
-    tok.chat_template = (
-        "{% for m in messages %}{{ m.role }}: {{ m.content }}er\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    with pytest.raises(TemplatePrefixError, match="plain text"):
+    tok.chat_template = template
+    with pytest.raises(TemplatePrefixError, match=match):
         ChatFormat(tok).observation_ids(OBS, last_token=None)
 
 
