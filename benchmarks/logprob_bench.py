@@ -3,7 +3,7 @@
 Each path runs forward and backward in a fresh process (so peak RSS is its own) on random
 hidden states and output head, timed and measured in the same run:
 
-    python benchmarks/logprob_bench.py [--tokens 2048] [--hidden 256]     # prints one JSON object
+    python benchmarks/logprob_bench.py [--tokens 2048] [--hidden 256] [--vocab 151936]   # prints one JSON object
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, nargs="+", default=[32_000, 151_936])
     args = p.parse_args()
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
               "tokens": args.tokens, "hidden": args.hidden}  # fmt: skip
-    for vocab in (32_000, 151_936):
+    for vocab in args.vocab:
         naive, chunked = (run(path, args.tokens, args.hidden, vocab) for path in ("naive", "chunked"))
         result[f"vocab_{vocab}"] = {
             "naive": naive,
