@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Literal
 
 from pydantic import Field
@@ -9,8 +10,9 @@ from pydantic import Field
 from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
 from agentrl.env.base import Message
 from agentrl.env.grading import assemble_solution, extract_code, grade, run_tests
-from agentrl.env.tools import ToolError, ToolOutput, tool
+from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.tasks import Task
+from agentrl.tasks.solutions import reference_solution
 from envs._format import describe_run
 
 SYSTEM = """You are solving a Python programming task in a sandbox. You have {turns} turns.
@@ -117,6 +119,14 @@ class CodeSandboxEnv(ToolEnv):
             terminated=True,
             info={"outcome": outcome, "tests_passed": r.passed, "tests_total": r.total},
         )
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[str]:
+        """Submit the task's reference solution; half the time run it on the examples first."""
+        code = reference_solution(task)
+        submit = self.parser.format(ToolCall(name="submit", arguments={"code": code}))
+        if task.public_tests is not None and self.cfg.max_turns > 1 and rng.random() < 0.5:
+            return [self.parser.format(ToolCall(name="run_tests", arguments={"code": code})), submit]
+        return [submit]
 
     async def _no_call(self, text: str) -> StepResult:
         code = extract_code(text) if self.cfg.code_block_submits else None

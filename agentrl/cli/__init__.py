@@ -2,12 +2,17 @@
 
 import typer
 
-from agentrl.cli import envs, sandbox, serve
+from agentrl.cli import envs, sandbox, serve, sft, train
 
 app = typer.Typer(help="Reinforcement learning of LLM agents that call tools and run code.", no_args_is_help=True)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(envs.app, name="envs")
 app.command("serve")(serve.serve)
+app.command("train")(train.train)
+app.command("report")(train.report)
+app.command("sft")(sft.sft)
+app.add_typer(sft.models_app, name="models")
+envs.app.command("demos")(sft.demos)
 
 
 def main() -> None:

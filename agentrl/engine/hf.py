@@ -61,10 +61,11 @@ class HFEngine(ThreadedEngine):
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0) -> None:  # fmt: skip
+                 prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0,
+                 version: int = 0) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        super().__init__(max_context or int(model.config.max_position_embeddings))
+        super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
         self.model = model
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size

@@ -40,9 +40,9 @@ class ThreadedEngine(InferenceEngine):
 
     thread_name: ClassVar[str]
 
-    def __init__(self, max_context: int) -> None:
+    def __init__(self, max_context: int, *, version: int = 0) -> None:
         self._max_context = max_context
-        self._version = 0
+        self._version = version  # a resumed run continues its count
         self._lock = threading.Lock()  # held by every engine step and every weight update
         self._cv = threading.Condition()  # guards _waiting, _closed, _error
         self._waiting: deque[Request] = deque()

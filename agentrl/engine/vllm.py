@@ -77,7 +77,7 @@ class VLLMEngine(ThreadedEngine):
     )
 
     def __init__(self, model: str | Path, *, dtype: str = "auto", max_batch_size: int = 256,
-                 max_context: int | None = None, lora: LoraConfig | None = None, seed: int = 0,
+                 max_context: int | None = None, lora: LoraConfig | None = None, seed: int = 0, version: int = 0,
                  **llm_kwargs: Any) -> None:  # fmt: skip
         _require_vllm()
         from vllm import LLM
@@ -92,7 +92,7 @@ class VLLMEngine(ThreadedEngine):
             kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
         self.llm = LLM(**{**kwargs, **llm_kwargs})
         self._engine = self.llm.llm_engine
-        super().__init__(int(self._engine.model_config.max_model_len))
+        super().__init__(int(self._engine.model_config.max_model_len), version=version)
         self._lora_config = lora
         self._lora_dir = Path(tempfile.mkdtemp(prefix="agentrl-vllm-lora-")) if lora is not None else None
         self._lora_request = None  # the adapter of the current version; None: the base weights

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random
 from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar, NotRequired, TypedDict, TypeVar
 
@@ -212,6 +213,12 @@ class TextEnv(gymnasium.Env[list[Message], str]):
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return []
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[str]:
+        """A scripted expert's messages for `task`, played in order from reset (supervised
+        fine-tuning data, `agentrl.env.demos`). Override it where the env has an expert; the
+        recorder keeps an episode only if the env terminates it without a failure."""
+        raise NotImplementedError(f"{type(self).__name__} has no scripted expert to demonstrate with")
 
     # ---- async API
 

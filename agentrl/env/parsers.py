@@ -34,6 +34,10 @@ class ToolCallParser(abc.ABC):
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedAction: ...
 
+    @abc.abstractmethod
+    def format(self, call: ToolCall) -> str:
+        """A call as the model would write it: `parse(format(c))` reads back `c`."""
+
 
 class HermesParser(ToolCallParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Hermes and Qwen models write them.
@@ -58,6 +62,9 @@ class HermesParser(ToolCallParser):
             errors.append("a <tool_call> was opened but never closed with </tool_call>")
             rest = rest[: rest.index("<tool_call>")]
         return ParsedAction(content=rest.strip(), calls=calls, errors=errors)
+
+    def format(self, call: ToolCall) -> str:
+        return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
 
 
 def _read_call(body: str) -> ToolCall | str:

@@ -49,9 +49,10 @@ def tiny_model(arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateNam
     return model.eval()
 
 
-def save_tiny(path: str | Path, arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateName = "qwen3") -> Path:
+def save_tiny(path: str | Path, arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateName = "qwen3",
+              **overrides) -> Path:  # fmt: skip
     """Write model + tokenizer (with its chat template) to `path`, loadable with `from_pretrained`."""
     path = Path(path)
-    tiny_model(arch, seed=seed, template=template).save_pretrained(path)
+    tiny_model(arch, seed=seed, template=template, **overrides).save_pretrained(path)
     load_tokenizer(template).save_pretrained(path)
     return path

@@ -2,10 +2,17 @@
 
 from agentrl.rollout.chat import ChatFormat, TemplatePrefixError
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.controller import Group, RolloutBatch, RolloutController, RolloutStats
+from agentrl.rollout.controller import (
+    ControllerState,
+    Group,
+    ParkedEpisode,
+    RolloutBatch,
+    RolloutController,
+    RolloutStats,
+)
 from agentrl.rollout.trajectory import Segment, Status, Trajectory, TrajectoryError, Turn
 
 __all__ = [
-    "ChatFormat", "Group", "RolloutBatch", "RolloutConfig", "RolloutController", "RolloutStats", "Segment",
-    "Status", "TemplatePrefixError", "Trajectory", "TrajectoryError", "Turn",
+    "ChatFormat", "ControllerState", "Group", "ParkedEpisode", "RolloutBatch", "RolloutConfig", "RolloutController",
+    "RolloutStats", "Segment", "Status", "TemplatePrefixError", "Trajectory", "TrajectoryError", "Turn",
 ]  # fmt: skip

@@ -53,6 +53,8 @@ class ChatFormat:
         self._stand_in_rendered = self.render(_STAND_IN, generation_prompt=False)  # the same for every delta
         self._atomic = set(tokenizer.get_added_vocab())  # special and added tokens: never merged
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(i for i in stops if i is not None))
+        self.turn_end_id = self.observation_ids([], last_token=None)[0]
+        """the token that closes an assistant turn in this template (<|im_end|>, <|eot_id|>)"""
 
     def render(self, messages: list[Message], *, tools: list[dict] | None = None, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -86,6 +88,33 @@ class ChatFormat:
         if last_token is not None and delta[:1] == [last_token]:
             delta = delta[1:]  # the model closed its own turn
         return delta
+
+    def conversation_ids(self, messages: list[Message], *, tools: list[dict] | None = None
+                         ) -> tuple[list[int], list[int]]:  # fmt: skip
+        """A whole conversation laid out token for token as a rollout lays it out, and its loss mask.
+
+        The opening messages (up to the first assistant one) are the prompt; each assistant
+        message is its content's tokens closed by `turn_end_id` (mask 1), as if the model had
+        written it and stopped; the messages after it are an observation delta (mask 0). So
+        supervised fine-tuning trains on exactly the token sequences the policy sees in RL.
+        """
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None or first == 0:
+            raise ValueError("a conversation needs opening messages, then at least one assistant message")
+        ids = self.prompt_ids(messages[:first], tools=tools)
+        mask = [0] * len(ids)
+        i = first
+        while i < len(messages):
+            turn = [*self.encode(messages[i]["content"]), self.turn_end_id]
+            ids += turn
+            mask += [1] * len(turn)
+            j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
+            if j > i + 1:
+                delta = self.observation_ids(messages[i + 1 : j], last_token=self.turn_end_id)
+                ids += delta
+                mask += [0] * len(delta)
+            i = j
+        return ids, mask
 
     def decode(self, generated: list[int]) -> str:
         """The text an environment reads: markup such as <tool_call> kept, a final stop token dropped."""

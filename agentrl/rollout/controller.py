@@ -96,6 +96,21 @@ class RolloutStats(BaseModel):
     """most policy versions between the oldest and the newest token of a returned trajectory"""
 
 
+class ParkedEpisode(BaseModel):
+    trajectory: Trajectory
+    seed: int
+    attempt: int = 0
+
+
+class ControllerState(BaseModel):
+    """What a checkpoint keeps of the controller: the task cursor and every live group's members."""
+
+    iteration: int
+    """iterations run so far (new groups' tasks are drawn from a stream keyed on it)"""
+    groups: dict[str, list[ParkedEpisode]] = {}
+    """live groups by id: their finished members and the episodes parked mid-way"""
+
+
 @dataclass
 class RolloutBatch:
     groups: list[Group]
@@ -153,6 +168,56 @@ class RolloutController:
     @property
     def parked(self) -> list[Trajectory]:
         return [ep.traj for eps in self._groups.values() for ep in eps if not ep.final]
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def state(self) -> ControllerState:
+        """The task cursor and the partial-rollout buffer, between iterations."""
+        return ControllerState(iteration=self.iteration, groups={
+            gid: [ParkedEpisode(trajectory=ep.traj, seed=ep.seed, attempt=ep.attempt) for ep in eps]
+            for gid, eps in self._groups.items()
+        })  # fmt: skip
+
+    async def restore(self, state: ControllerState) -> int:
+        """Continue from `state()` of an earlier process. A parked episode's env is rebuilt by
+        replaying it: reset with the same seed, then the same messages stepped. An episode whose
+        replay differs from its record (another observation or reward: the env is not
+        deterministic there) is dropped. Returns how many were dropped."""
+        self.iteration = state.iteration
+        self._groups = {gid: [_Episode(p.trajectory, p.seed, p.attempt) for p in eps]
+                        for gid, eps in state.groups.items()}  # fmt: skip
+        results = await asyncio.gather(*(self._replay(ep) for ep in self._live()))
+        return results.count(False)
+
+    async def _replay(self, ep: _Episode) -> bool:
+        """Rebuild the episode's token record from a replay of its env; keep it only if it is the same."""
+        traj = ep.traj
+        if not traj.token_ids:
+            return True  # not started: it resets like a new episode
+        closed = traj.turns[:-1] if traj.turn_open else traj.turns  # the turns the env answered
+        ep.worker = self._pick_worker()
+        actions = [self.chat.decode(traj.generated_ids(t.index)) for t in closed]
+        try:
+            obs, info, steps = await ep.worker.replay.remote(traj.episode_id, traj.task_id, ep.seed, actions)
+        except ray.exceptions.RayError as e:
+            log.warning("episode %s: replay failed: %s", traj.episode_id, e)
+            steps = []
+        same = len(steps) == len(closed)
+        if same:
+            ids = self.chat.prompt_ids(obs, tools=info.get("tools"))
+            for turn, (o, reward, terminated, truncated) in zip(closed, steps, strict=True):
+                ids += traj.generated_ids(turn.index)
+                ids += self.chat.observation_ids(o, last_token=ids[-1])
+                same = same and reward == turn.reward and not (terminated or truncated)
+            if traj.turn_open:
+                ids += traj.generated_ids(traj.turns[-1].index)
+            same = same and ids == traj.token_ids
+        if not same:
+            log.warning("episode %s: its env did not replay as recorded; dropped", traj.episode_id)
+            traj.status = Status.DROPPED
+            traj.error = "not resumable: the env replayed differently"
+            await self._close_env(ep)
+        return same
 
     # -- one iteration ---------------------------------------------------------------
 
@@ -230,9 +295,11 @@ class RolloutController:
         target = len(self._counts.complete_groups) >= self.cfg.groups_per_iteration
         budget = self.cfg.iteration_token_budget
         if self._partial and (target or (budget is not None and self._counts.tokens >= budget)):
-            self._stop()
+            self.stop()
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
+        """End the running iteration now: episodes mid-generation are aborted at a token boundary, those in an
+        env step stop after it; all stay parked (sandbox alive) for the next iteration. Safe to call any time."""
         if self._stopping.is_set():
             return
         self._stopping.set()

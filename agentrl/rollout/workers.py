@@ -8,6 +8,7 @@ its own event loop (an async actor); its envs share one warm `SandboxPool`.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 from typing import Any
 
@@ -52,11 +53,33 @@ class EnvWorker:
         rng = np.random.default_rng(seed)
         return [self.sampler.task_set.sample(rng).id for _ in range(n)]
 
+    async def task_ids(self, n: int) -> list[str]:
+        """The first n task ids of the env's task set (its split), the same on every call: a fixed evaluation set."""
+        if self.sampler is None:
+            self.sampler = self._make()
+        return [t.id for t in itertools.islice(self.sampler.task_set, n)]
+
     async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
         env = self.envs.get(episode_id) or self._make()
         self.envs[episode_id] = env
         obs, info = await env.areset(seed=seed, options={"task_id": task_id})
         return obs, dict(info)
+
+    async def replay(self, episode_id: str, task_id: str, seed: int,
+                     actions: list[str]) -> tuple[list[Message], dict[str, Any], list[tuple]]:  # fmt: skip
+        """Rebuild an episode's env after a restart: reset as before, then step the same messages.
+
+        Returns the opening messages, the reset info and every step's (observation, reward,
+        terminated, truncated), for the caller to compare with what it recorded."""
+        obs, info = await self.reset(episode_id, task_id, seed)
+        steps = []
+        for text in actions:
+            o, r, terminated, truncated, _ = await self.envs[episode_id].astep(text)
+            steps.append((o, float(r), terminated, truncated))
+            if terminated or truncated:
+                await self.close(episode_id)
+                break
+        return obs, info, steps
 
     async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = await self.envs[episode_id].astep(text)

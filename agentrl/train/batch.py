@@ -29,6 +29,10 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sampling"},
+                          sampling=self.sampling)  # fmt: skip
+
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         """The given trajectories, trimmed to their longest."""
         rows = torch.as_tensor(rows, dtype=torch.long)

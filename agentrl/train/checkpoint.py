@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from transformers import AutoModelForCausalLM
 
 from agentrl.train.policy import causal_lm
-from agentrl.train.trainer import Trainer, full_state_dict
+from agentrl.train.trainer import Scorer, Trainer, full_state_dict
 
 
 def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
@@ -56,20 +56,20 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text())
 
 
-def export_hf(trainer: Trainer, path: str | Path, *, merge_lora: bool = True) -> None:
-    """A plain Hugging Face folder (config + safetensors) of the current policy; every rank calls it.
+def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True) -> None:
+    """A plain Hugging Face folder (config + safetensors) of the scorer's policy; every rank calls it.
 
     A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter.
     The tokenizer is the caller's to save beside it.
     """
-    state = full_state_dict(trainer)
-    if trainer.rank == 0:
-        config = causal_lm(trainer.policy).config
+    state = full_state_dict(scorer)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        config = causal_lm(scorer.policy).config
         model = AutoModelForCausalLM.from_config(config)
-        if hasattr(trainer.policy, "peft_config"):
+        if hasattr(scorer.policy, "peft_config"):
             from peft import get_peft_model
 
-            model = get_peft_model(model, trainer.policy.peft_config["default"])
+            model = get_peft_model(model, scorer.policy.peft_config["default"])
             model.load_state_dict(state)
             if merge_lora:
                 model = model.merge_and_unload()

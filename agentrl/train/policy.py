@@ -19,11 +19,20 @@ from agentrl.train.config import LoraSettings, ModelConfig
 EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' fused MoE experts
 
 
+def resolve_path(path: str) -> str:
+    """A model path as from_pretrained takes it: "default" is the embedded default policy's folder."""
+    if path == "default":
+        from agentrl.models.default import default_policy
+
+        return str(default_policy())
+    if not path:
+        raise ValueError('model.path is empty: give a Hugging Face folder, a hub id, or "default"')
+    return path
+
+
 def load_policy(cfg: ModelConfig) -> PreTrainedModel:
     """From a local folder or a hub id, in float32 (the master weights: bf16 is FSDP2's compute dtype)."""
-    if not cfg.path:
-        raise ValueError("model.path is empty: give a Hugging Face folder or hub id")
-    model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve_path(cfg.path), dtype=torch.float32)
     return with_lora(model, cfg.lora) if cfg.lora else model
 
 

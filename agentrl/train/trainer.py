@@ -28,22 +28,65 @@ class Scorer(nn.Module):
     """lp_θ of every token given its prefix, without the (B, T, V) logits; the FSDP2 root.
 
     Position t of the output scores token t from the hidden state at t − 1 (position 0: 0).
+
+    Shared prefix: the rows of a rollout batch start with the same tokens (the system prompt
+    and tool schemas, for a group also the task), often most of each row. When all B rows
+    share their first P ≥ `min_shared_prefix` tokens, those P are run once (one row, its KV
+    cache broadcast to the B rows) and only the B suffixes run per row: the same lp_θ,
+    entropy and router logits, and, since the broadcast sums the rows' gradients into the one
+    prefix, the same gradients, for about P·(B − 1) fewer token forwards and backwards.
+    Off under activation checkpointing (its recomputation would replay the cache update).
     """
 
-    def __init__(self, policy: nn.Module) -> None:
+    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32) -> None:
         super().__init__()
         self.policy = policy
+        self.min_shared_prefix = min_shared_prefix
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
                 entropy: bool = False, router: bool = False):  # fmt: skip
         lm = causal_lm(self.policy)
+        decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
         kwargs = {"output_router_logits": True} if router else {}
-        out = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        lp, ent = target_logprobs(out.last_hidden_state[:, :-1], lm.get_output_embeddings().weight,
-                                  input_ids[:, 1:], params, entropy=entropy)  # fmt: skip
-        pad = lp.new_zeros(lp.shape[0], 1)
-        return (torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None,
-                out.router_logits if router else None)  # fmt: skip
+        B, L = input_ids.shape
+        P = self._shared_prefix(input_ids, attention_mask)
+        if P == 0:
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            h, routed = out.last_hidden_state, out.router_logits if router else None
+            lp, ent = target_logprobs(h[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
+        else:
+            pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs)
+            for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
+                layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+            suf = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
+                          past_key_values=pre.past_key_values, use_cache=True, **kwargs)  # fmt: skip
+            # tokens 1..P-1 from the shared row; tokens P..L-1 from h at P-1 (shared) and the suffixes
+            lp0, ent0 = target_logprobs(pre.last_hidden_state[:, :-1], head, input_ids[:1, 1:P], params,
+                                        entropy=entropy)  # fmt: skip
+            h = torch.cat([pre.last_hidden_state[:, -1:].expand(B, 1, -1), suf.last_hidden_state[:, :-1]], 1)
+            lp1, ent1 = target_logprobs(h, head, input_ids[:, P:], params, entropy=entropy)
+            lp = torch.cat([lp0.expand(B, -1), lp1], 1)
+            ent = torch.cat([ent0.expand(B, -1), ent1], 1) if entropy else None
+            routed = None
+            if router:
+                E = pre.router_logits[0].shape[-1]
+                routed = tuple(torch.cat([a.view(1, P, E).expand(B, P, E), b.view(B, L - P, E)], 1).reshape(B * L, E)
+                               for a, b in zip(pre.router_logits, suf.router_logits, strict=True))  # fmt: skip
+        pad = lp.new_zeros(B, 1)
+        return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None, routed
+
+    def _shared_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+        """P: the tokens every row starts with, kept below every row's length; 0 when not worth sharing."""
+        lm = causal_lm(self.policy)
+        # transformers 5 renamed the flag (the old name warns)
+        checkpointing = getattr(lm, "is_activation_checkpointing", None)
+        if checkpointing is None:
+            checkpointing = lm.is_gradient_checkpointing
+        if input_ids.shape[0] < 2 or checkpointing:
+            return 0
+        same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (L,)
+        shared = min(int(same.long().cumprod(0).sum()), int(attention_mask.sum(-1).min()) - 1)
+        return shared if shared >= self.min_shared_prefix else 0
 
 
 def router_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
@@ -64,6 +107,12 @@ def router_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: t
         stats = dist_nn.all_reduce(stats)
     P, c, N = stats[:E], stats[E : 2 * E], stats[-1]
     return E * ((c / N) * (P / N)).sum()
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip to a global norm (over all ranks' shards) and return the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under FSDP2
 
 
 def _expert_sets(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
@@ -89,11 +138,14 @@ class Trainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.policy = policy
         self.scorer = Scorer(policy)
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         if dist.is_initialized():
             from torch.distributed.device_mesh import init_device_mesh
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            parallelize(policy, init_device_mesh(device, (self.world,)), cfg.model, root=self.scorer)
+            parallelize(policy, init_device_mesh(self.device.type, (self.world,)), cfg.model, root=self.scorer)
+        else:
+            policy.to(self.device)
         config = causal_lm(policy).config
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
@@ -181,11 +233,11 @@ class Trainer:
                 routing_before = (_expert_sets(router, self.top_k, mb.loss_mask), mb)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.scorer.parameters() if p.requires_grad],
-                                                       self.cfg.optim.max_grad_norm)  # fmt: skip
-            log("grad_norm", float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+            trainable = [p for p in self.scorer.parameters() if p.requires_grad]
+            log("grad_norm", clip_grad_norm(trainable, self.cfg.optim.max_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
+        self.scorer.eval()  # an engine sharing this module samples in eval mode
         if routing_before is not None:  # the same data after every step: how many expert choices changed
             sets, mb = routing_before
             with torch.no_grad():
@@ -221,14 +273,14 @@ def _mismatch(lp: torch.Tensor, mb: TrainBatch, recomputed: list[torch.Tensor], 
     return float((k3.sum(-1)[has] / on.sum(-1)[has]).mean())
 
 
-def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+def full_state_dict(scorer: Scorer) -> dict[str, torch.Tensor]:
     """The policy's full (unsharded) weights on the CPU, under the policy's own key names. Every rank calls it."""
     if dist.is_initialized():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(trainer.scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
-        state = {k: v.detach() for k, v in trainer.scorer.state_dict().items()}
+        state = {k: v.detach() for k, v in scorer.state_dict().items()}
     return {k.removeprefix("policy."): v for k, v in state.items()}
 
 
@@ -243,7 +295,7 @@ async def sync_weights(trainer: Trainer, engine) -> int | None:
     shared = getattr(engine, "model", None) in (trainer.policy, causal_lm(trainer.policy))
     if shared and not dist.is_initialized():
         return await engine.update_weights()
-    state = full_state_dict(trainer)
+    state = full_state_dict(trainer.scorer)
     if trainer.rank != 0:
         return None
     if hasattr(trainer.policy, "peft_config"):

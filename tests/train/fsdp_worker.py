@@ -18,14 +18,16 @@ from agentrl.train.policy import with_lora
 from agentrl.train.trainer import Trainer, full_state_dict
 
 
-def fixed_batch(B: int = 8, L: int = 40) -> TrainBatch:
+def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:
+    """Every row starts with the same P-token prompt, so the scorer's shared-prefix path runs under FSDP2 too."""
     g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(L // 2, L + 1, (B,), generator=g)
+    lengths = torch.randint(P + 4, L + 1, (B,), generator=g)
     ids = torch.randint(1, 2000, (B, L), generator=g)
+    ids[:, :P] = ids[0, :P]
     attention = (torch.arange(L)[None] < lengths[:, None]).long()
     loss_mask = attention.clone()
-    loss_mask[:, :10] = 0  # the prompt
-    loss_mask[:, 20:24] = 0  # an observation
+    loss_mask[:, :P] = 0  # the prompt
+    loss_mask[:, P + 8 : P + 12] = 0  # an observation
     return TrainBatch(
         input_ids=ids * attention, attention_mask=attention, loss_mask=loss_mask,
         old_logprobs=(-3 - torch.rand(B, L, generator=g)) * loss_mask,
@@ -58,7 +60,7 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         metrics = trainer.update(second_batch())
     else:
         metrics = trainer.update(fixed_batch())
-    state = full_state_dict(trainer)
+    state = full_state_dict(trainer.scorer)
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()}}, out)
     if dist.is_initialized():

@@ -55,7 +55,7 @@ def test_an_unfinished_checkpoint_is_refused(tmp_path):
 def test_export_to_a_hugging_face_folder(tmp_path, lora):
     t = trainer(lora)
     t.update(fixed_batch())
-    checkpoint.export_hf(t, tmp_path / "hf")
+    checkpoint.export_hf(t.scorer, tmp_path / "hf")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     ids = fixed_batch().input_ids[:2, :16]
     with torch.no_grad():

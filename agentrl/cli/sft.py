@@ -1,0 +1,111 @@
+"""`agentrl sft`, `agentrl envs demos` and `agentrl models init`: making and fine-tuning policies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+out = Console()
+err = Console(stderr=True)
+
+
+def sft(
+    data: Annotated[Path | None, typer.Option(help='Chat JSONL: {"messages": [...], "tools": [...]} per line.')] = None,
+    model: Annotated[str | None, typer.Option(help="Model to fine-tune: a Hugging Face folder or hub id.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Where to save the fine-tuned model.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML with SFT settings.", exists=True, dir_okay=False)] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a setting: --set lr=3e-4.")] = [],  # noqa: B006
+) -> None:
+    """Supervised fine-tuning on chat conversations, with the loss on the assistant's tokens only.
+
+    Conversations are tokenised exactly as rollouts lay them out, so RL later scores the
+    same token sequences. Runs on several ranks under torchrun (FSDP2).
+    """
+    from agentrl.config import ConfigError, load, merge, parse_sets, read_yaml
+    from agentrl.train.sft import SFTConfig
+    from agentrl.train.sft import sft as run_sft
+
+    flags = {k: str(v) for k, v in (("data", data), ("out", out_dir)) if v is not None}
+    if model is not None:
+        flags["model"] = {"path": model}
+    try:
+        cfg = load(
+            SFTConfig, merge(merge(read_yaml(config) if config else {}, flags), parse_sets(set_)), source="sft config"
+        )
+    except ConfigError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    t0 = time.perf_counter()
+    try:
+        final = run_sft(
+            cfg, log=lambda m: out.print(json.dumps({**m, "elapsed_s": round(time.perf_counter() - t0, 1)}))
+        )
+    except (ValueError, FileNotFoundError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    out.print(f"saved {cfg.out} (loss {final.get('loss', float('nan')):.4f})")
+
+
+def demos(
+    env: Annotated[str, typer.Argument(help="Environment with a scripted expert, e.g. code_sandbox.")],
+    n: Annotated[int, typer.Option("-n", help="Demonstrations to record.")] = 1000,
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="Chat JSONL to write.")] = Path("demos.jsonl"),
+    seed: Annotated[int, typer.Option(help="Seeds the task draws and the expert's choices.")] = 0,
+    concurrency: Annotated[int, typer.Option(help="Episodes (and sandboxes) at once.")] = 6,
+    set_: Annotated[list[str], typer.Option("--set", help="An env setting: --set max_turns=3.")] = [],  # noqa: B006
+) -> None:
+    """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
+    from agentrl.config import ConfigError, parse_sets
+    from agentrl.env.demos import record
+
+    try:
+        env_kwargs = parse_sets(set_)
+    except ConfigError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+    async def go() -> int:
+        made = 0
+        with open(out_file, "w") as f:
+            async for d in record(env, n, env_kwargs=env_kwargs, seed=seed, concurrency=concurrency):
+                f.write(json.dumps({"messages": d.messages, "tools": d.tools, "task_id": d.task_id}) + "\n")
+                made += 1
+                if made % 500 == 0:
+                    err.print(f"{made}/{n}")
+        return made
+
+    try:
+        made = asyncio.run(go())
+    except (NotImplementedError, RuntimeError, KeyError, ValueError) as e:
+        err.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from None
+    out.print(f"wrote {made} demonstrations to {out_file}")
+
+
+models_app = typer.Typer(help="Make model folders.", no_args_is_help=True)
+
+
+@models_app.command("init")
+def init(
+    path: Annotated[Path, typer.Argument(help="Folder to write (config, safetensors, tokenizer).")],
+    preset: Annotated[
+        str, typer.Option(help="default: the default policy's shapes; tiny: the test models'.")
+    ] = "default",
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+) -> None:
+    """A random-init Qwen3-MoE with the project tokenizer: the starting point `agentrl sft` fine-tunes."""
+    from agentrl.models.default import ARCHITECTURE
+    from agentrl.models.tiny import save_tiny
+
+    presets = {"default": ARCHITECTURE, "tiny": {}}
+    if preset not in presets:
+        err.print(f"[red]unknown preset {preset!r}; choose one of {sorted(presets)}[/red]")
+        raise typer.Exit(2)
+    save_tiny(path, "qwen3_moe", seed=seed, **presets[preset])
+    out.print(f"wrote {path}")

@@ -1,0 +1,245 @@
+"""`agentrl train` and `agentrl report`."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+out = Console()
+err = Console(stderr=True)
+
+
+def configs_dir() -> Path:
+    """`configs/` of a source checkout, or the copy packaged into the wheel."""
+    import agentrl
+
+    pkg = Path(agentrl.__file__).parent
+    for candidate in (pkg / "_configs", pkg.parent / "configs"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"configs/ not found next to {pkg}: broken install?")
+
+
+def resolve_config(env: str | None, config: Path | None, sets: list[str], resume: Path | None):
+    """The run's config: a recipe (--config, else configs/ENV.yaml if there is one), --env, then --set on top.
+    With --resume, the run folder's own config.yaml, with --set on top (e.g. more iterations)."""
+    from agentrl.config import load, merge, parse_sets, read_yaml
+    from agentrl.train.run_config import RunConfig
+
+    if resume is not None:
+        if env is not None or config is not None:
+            raise ValueError("--resume continues a run with its own config: drop --env/--config (--set is allowed)")
+        data = read_yaml(resume / "config.yaml")
+        data["out"] = str(resume)
+    else:
+        if env is None and config is None:
+            raise ValueError("say which environment: --env NAME (or --config FILE)")
+        recipe = config or (configs_dir() / f"{env}.yaml")
+        data = read_yaml(recipe) if config is not None or recipe.exists() else {}
+        if env is not None:
+            data = merge(data, {"rollout": {"env": env}})
+    return load(RunConfig, merge(data, parse_sets(sets)), source="config")
+
+
+def train(
+    env: Annotated[str | None, typer.Option(help="Environment to train on, e.g. code_sandbox.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML recipe (default: configs/ENV.yaml).", exists=True, dir_okay=False)
+    ] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a setting: --set algo.loss=grpo.")] = [],  # noqa: B006
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Continue the run in this folder from its last checkpoint.", exists=True, file_okay=False),
+    ] = None,
+    build_image: Annotated[bool, typer.Option(help="Build a missing sandbox image without asking.")] = False,
+) -> None:
+    """Train an agent with GSPO-token: rollouts in Docker sandboxes, updates, weight sync, evaluation.
+
+    Writes a run folder (metrics.jsonl, eval.jsonl, checkpoints, plots); Ctrl-C stops after a
+    checkpoint, and `--resume RUN_DIR` continues.
+    """
+    from agentrl.config import ConfigError
+
+    try:
+        cfg = resolve_config(env, config, set_, resume)
+    except (ConfigError, ValueError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    try:
+        _check_env(cfg)
+    except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
+        err.print(f"[red]rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}[/red]")
+        raise typer.Exit(2) from None
+    problems = preflight(cfg, build_image=build_image)
+    if problems:
+        for p in problems:
+            err.print(f"[red]✗[/red] {p}")
+        raise typer.Exit(1)
+    from agentrl.train.tracking import RunDir
+
+    run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    cfg.out = str(run.path)
+    if resume is None and run.path.exists() and any(run.path.iterdir()):
+        err.print(f"[red]{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...[/red]")
+        raise typer.Exit(2)
+    run.create(cfg.model_dump(mode="json"))
+    out.print(f"run folder: {run.path}")
+    state = asyncio.run(_run(cfg, run, resume is not None))
+    if state.iteration == cfg.iterations:
+        from agentrl.train.report import report as make_report
+
+        plots, summary = make_report(run.path)
+        out.print(summary)
+        out.print(f"plots: {plots}")
+
+
+def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=True, file_okay=False)]) -> None:
+    """Plot a run (training reward, held-out success, clip fraction, mismatch, expert flips) into RUN_DIR/plots."""
+    from agentrl.train.report import report as make_report
+
+    try:
+        plots, summary = make_report(run_dir)
+    except FileNotFoundError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    out.print(summary)
+    out.print(f"plots: {plots}")
+
+
+async def _run(cfg: Any, run: Any, resume: bool) -> Any:
+    from agentrl.train.loop import train as train_loop
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stop = asyncio.Event()
+    task = asyncio.current_task()
+    display = RichDisplay(cfg.iterations)
+
+    def interrupt() -> None:
+        if stop.is_set():
+            display.message("second interrupt: quitting now (sandboxes are still removed)")
+            task.cancel()
+            return
+        stop.set()
+        display.message("stopping: the rollouts in flight are parked, then a checkpoint is saved "
+                        "(Ctrl-C again to quit at once)")  # fmt: skip
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupt)
+    try:
+        with display:
+            return await train_loop(cfg, run, resume=resume, display=display, stop=stop)
+    except asyncio.CancelledError:
+        raise typer.Exit(130) from None
+
+
+class RichDisplay:
+    """A progress bar over iterations, and one line per iteration and per evaluation."""
+
+    def __init__(self, iterations: int) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]iteration {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[last]}"),
+            TimeRemainingColumn(compact=True), console=out, transient=False,
+        )  # fmt: skip
+        self.task = self.progress.add_task("train", total=iterations, last="")
+
+    def __enter__(self) -> RichDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def iteration(self, m: dict[str, Any]) -> None:
+        clip = m.get("train/clip_fraction")
+        line = (
+            f"it {m['iteration']:>3}  reward {m['rollout/reward']:+.3f}  success {m['rollout/success_rate']:5.1%}  "
+            f"clip {'-' if clip is None else f'{clip:.3f}'}  {m['rollout/tokens_per_s']:6.0f} tok/s  "
+            f"partial {m['rollout/parked']:>2} parked / {m['rollout/partial_trained']:>2} trained  "
+            f"failed {m['rollout/failed']} retried {m['rollout/retried']}  "
+            f"left {datetime.timedelta(seconds=int(m['time/left_s']))}"
+        )
+        self.progress.console.print(line)
+        self.progress.update(self.task, completed=m["iteration"] + 1, last=f"v{m['policy_version']}")
+
+    def evaluation(self, r: Any) -> None:
+        self.progress.console.print(
+            f"[bold cyan]held-out @ iteration {r.iteration}: success {r.success_rate:.1%} "
+            f"({r.successes}/{r.scored}), mean return {r.mean_return:.3f}"
+            + (f", {r.infra_failed} infra failures left out" if r.infra_failed else "")
+            + "[/bold cyan]"
+        )
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]{text}[/yellow]")
+
+
+def _check_env(cfg: Any) -> None:
+    """The env exists and takes these env_kwargs (its own config validates them), before anything starts."""
+    import importlib
+
+    import agentrl
+
+    module, _, name = cfg.rollout.env.rpartition(":")
+    if module:  # "module:name": importing the module registers the env
+        importlib.import_module(module)
+    agentrl.make(name, **cfg.rollout.env_kwargs).close()
+
+
+def preflight(cfg: Any, *, build_image: bool) -> list[str]:
+    """What the run needs, checked up front: each problem comes back with what to do about it."""
+    problems = []
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandbox import image as sandbox_image
+    from agentrl.sandbox.docker_sandbox import docker_client
+
+    try:
+        client = docker_client()
+    except SandboxError as e:
+        problems.append(f"Docker engine: {e}. Start it (sudo dockerd &, or systemctl start docker) "
+                        "or run bash scripts/setup.sh, which installs and starts one.")  # fmt: skip
+        client = None
+    if client is not None:
+        tag = sandbox_image.image_tag()
+        if not sandbox_image.image_exists(client, tag):
+            question = f"The sandbox image {tag} is missing. Build it now (about a minute, offline if need be)?"
+            if build_image or (sys.stdin.isatty() and typer.confirm(question, default=True)):
+                sandbox_image.ensure_image(client, log=lambda m: err.print(m))
+            else:
+                problems.append(f"sandbox image {tag} is missing: run `agentrl sandbox build` (or pass --build-image)")
+    if cfg.rollout.ray_address:
+        host, _, port = cfg.rollout.ray_address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=5).close()
+        except (OSError, ValueError) as e:
+            problems.append(f"Ray cluster at {cfg.rollout.ray_address} does not answer ({e}): start it "
+                            "(ray start --head) or drop rollout.ray_address to run Ray locally")  # fmt: skip
+    problems += _check_model(cfg)
+    return problems
+
+
+def _check_model(cfg: Any) -> list[str]:
+    from agentrl.train.policy import resolve_path
+
+    try:
+        path = resolve_path(cfg.model.path)
+    except (FileNotFoundError, ValueError) as e:
+        return [f"model: {e}"]
+    if Path(path).exists():
+        if (Path(path) / "config.json").exists():
+            return []
+        return [f"model: {path} has no config.json (not a Hugging Face folder)"]
+    if path.startswith((".", "/")) or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return [f"model: no folder {path} (and hub ids cannot be fetched offline)"]
+    return []  # a hub id: from_pretrained fetches it (needs network)

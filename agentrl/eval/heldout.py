@@ -1,0 +1,105 @@
+"""Held-out evaluation: the same N test-split tasks every time, greedy, in real sandboxes.
+
+It runs through a `RolloutController` of its own (env workers on the env's test split, one
+episode per task, no partial rollouts), on the training engine, so it measures the policy
+the trainer just synced, with the training env's tools and grading. An episode succeeds
+when it terminated with `info["outcome"] == 1` on its last turn (every hidden test passed;
+the exact answer), the outcome every built-in env reports. Infrastructure failures are
+retried, and never counted as wrong answers: they are left out of the rate and reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(100, ge=1)
+    """held-out tasks: the first N of the env's test split, the same at every evaluation"""
+    every: int = Field(10, ge=0)
+    """iterations between evaluations (also before the first and after the last); 0: only those two"""
+    max_tokens: int = Field(256, ge=1)
+    """per-turn token budget of the greedy episodes"""
+    num_workers: int = Field(1, ge=1)
+    """env worker actors for evaluation episodes"""
+    sandboxes_per_worker: int = Field(8, ge=1)
+    max_retries: int = Field(2, ge=0)
+    """restarts of an episode after an infrastructure failure"""
+
+
+class EpisodeResult(BaseModel):
+    task_id: str
+    success: bool
+    episode_return: float
+    turns: int
+    failure: str
+    """ok, or the failure class of an episode left out (infra_error after its retries)"""
+
+
+class EvalResult(BaseModel):
+    iteration: int
+    policy_version: int
+    tasks: int
+    scored: int
+    """episodes that ran to an end (infrastructure failures left out)"""
+    successes: int
+    success_rate: float
+    mean_return: float
+    infra_failed: int
+    retried: int
+    wall_s: float
+    episodes: list[EpisodeResult]
+
+
+def success(traj: Trajectory) -> bool:
+    """The episode terminated with outcome 1 on its last turn."""
+    return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
+
+
+class HeldOutEval:
+    """`async with HeldOutEval(...) as ev: result = await ev.run(iteration)`."""
+
+    def __init__(self, cfg: EvalConfig, engine: InferenceEngine, chat: ChatFormat, *, env: str,
+                 env_kwargs: dict[str, Any], max_episode_tokens: int,
+                 ray_address: str | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        rollout = RolloutConfig(
+            env=env, env_kwargs={**env_kwargs, "split": "test"}, group_size=1, groups_per_iteration=cfg.tasks,
+            sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens), max_episode_tokens=max_episode_tokens,
+            num_workers=cfg.num_workers, sandboxes_per_worker=cfg.sandboxes_per_worker, partial=False,
+            on_infra_failure="retry", max_retries=cfg.max_retries, ray_address=ray_address,
+        )  # fmt: skip
+        self.controller = RolloutController(rollout, engine, chat)
+        self.task_ids: list[str] = []
+
+    async def __aenter__(self) -> HeldOutEval:
+        await self.controller.start()
+        self.task_ids = await self.controller.workers[0].task_ids.remote(self.cfg.tasks)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.controller.close()
+
+    async def run(self, iteration: int) -> EvalResult:
+        t0 = time.perf_counter()
+        batch = await self.controller.run_iteration(self.task_ids)
+        trajs = batch.trajectories
+        episodes = [EpisodeResult(task_id=t.task_id, success=success(t), episode_return=t.outcome_reward,
+                                  turns=len(t.turns), failure=str(t.failure)) for t in trajs]  # fmt: skip
+        scored = [e for t, e in zip(trajs, episodes, strict=True) if t.status is Status.FINISHED]
+        wins = sum(e.success for e in scored)
+        return EvalResult(
+            iteration=iteration, policy_version=batch.stats.policy_version, tasks=len(trajs), scored=len(scored),
+            successes=wins, success_rate=wins / max(len(scored), 1),
+            mean_return=sum(e.episode_return for e in scored) / max(len(scored), 1),
+            infra_failed=batch.stats.failed, retried=batch.stats.retried, wall_s=time.perf_counter() - t0,
+            episodes=episodes,
+        )  # fmt: skip

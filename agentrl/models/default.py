@@ -1,0 +1,30 @@
+"""The embedded default policy: a small Qwen3-MoE that ships inside the package.
+
+`agentrl train --env code_sandbox` starts from it, offline. It is made by the project itself
+(no download): a random-init model of `ARCHITECTURE` with the project tokenizer
+(`agentrl models init`), fine-tuned with `agentrl sft` on demonstrations that the
+procedural task generator's reference solutions play through the real `code_sandbox` env
+(`agentrl envs demos`). `scripts/build_default_policy.sh` runs the three steps; its SFT is
+deliberately short, so the policy starts with a low but non-zero success rate for RL to raise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_POLICY = Path(__file__).parent / "assets" / "default_policy"
+
+ARCHITECTURE = dict(
+    hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, max_position_embeddings=4096,
+)  # fmt: skip
+"""Qwen3-MoE shapes: 3.5M parameters (4 experts, top-2 routing), the project tokenizer's 2054-token vocabulary"""
+
+
+def default_policy() -> Path:
+    """The shipped checkpoint's folder; a clear error if this install lacks it."""
+    if not (DEFAULT_POLICY / "config.json").exists():
+        raise FileNotFoundError(
+            f"the default policy is missing from {DEFAULT_POLICY}; rebuild it with scripts/build_default_policy.sh"
+        )
+    return DEFAULT_POLICY

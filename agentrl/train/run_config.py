@@ -1,0 +1,91 @@
+"""The settings of one `agentrl train` run: every component's typed config, nested, checked at load.
+
+A YAML recipe (`configs/*.yaml`) and `--set key=value` overrides are merged over these
+defaults and validated before anything starts (`agentrl.config.load`): an unknown key, a
+wrong type or an incompatible combination is refused with the valid choices named. The
+resolved config is saved in the run folder as `config.yaml`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agentrl.eval import EvalConfig
+from agentrl.rollout import RolloutConfig
+from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig, _Strict
+
+
+class EngineConfig(_Strict):
+    kind: Literal["hf", "vllm", "openai"] = "hf"
+    """hf: transformers in this process (on one process it samples with the trainer's own weights, no copy);
+    vllm: in-process vLLM (GPU, pip install agentrl[vllm]); openai: an OpenAI-compatible server at base_url"""
+    max_batch_size: int = Field(64, ge=1)
+    """requests decoded together (hf, vllm)"""
+    prefix_cache_tokens: int = Field(65536, ge=0)
+    """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
+    base_url: str | None = None
+    """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if (self.kind == "openai") != (self.base_url is not None):
+            raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
+        if self.vllm and self.kind != "vllm":
+            raise ValueError("engine.vllm settings need engine.kind=vllm")
+        return self
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(1, ge=0)
+    """iterations between checkpoints (also on Ctrl-C and at the end); 0: only those. At 1, a
+    SIGKILLed run resumes losing at most the iteration in flight"""
+    keep: int = Field(2, ge=1)
+    """newest checkpoints kept; older ones are deleted"""
+    export_final: bool = True
+    """also save the final policy as a plain Hugging Face folder (run folder /final, LoRA merged)"""
+
+
+class LogConfig(_Strict):
+    tensorboard: bool = True
+    """write TensorBoard event files to the run folder /tensorboard"""
+    wandb: Literal["auto", "on", "off"] = "auto"
+    """Weights & Biases: auto logs when wandb is installed and configured (WANDB_API_KEY or WANDB_MODE set)"""
+    wandb_project: str = "agentrl"
+    trajectories_per_iteration: int = Field(16, ge=0)
+    """trajectories saved per iteration (whole groups, for `agentrl view`); 0: none"""
+    max_trajectory_mb: float = Field(500.0, ge=0)
+    """saved trajectories stop once their files reach this size, so a long run stays bounded on disk"""
+
+
+class RunConfig(_Strict):
+    iterations: int = Field(30, ge=1)
+    """rollout-then-train iterations (each ends with a weight sync: the policy version counts them)"""
+    seed: int = 0
+    """seeds the trainer, the rollouts' task order and sampling (unless rollout.seed is set)"""
+    out: str | None = None
+    """the run folder; default runs/{env}-{date}-{time}"""
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(path="default"))
+    """the policy; path "default" is the embedded default policy"""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if "seed" not in self.rollout.model_fields_set:
+            self.rollout.seed = self.seed
+        if self.rollout.sampling.temperature == 0:
+            raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
+                             "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
+        return self
+
+    def trainer(self) -> TrainerConfig:
+        return TrainerConfig(model=self.model, algo=self.algo, optim=self.optim, seed=self.seed)

@@ -1,0 +1,206 @@
+"""Supervised fine-tuning on chat conversations, with the loss on the assistant's tokens only.
+
+Data: JSONL, one conversation per line: `{"messages": [{"role", "content"}, ...], "tools": [...]}`
+(`tools` optional: JSON schemas the chat template renders). Each conversation is laid out
+token for token as a rollout lays it out (`ChatFormat.conversation_ids`): the opening
+messages are the prompt, each assistant message is its content closed by the template's
+end-of-turn token, and what follows it is an observation delta. So a policy fine-tuned here
+is scored in RL on exactly the token sequences it was trained on.
+
+Loss: L = − Σ_b Σ_t m_{b,t} lp_θ(t) / Σ_b Σ_t m_{b,t} over a step's conversations (every
+assistant token weighs the same; a step's conversations are split over the ranks and the
+token count is the global one), plus the router's load-balancing loss for MoE models.
+AdamW, linear warmup then cosine decay to `min_lr_ratio · lr`, gradients clipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from pydantic import Field
+from transformers import AutoTokenizer
+
+from agentrl.rollout.chat import ChatFormat
+from agentrl.train.config import ModelConfig, _Strict
+from agentrl.train.logprobs import PLAIN_SOFTMAX
+from agentrl.train.policy import causal_lm, load_policy, parallelize
+from agentrl.train.trainer import Scorer, clip_grad_norm, router_aux_loss
+
+
+class SFTConfig(_Strict):
+    data: str
+    """chat JSONL: one conversation per line, {"messages": [...], "tools": [...]}"""
+    out: str
+    """where the fine-tuned model and its tokenizer are saved (a Hugging Face folder)"""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """the model to fine-tune (model.path: a Hugging Face folder with a tokenizer and chat template)"""
+    epochs: float = Field(1.0, gt=0)
+    """passes over the training conversations (fractions allowed); `steps` overrides it"""
+    steps: int | None = Field(None, ge=1)
+    """optimizer steps; None: as many as `epochs` takes"""
+    batch_size: int = Field(32, ge=1)
+    """conversations per optimizer step, over all ranks"""
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """the cosine schedule ends at this fraction of lr"""
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_length: int = Field(4096, ge=2)
+    """conversations longer than this many tokens are left out (and counted)"""
+    eval_fraction: float = Field(0.02, ge=0, lt=1)
+    """share of conversations held out to report an evaluation loss"""
+    eval_every: int = Field(100, ge=1)
+    """optimizer steps between evaluation losses"""
+    save_every: int = Field(0, ge=0)
+    """also save the model every N steps to out/step-N, to pick a checkpoint later (0: only at the end)"""
+    seed: int = 0
+
+
+@dataclass
+class Example:
+    ids: list[int]
+    mask: list[int]
+
+
+def load_conversations(path: str | Path, chat: ChatFormat, max_length: int) -> tuple[list[Example], int]:
+    """Every conversation of a chat JSONL, tokenised; and how many were too long. Errors name the line."""
+    examples, too_long = [], 0
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                ids, mask = chat.conversation_ids(row["messages"], tools=row.get("tools"))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{n}: not a chat conversation ({type(e).__name__}: {e})") from None
+            if len(ids) > max_length:
+                too_long += 1
+            else:
+                examples.append(Example(ids, mask))
+    if not examples:
+        raise ValueError(f"{path}: no conversation of at most {max_length} tokens")
+    return examples, too_long
+
+
+def _collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    L = max(len(e.ids) for e in examples)
+    ids = torch.zeros(len(examples), L, dtype=torch.long)
+    attn, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, e in enumerate(examples):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        attn[i, : len(e.ids)] = 1
+        mask[i, : len(e.ids)] = torch.tensor(e.mask)
+    return ids, attn, mask
+
+
+def _lr_factor(step: int, warmup: int, total: int, floor: float) -> float:
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]:
+    """Fine-tune, save to `cfg.out`, and return the last metrics. Every rank calls it."""
+    from agentrl.train.checkpoint import export_hf
+
+    torch.manual_seed(cfg.seed)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    chat = ChatFormat(tokenizer)
+    examples, too_long = load_conversations(cfg.data, chat, cfg.max_length)
+    random.Random(cfg.seed).shuffle(examples)
+    n_eval = int(len(examples) * cfg.eval_fraction)
+    held_out, examples = examples[:n_eval], examples[n_eval:]
+    steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(examples) / cfg.batch_size))
+
+    policy = load_policy(cfg.model)
+    scorer = Scorer(policy)
+    if dist.is_initialized():
+        from torch.distributed.device_mesh import init_device_mesh
+
+        parallelize(policy, init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,)), cfg.model,
+                    root=scorer)  # fmt: skip
+    config = causal_lm(policy).config
+    top_k = getattr(config, "num_experts_per_tok", 0)
+    aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss and top_k else 0.0
+    params = [p for p in scorer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: _lr_factor(s, cfg.warmup_steps, steps, cfg.min_lr_ratio)
+    )
+
+    def loss_of(batch: list[Example], *, train: bool) -> tuple[torch.Tensor, float]:
+        """This rank's share of the batch: (loss to backpropagate, summed −lp over its assistant tokens)."""
+        n_tokens = sum(sum(e.mask) for e in batch)
+        mine = batch[rank::world] or batch[:1]  # a rank without rows still joins FSDP's collectives
+        ids, attn, mask = _collate(mine)
+        if not batch[rank::world]:
+            mask = torch.zeros_like(mask)
+        lp, _, router = scorer(ids, attn, PLAIN_SOFTMAX, router=bool(aux_coef) and train)
+        nll = -(lp * mask).sum()
+        loss = nll * world / max(n_tokens, 1)  # FSDP averages gradients over ranks
+        if router is not None:
+            loss = loss + aux_coef * router_aux_loss(router, top_k, attn)
+        return loss, float(nll.detach())
+
+    def evaluate() -> float:
+        scorer.eval()
+        total = sum(sum(e.mask) for e in held_out)
+        with torch.no_grad():
+            nll = sum(loss_of(held_out[i : i + cfg.batch_size], train=False)[1]
+                      for i in range(0, len(held_out), cfg.batch_size))  # fmt: skip
+        scorer.train()
+        return _all_sum(nll) / max(total, 1)
+
+    def save(path: Path) -> None:
+        export_hf(scorer, path)
+        if rank == 0:
+            tokenizer.save_pretrained(path)
+            summary = {**metrics, "conversations": len(examples), "held_out": len(held_out), "too_long": too_long}
+            (path / "agentrl_sft.json").write_text(
+                json.dumps({"config": cfg.model_dump(mode="json"), "final": summary}, indent=1)
+            )
+
+    order: list[int] = []
+    metrics: dict[str, float] = {}
+    scorer.train()
+    for step in range(steps):
+        while len(order) < cfg.batch_size:  # epochs reshuffled, seeded
+            order += random.Random(cfg.seed + len(order) + step).sample(range(len(examples)), len(examples))
+        batch, order = [examples[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        loss, nll = loss_of(batch, train=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        n_tokens = sum(sum(e.mask) for e in batch)
+        metrics = {"step": step + 1, "loss": _all_sum(nll) / n_tokens, "lr": schedule.get_last_lr()[0],
+                   "grad_norm": grad_norm}  # fmt: skip
+        if held_out and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
+            metrics["eval_loss"] = evaluate()
+        if rank == 0:
+            log(metrics)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < steps:
+            save(Path(cfg.out) / f"step-{step + 1}")
+    save(Path(cfg.out))
+    return metrics
+
+
+def _all_sum(x: float) -> float:
+    if not dist.is_initialized():
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
