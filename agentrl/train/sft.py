@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,8 @@ class SFTConfig(_Strict):
     """share of conversations held out to report an evaluation loss"""
     eval_every: int = Field(100, ge=1)
     """optimizer steps between evaluation losses"""
+    save_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the saved weights (bfloat16 halves the folder; from_pretrained upcasts on load)"""
     save_every: int = Field(0, ge=0)
     """also save the model every N steps to out/step-N, to pick a checkpoint later (0: only at the end)"""
     seed: int = 0
@@ -164,7 +167,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         return _all_sum(nll) / max(total, 1)
 
     def save(path: Path) -> None:
-        export_hf(scorer, path)
+        export_hf(scorer, path, dtype=cfg.save_dtype)
         if rank == 0:
             tokenizer.save_pretrained(path)
             summary = {**metrics, "conversations": len(examples), "held_out": len(held_out), "too_long": too_long}

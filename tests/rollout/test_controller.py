@@ -14,7 +14,7 @@ from agentrl.engine.hf import HFEngine
 from agentrl.engine.sampling import token_logprobs
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
-from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Segment, Status
+from agentrl.rollout import ChatFormat, ControllerState, RolloutConfig, RolloutController, Segment, Status
 
 pytestmark = pytest.mark.docker
 
@@ -219,6 +219,36 @@ async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
     assert batch.stats.dropped_stale == n_parked > 0
     dropped = [t for t in batch.trajectories if t.status is Status.DROPPED]
     assert len(dropped) == n_parked and not any(t.trainable for t in dropped)
+
+
+async def test_parked_episodes_continue_in_a_new_controller(ray_local):
+    """The partial-rollout buffer of a checkpoint: a fresh controller (another process, after a
+    restart) rebuilds each parked episode's env by replay and finishes it; a record that the
+    replay contradicts is dropped, not continued on a different env state."""
+    model = tiny_model("qwen3_moe", seed=1)
+    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, env_kwargs={"max_turns": 4},
+                 sampling=SamplingParams(max_tokens=48), iteration_token_budget=400)  # fmt: skip
+    async with HFEngine(model) as engine, RolloutController(cfg, engine, chat()) as ctl:
+        await ctl.run_iteration()
+        await ctl.run_iteration()
+        saved = ControllerState.model_validate_json(ctl.state().model_dump_json())  # as a checkpoint stores it
+    running = [p.trajectory for eps in saved.groups.values() for p in eps if p.trajectory.status is Status.RUNNING]
+    answered = [t for t in running if len(t.turns) - t.turn_open >= 1]  # the env replied at least once
+    assert answered, "some parked episode has a turn the env answered"
+    victim = answered[0]
+    first_obs = victim.turns[0].end
+    victim.token_ids[first_obs] = (victim.token_ids[first_obs] + 1) % 2000  # a record the env contradicts
+    async with HFEngine(model, version=5) as engine, RolloutController(cfg, engine, chat()) as ctl:
+        assert await ctl.restore(saved) == 1
+        assert ctl.iteration == saved.iteration
+        batches = []
+        while ctl.parked or not batches:
+            batches.append(await ctl.run_iteration(drain=True))
+    by_id = {t.episode_id: t for b in batches for t in b.trajectories}
+    assert by_id[victim.episode_id].status is Status.DROPPED
+    resumed = [by_id[t.episode_id] for t in running if t.episode_id != victim.episode_id]
+    assert resumed and all(t.status is Status.FINISHED for t in resumed)
+    assert any(5 in t.policy_versions and min(t.policy_versions) < 5 for t in resumed), "continued on the new engine"
 
 
 @pytest.mark.parametrize("mode", ["mask", "retry"])

@@ -327,3 +327,16 @@ def test_arithmetic_levels_scale():
     for family in QUESTIONS.FAMILIES:
         sizes = [sum(len(QUESTIONS.generate(family, level, n).prompt) for n in range(20)) for level in (1, 2, 3)]
         assert sizes[0] < sizes[1] < sizes[2], family
+
+
+def test_spec_options_restrict_levels_and_families():
+    from agentrl.tasks.registry import load_tasks
+
+    tasks = load_tasks("procedural:levels=1,2;families=lists,numbers").split("test")
+    drawn = [tasks.sample(np.random.default_rng(i)) for i in range(20)]
+    assert {(t.metadata["family"], t.metadata["level"]) for t in drawn} <= {
+        (f, lv) for f in ("lists", "numbers") for lv in (1, 2)}  # fmt: skip
+    for bad, match in (("procedural:level=1", "not one of levels=..., families=..."),
+                       ("procedural:levels=one", "levels takes ints"), ("procedural:levels=4", "choose among")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            load_tasks(bad)

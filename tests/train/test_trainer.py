@@ -129,3 +129,37 @@ def test_update_on_moe_and_dense_models(tmp_path, arch, old):
     else:  # lp_b is the engine's: the ratio carries the mismatch
         assert metrics["abs_logprob_diff"] == pytest.approx(metrics["mismatch_abs_logprob_diff"], rel=0.2)
     assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen3", "llama"])
+def test_shared_prefix_scoring_equals_plain_scoring(arch):
+    """Rows that start alike run their common prefix once; lp, entropy, router logits and gradients don't change."""
+    from agentrl.train.trainer import Scorer
+
+    model = tiny_model(arch, seed=0).train()
+    B, L, P = 5, 80, 40
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 2000, (B, L), generator=g)
+    ids[:, :P] = ids[0, :P]
+    attention = torch.ones(B, L, dtype=torch.long)
+    attention[1, 70:], attention[3, P + 2 :] = 0, 0  # right padding, one row barely past the prefix
+    ids = ids * attention
+    moe = arch in ("qwen3_moe", "mixtral")
+    results = []
+    for min_shared in (32, L + 1):  # shared prefix on, then off
+        scorer = Scorer(model, min_shared_prefix=min_shared)
+        assert scorer._shared_prefix(ids, attention) == (P if min_shared == 32 else 0)
+        model.zero_grad()
+        lp, entropy, router = scorer(ids, attention, SamplingParams(temperature=0.8, top_p=0.9), entropy=True,
+                                     router=moe)  # fmt: skip
+        (torch.where(attention.bool(), lp, 0.0) * torch.linspace(0.5, 1.5, L)).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((lp.detach(), entropy, router, grads))
+    (lp_s, ent_s, r_s, g_s), (lp_p, ent_p, r_p, g_p) = results
+    on = attention.bool()
+    torch.testing.assert_close(lp_s[on], lp_p[on], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_s[on], ent_p[on], atol=1e-4, rtol=0)
+    torch.testing.assert_close(g_s, g_p, atol=1e-4, rtol=1e-4)
+    if moe:
+        for a, b in zip(r_s, r_p, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -1,0 +1,97 @@
+"""Run configs: recipes and --set overrides are validated before anything starts, with the fix named."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.cli.train import configs_dir, resolve_config
+from agentrl.config import ConfigError, load, parse_sets
+from agentrl.train.run_config import RunConfig
+
+RECIPES = sorted(configs_dir().glob("*.yaml"))
+
+
+def test_unknown_key_names_the_valid_ones_and_a_close_match():
+    with pytest.raises(ConfigError) as e:
+        load(RunConfig, {"algo": {"lose": "grpo"}})
+    msg = str(e.value)
+    assert "algo.lose: unknown key (did you mean 'loss'?)" in msg
+    assert "valid keys here: advantage, clip_high, clip_low" in msg
+
+
+def test_wrong_types_and_choices_are_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"algo.loss: Input should be 'gspo', 'gspo_token' or 'grpo'"):
+        load(RunConfig, parse_sets(["algo.loss=ppo"]))
+    with pytest.raises(ConfigError, match=r"rollout.group_size: Input should be a valid integer"):
+        load(RunConfig, parse_sets(["rollout.group_size=many"]))
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        (["algo.loss=gspo", "algo.advantage=turn"], "one advantage per sequence"),
+        (["rollout.sampling.temperature=0"], "greedy"),
+        (["engine.kind=openai"], "base_url is required"),
+        (["rollout.partial=false", "rollout.iteration_token_budget=100"], "need partial=true"),
+        (["algo.tis_cap=2"], "old_logprobs='recompute'"),
+    ],
+)
+def test_incompatible_combinations_are_refused(sets, match):
+    with pytest.raises(ConfigError, match=match):
+        load(RunConfig, parse_sets(sets))
+
+
+def test_set_parses_dotted_keys_and_yaml_values():
+    sets = ["algo.loss=grpo", "rollout.sampling.temperature=0.7", "rollout.env_kwargs.tasks=humaneval",
+            "iterations=3", "model.lora.target_modules=[q_proj, v_proj]"]  # fmt: skip
+    assert parse_sets(sets) == {
+        "algo": {"loss": "grpo"},
+        "rollout": {"sampling": {"temperature": 0.7}, "env_kwargs": {"tasks": "humaneval"}},
+        "iterations": 3,
+        "model": {"lora": {"target_modules": ["q_proj", "v_proj"]}},
+    }
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_sets(["iterations"])
+
+
+def test_the_seed_reaches_the_rollouts_unless_they_set_their_own():
+    assert load(RunConfig, {"seed": 7}).rollout.seed == 7
+    assert load(RunConfig, {"seed": 7, "rollout": {"seed": 1}}).rollout.seed == 1
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_loads(recipe):
+    cfg = load(RunConfig, yaml.safe_load(recipe.read_text()), source=recipe.name)
+    assert cfg.iterations >= 1
+
+
+def test_default_recipe_and_overrides_resolve():
+    cfg = resolve_config("code_sandbox", None, ["algo.loss=grpo", "algo.advantage=outcome"], None)
+    assert (cfg.rollout.env, cfg.model.path, cfg.algo.loss, cfg.algo.advantage) == (
+        "code_sandbox", "default", "grpo", "outcome")  # fmt: skip
+    saved = yaml.safe_dump(cfg.model_dump(mode="json"))  # config.yaml of the run folder
+    assert load(RunConfig, yaml.safe_load(saved)) == cfg
+
+
+def _agentrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--set", "optim.learning_rate=1"], "optim.learning_rate: unknown key"),
+        (["--set", "rollout.env_kwargs.max_turnz=3"], "max_turnz"),
+        (["--set", "rollout.env=code_sandbx"], "Did you mean"),
+    ],
+)
+def test_agentrl_train_refuses_a_bad_config_before_starting(tmp_path, args, match):
+    """Nothing starts: no run folder, no Ray, no container; exit 2 and the reason."""
+    r = _agentrl("train", "--env", "code_sandbox", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert match in r.stderr
+    assert not (tmp_path / "runs").exists()

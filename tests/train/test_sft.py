@@ -1,0 +1,78 @@
+"""Supervised fine-tuning: conversations laid out as rollouts lay them out, loss on the assistant only."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.env.parsers import HermesParser
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.rollout import ChatFormat
+
+CONVERSATION = [
+    {"role": "system", "content": "You solve tasks."},
+    {"role": "user", "content": "Print 1."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>'},
+    {"role": "tool", "content": "1"},
+    {"role": "assistant", "content": "<answer>1</answer>"},
+    {"role": "user", "content": "Thanks."},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
+    """The ids are the template's own rendering (no drift at the turn seams; a conversation that ends on a user
+    turn, since Qwen3's template renders a final assistant turn with an empty <think> the model never wrote), and
+    the loss mask covers exactly each assistant message and the token that closed it."""
+    chat = ChatFormat(load_tokenizer(template))
+    ids, mask = chat.conversation_ids(CONVERSATION)
+    assert chat.tokenizer.decode(ids) == chat.render(CONVERSATION, generation_prompt=True)
+    end = chat.tokenizer.decode([chat.turn_end_id])
+    trained = chat.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == "".join(m["content"] + end for m in CONVERSATION if m["role"] == "assistant")
+    with pytest.raises(ValueError, match="at least one assistant"):
+        chat.conversation_ids(CONVERSATION[:2])
+
+
+def _agentrl(*args, cwd) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "agentrl", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                       timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.docker
+def test_sft_learns_demonstrations_recorded_in_sandboxes(tmp_path):
+    """`agentrl envs demos` records real episodes; `agentrl sft` fits a tiny Qwen3-MoE to them; greedy decoding
+    of the saved model then writes the demonstrated tool call."""
+    _agentrl("envs", "demos", "code_sandbox", "-n", 4, "--out", tmp_path / "demos.jsonl", cwd=tmp_path)
+    _agentrl("models", "init", tmp_path / "init", "--preset", "tiny", cwd=tmp_path)
+    r = _agentrl("sft", "--data", tmp_path / "demos.jsonl", "--model", tmp_path / "init", "--out", tmp_path / "sft",
+                 "--set", "steps=60", "--set", "lr=1e-2", "--set", "batch_size=4", "--set", "eval_fraction=0",
+                 "--set", "warmup_steps=5", cwd=tmp_path)  # fmt: skip
+    losses = [json.loads(line)["loss"] for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(losses) == 60 and losses[-1] < 0.01 * losses[0], losses[::10]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "sft")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").eval()
+    demo = json.loads((tmp_path / "demos.jsonl").read_text().splitlines()[0])
+    chat = ChatFormat(tok)
+    prompt = chat.prompt_ids(demo["messages"][:2], tools=demo["tools"])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=200, do_sample=False,
+                             eos_token_id=list(chat.stop_token_ids))  # fmt: skip
+    # the demonstrated call: its tool (submit, or run_tests first) is the expert's coin flip; its code is the task's
+    expected = HermesParser().parse(demo["messages"][2]["content"]).calls[0]
+    written = HermesParser().parse(chat.decode(out[0, len(prompt) :].tolist())).calls
+    assert written and written[0].arguments == expected.arguments
+
+
+def test_sft_names_the_bad_line(tmp_path):
+    from agentrl.train.sft import load_conversations
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": CONVERSATION}) + "\n" + json.dumps({"messages": CONVERSATION[:2]}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a chat conversation"):
+        load_conversations(bad, ChatFormat(load_tokenizer("qwen3")), 4096)
