@@ -336,7 +336,8 @@ def test_spec_options_restrict_levels_and_families():
     drawn = [tasks.sample(np.random.default_rng(i)) for i in range(20)]
     assert {(t.metadata["family"], t.metadata["level"]) for t in drawn} <= {
         (f, lv) for f in ("lists", "numbers") for lv in (1, 2)}  # fmt: skip
-    for bad, match in (("procedural:level=1", "not one of levels=..., families=..."),
-                       ("procedural:levels=one", "levels takes ints"), ("procedural:levels=4", "choose among")):  # fmt: skip
+    bad_specs = {"procedural:level=1": "not one of levels=..., families=...", "procedural:levels=one": "takes ints",
+                 "procedural:levels=4": "choose among"}  # fmt: skip
+    for bad, match in bad_specs.items():
         with pytest.raises(ValueError, match=match):
             load_tasks(bad)
