@@ -49,6 +49,22 @@ class _InfraFailure(Exception):
     pass
 
 
+def _reap_orphans() -> None:
+    """Remove this host's sandbox containers whose owner process died (docker unreachable: left to the reaper)."""
+    import docker.errors
+
+    from agentrl.sandbox import SandboxError, reaper
+    from agentrl.sandbox.docker_sandbox import docker_client
+
+    try:
+        removed = reaper.collect_orphans(docker_client())
+    except (SandboxError, docker.errors.DockerException, OSError) as e:
+        log.warning("could not remove a dead env worker's sandboxes now (%s); `agentrl sandbox gc` will", e)
+        return
+    if removed:
+        log.warning("removed %d sandbox(es) of a dead env worker", len(removed))
+
+
 @dataclass(eq=False)
 class _Episode:
     traj: Trajectory
@@ -146,7 +162,7 @@ class RolloutController:
         self._stopping = asyncio.Event()
         self._counts = _Counts()
         self._partial = cfg.partial
-        self._aborts: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()  # aborts and reaps, referenced until done
         self._started_ray = False
 
     async def start(self) -> RolloutController:
@@ -306,8 +322,8 @@ class RolloutController:
         for ep in self._live():
             if ep.generating:  # its generate returns the partial tokens, finish reason "aborted"
                 task = asyncio.ensure_future(self.engine.abort(ep.traj.episode_id))
-                self._aborts.add(task)
-                task.add_done_callback(self._aborts.discard)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # -- one episode ------------------------------------------------------------------
 
@@ -393,11 +409,15 @@ class RolloutController:
         return w
 
     def _replace_worker(self, dead: Any) -> None:
-        """A worker actor died: its episodes fail; a fresh one takes its place."""
+        """A worker actor died: its episodes fail; a fresh one takes its place, and the dead one's
+        sandboxes (whose owner process is gone) are removed now rather than at the next start."""
         for i, w in enumerate(self.workers):
             if w is dead:
                 log.warning("env worker %d died; starting a replacement", i)
                 self.workers[i] = self._new_worker()
+                task = asyncio.ensure_future(asyncio.to_thread(_reap_orphans))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     async def _close_env(self, ep: _Episode) -> None:
         if ep.worker is None:

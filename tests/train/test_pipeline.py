@@ -1,0 +1,108 @@
+"""`agentrl train` end to end: the embedded default policy, real Docker sandboxes, real Ray, GSPO-token."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from agentrl.sandbox import reaper
+
+pytestmark = pytest.mark.docker
+
+# Small enough for a test, shaped like the default: many groups in flight for few wanted, so an
+# iteration ends with episodes parked mid-way (partial rollouts) that the next one finishes.
+SMALL = ["rollout.group_size=4", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=6",
+         "rollout.num_workers=2", "rollout.sandboxes_per_worker=4", "eval.tasks=4", "eval.every=0",
+         "eval.sandboxes_per_worker=2", "log.tensorboard=true"]  # fmt: skip
+
+
+def agentrl_train(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "agentrl", "train", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=_env())
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return r
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200", "RAY_AUTH_MODE": "disabled"}
+
+
+def _sets(*sets: str) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_two_iterations_then_a_resume(tmp_path):
+    """Metrics written, policy version 2, a partial rollout carried across an iteration and trained,
+    and the checkpoint resumable: the resumed run continues at iteration 2 with the parked episodes."""
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    out = agentrl_train("--env", "code_sandbox", *_sets("iterations=2", f"out={run}", *SMALL), cwd=tmp_path)
+    metrics = rows(run / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics] == [0, 1]
+    assert metrics[-1]["policy_version"] == 2
+    assert metrics[0]["rollout/parked"] > 0, "the first iteration ended with episodes parked"
+    assert sum(m["rollout/partial_trained"] for m in metrics) >= 1, "a trajectory spanning two versions was trained"
+    for key in ("train/loss", "train/clip_fraction", "train/mismatch_abs_logprob_diff", "train/expert_flip_rate",
+                "rollout/reward", "rollout/tokens_per_s"):  # fmt: skip
+        assert all(key in m for m in metrics), key
+    assert metrics[0]["train/mismatch_abs_logprob_diff"] < 1e-3  # the engine's lp_b are the trainer's (same weights)
+    evals = rows(run / "eval.jsonl")
+    assert [e["iteration"] for e in evals] == [0, 2] and all(e["scored"] == 4 for e in evals)
+    assert (run / "config.yaml").exists() and (run / "final" / "config.json").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-00001", "iter-00002"]
+    assert list((run / "tensorboard").iterdir()) and list((run / "trajectories").glob("iter-*.jsonl"))
+    assert (run / "plots" / "heldout.png").exists() and "plots:" in out.stdout
+    first = time.monotonic() - t0
+
+    state = json.loads((run / "checkpoints" / "iter-00002" / "state.json").read_text())
+    parked = [p for eps in state["controller"]["groups"].values() for p in eps
+              if p["trajectory"]["status"] == "running"]  # fmt: skip
+    out = agentrl_train("--resume", str(run), *_sets("iterations=3"), cwd=tmp_path)
+    assert "resumed from" in out.stdout
+    metrics = rows(run / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics] == [0, 1, 2] and metrics[-1]["policy_version"] == 3
+    assert parked, "the checkpoint held parked episodes"
+    assert metrics[-1]["rollout/restore_dropped"] == 0, "every parked episode's env replayed as recorded"
+    assert metrics[-1]["rollout/partial_trained"] >= 1, "episodes parked before the restart were finished and trained"
+    assert first < 150, f"the 2-iteration run took {first:.0f} s"
+
+
+def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
+    """Mid-iteration, every sandbox container is killed and an env worker process too: the run finishes,
+    and the failures are counted in its metrics (retried, never scored)."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox",
+           *_sets("iterations=3", f"out={run}", *SMALL)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first iteration"
+            time.sleep(0.2)
+        time.sleep(1.0)  # iteration 1's rollouts are running
+        client = docker.from_env()
+        ours = client.containers.list(filters={"label": reaper.LABEL})
+        for c in ours:
+            c.kill()
+        workers = subprocess.run(["pgrep", "-f", "ray::EnvWorker"], capture_output=True, text=True).stdout.split()
+        os.kill(int(workers[0]), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    assert ours and workers
+    metrics = rows(run / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics] == [0, 1, 2] and metrics[-1]["policy_version"] == 3
+    assert sum(m["rollout/retried"] + m["rollout/failed"] for m in metrics) >= 2, metrics
