@@ -43,9 +43,7 @@ def sft(
         raise typer.Exit(2) from None
     t0 = time.perf_counter()  # metrics go out as plain JSON lines, never wrapped or marked up
     try:
-        final = run_sft(
-            cfg, log=lambda m: print(json.dumps({**m, "elapsed_s": round(time.perf_counter() - t0, 1)}))
-        )
+        final = run_sft(cfg, log=lambda m: print(json.dumps({**m, "elapsed_s": round(time.perf_counter() - t0, 1)})))
     except (ValueError, FileNotFoundError) as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None

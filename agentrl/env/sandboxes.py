@@ -27,15 +27,17 @@ class SandboxSource:
     so it gets a pool of its own: its next episode's sandbox starts while this one runs.
     `keep_open=True` (long-lived owners such as env workers, whose envs come and go) keeps
     the pool warm between episodes until `close()`, instead of stopping and restarting it.
+    `reuse` is the pool's: how many more episodes a sandbox may serve after a proven-clean recycle.
     """
 
     def __init__(self, pool: SandboxPool | None = None, *, factory: Callable[[], Awaitable[Sandbox]] | None = None,
-                 size: int = DEFAULT_POOL_SIZE, keep_open: bool = False):  # fmt: skip
+                 size: int = DEFAULT_POOL_SIZE, keep_open: bool = False, reuse: int = 0):  # fmt: skip
         self._keep_open = keep_open
         self._owned = pool is None
         self._factory = factory or DockerSandbox.create
         self._size = size
-        self.pool = pool or SandboxPool(self._factory, size=size)
+        self._reuse = reuse
+        self.pool = pool or SandboxPool(self._factory, size=size, reuse=reuse)
         self._started = not self._owned
         self._start_lock = asyncio.Lock()
         self._envs: weakref.WeakSet[TextEnv] = weakref.WeakSet()
@@ -52,7 +54,7 @@ class SandboxSource:
         """Start the pool now rather than at the first acquire (no-op once started)."""
         async with self._start_lock:
             if self._owned and self.pool._closed:  # its last env closed; this one came later
-                self.pool = SandboxPool(self._factory, size=self._size)
+                self.pool = SandboxPool(self._factory, size=self._size, reuse=self._reuse)
                 self._started = False
             if not self._started:
                 await self.pool.start()

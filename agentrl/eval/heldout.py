@@ -31,6 +31,8 @@ class EvalConfig(BaseModel):
     num_workers: int = Field(1, ge=1)
     """env worker actors for evaluation episodes"""
     sandboxes_per_worker: int = Field(8, ge=1)
+    sandbox_reuse: int = Field(0, ge=0)
+    """as rollout.sandbox_reuse: episodes a sandbox serves after a proven-clean recycle"""
     max_retries: int = Field(2, ge=0)
     """restarts of an episode after an infrastructure failure"""
 
@@ -74,7 +76,8 @@ class HeldOutEval:
         rollout = RolloutConfig(
             env=env, env_kwargs={**env_kwargs, "split": "test"}, group_size=1, groups_per_iteration=cfg.tasks,
             sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens), max_episode_tokens=max_episode_tokens,
-            num_workers=cfg.num_workers, sandboxes_per_worker=cfg.sandboxes_per_worker, partial=False,
+            num_workers=cfg.num_workers, sandboxes_per_worker=cfg.sandboxes_per_worker,
+            sandbox_reuse=cfg.sandbox_reuse, partial=False,
             on_infra_failure="retry", max_retries=cfg.max_retries, ray_address=ray_address,
         )  # fmt: skip
         self.controller = RolloutController(rollout, engine, chat)

@@ -27,7 +27,10 @@ class RolloutConfig(BaseModel):
     num_workers: int = Field(2, ge=1)
     """env worker actors"""
     sandboxes_per_worker: int = Field(8, ge=1)
-    """warm sandboxes each worker keeps"""
+    """warm sandboxes each worker keeps (with sandbox_reuse, the ones in use that come back count)"""
+    sandbox_reuse: int = Field(0, ge=0)
+    """episodes a sandbox may serve after its first, each after a recycle that proves it clean (no process
+    left, every writable place emptied); 0: a fresh container per episode"""
     partial: bool = True
     """partial rollouts: end the iteration at its target and park unfinished episodes"""
     max_groups_in_flight: int | None = None

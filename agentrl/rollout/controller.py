@@ -173,7 +173,8 @@ class RolloutController:
         return self
 
     def _new_worker(self) -> Any:
-        return RemoteEnvWorker.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker)
+        return RemoteEnvWorker.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker,
+                                      self.cfg.sandbox_reuse)  # fmt: skip
 
     async def __aenter__(self) -> RolloutController:
         return await self.start()

@@ -22,10 +22,11 @@ from agentrl.env.sandboxes import SandboxSource
 class EnvWorker:
     """Holds `episode_id -> env`. Every method is a coroutine: Ray runs them concurrently."""
 
-    def __init__(self, env: str, env_kwargs: dict[str, Any], sandboxes: int) -> None:
+    def __init__(self, env: str, env_kwargs: dict[str, Any], sandboxes: int, reuse: int = 0) -> None:
         self.env_name = env
         self.env_kwargs = env_kwargs
         self.pool_size = sandboxes
+        self.reuse = reuse
         self.source: SandboxSource | None = None
         self.envs: dict[str, TextEnv] = {}
         self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
@@ -34,7 +35,7 @@ class EnvWorker:
         import agentrl
 
         if self.source is None:  # created on the actor's own event loop; warm until shutdown
-            self.source = SandboxSource(size=self.pool_size, keep_open=True)
+            self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
         module, _, name = self.env_name.rpartition(":")
         if module:  # Gymnasium's "module:name": importing the module registers the env
             importlib.import_module(module)

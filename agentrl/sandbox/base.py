@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import abc
 import enum
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
 
 
 class SandboxError(RuntimeError):
@@ -144,6 +147,12 @@ class Sandbox(abc.ABC):
     async def healthy(self) -> bool:
         """Cheap liveness probe; False (never an exception) when the sandbox is unusable."""
 
+    async def recycle(self) -> bool:
+        """Return the sandbox to its state at start for another episode, if that can be proven:
+        True when it is as new, False (never an exception) when it must be discarded instead.
+        Sandboxes that cannot prove it keep this default."""
+        return False
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 
@@ -228,6 +237,17 @@ class ExecutorSandbox(Sandbox):
 
     async def read_file(self, path):
         return (await self._request("GET", "/files", params={"path": path})).content
+
+    async def recycle(self) -> bool:
+        if self._failed:
+            return False
+        try:
+            reply = (await self._request("POST", "/recycle")).json()
+        except (SandboxError, httpx.HTTPError, ValueError):
+            return False
+        if not reply["ok"]:
+            log.warning("sandbox %s cannot be reused: %s", self.name, reply["reason"])
+        return bool(reply["ok"])
 
     async def healthy(self) -> bool:
         if self._failed:

@@ -1,10 +1,16 @@
-"""SandboxPool: warm sandboxes handed out one per episode, discarded after, refilled behind.
+"""SandboxPool: warm sandboxes handed out one per episode, refilled behind.
 
-A used sandbox is never handed out again (the program may have left anything
-in /work or /tmp); it is closed and a fresh one started in the background, so
-`acquire` costs a health probe, not a container start. Idle sandboxes are
-probed periodically and dead ones replaced. Starts and removals together are
-bounded (`max_docker_ops`) so a large pool does not flood the daemon.
+By default a used sandbox is never handed out again (the program may have left
+anything behind); it is closed and a fresh one started in the background, so
+`acquire` costs a health probe, not a container start. With `reuse=N` a used
+sandbox is recycled instead, up to N times: the executor kills every process
+and empties every place the sandbox user can write, and proves it (see
+`Sandbox.recycle`); one that cannot be proven clean is discarded as before. A
+container start costs a few hundred ms of CPU, a recycle a few ms: on a small
+machine running many short episodes, starts are most of the rollout time.
+Idle sandboxes are probed periodically and dead ones replaced. Starts and
+removals together are bounded (`max_docker_ops`) so a large pool does not
+flood the daemon.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ class SandboxPool:
         *,
         max_docker_ops: int = 4,
         health_interval_s: float = 5.0,
+        reuse: int = 0,
     ):
-        if size < 1:
-            raise ValueError(f"pool size must be >= 1, got {size}")
+        if size < 1 or reuse < 0:
+            raise ValueError(f"need size >= 1 and reuse >= 0, got {size}, {reuse}")
         self.factory = factory
         self.size = size
+        self.reuse = reuse
+        self._uses: dict[Sandbox, int] = {}  # episodes each sandbox has served
         self.health_interval_s = health_interval_s
         self._ops = asyncio.Semaphore(max_docker_ops)
         self._idle: list[Sandbox] = []
@@ -51,7 +60,7 @@ class SandboxPool:
         self._health: asyncio.Task | None = None
         self._last_error: BaseException | None = None
         self._closed = False
-        self.stats = {"started": 0, "discarded": 0, "replaced_dead": 0, "start_failures": 0}
+        self.stats = {"started": 0, "discarded": 0, "recycled": 0, "replaced_dead": 0, "start_failures": 0}
 
     async def start(self) -> None:
         """Fill the pool and wait until every sandbox is up (raises if none could start)."""
@@ -63,7 +72,7 @@ class SandboxPool:
             raise SandboxError(f"no sandbox could be started: {self._last_error}") from self._last_error
 
     async def acquire(self) -> Sandbox:
-        """A healthy, never-used sandbox; waits while replacements start."""
+        """A healthy sandbox, never used (or recycled and proven clean); waits while one starts or comes back."""
         while True:
             self._fill()  # also retries after starts failed
             async with self._changed:
@@ -84,9 +93,14 @@ class SandboxPool:
             self._spawn(self._discard(sandbox))
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Give back a leased sandbox; it is closed in the background, never reused."""
+        """Give back a leased sandbox: recycled in the background while it may be reused, else closed."""
         self._leased.discard(sandbox)
-        self._spawn(self._discard(sandbox))
+        self._uses[sandbox] = self._uses.get(sandbox, 0) + 1
+        if self._uses[sandbox] <= self.reuse and not self._closed:
+            self._starting += 1  # on its way back to idle, as a start is
+            self._spawn(self._recycle(sandbox))
+        else:
+            self._spawn(self._discard(sandbox))
 
     @contextlib.asynccontextmanager
     async def sandbox(self) -> AsyncIterator[Sandbox]:
@@ -125,9 +139,12 @@ class SandboxPool:
         return self._starting == 0 and self._last_error is not None
 
     def _fill(self) -> None:
+        """Keep `size` sandboxes that are idle or on their way to idle: starting, being recycled, or
+        leased and reusable (they come back). Without reuse that is `size` idle ones."""
         if self._closed:
             return
-        for _ in range(self.size - len(self._idle) - self._starting):
+        returning = sum(self._uses.get(sb, 0) < self.reuse for sb in self._leased)
+        for _ in range(self.size - len(self._idle) - self._starting - returning):
             self._starting += 1
             self._spawn(self._start_one())
 
@@ -152,7 +169,22 @@ class SandboxPool:
         async with self._changed:
             self._changed.notify_all()
 
+    async def _recycle(self, sandbox: Sandbox) -> None:
+        try:
+            clean = await sandbox.recycle()
+        finally:
+            self._starting -= 1
+        if clean and not self._closed:
+            self.stats["recycled"] += 1
+            self._idle.append(sandbox)
+        else:
+            await self._discard(sandbox)
+            self._fill()
+        async with self._changed:
+            self._changed.notify_all()
+
     async def _discard(self, sandbox: Sandbox) -> None:
+        self._uses.pop(sandbox, None)
         self.stats["discarded"] += 1
         async with self._ops:
             await sandbox.close()

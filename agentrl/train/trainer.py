@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
 from torch import nn
 
 from agentrl.algo import policy_loss
@@ -29,22 +30,55 @@ class Scorer(nn.Module):
 
     Position t of the output scores token t from the hidden state at t − 1 (position 0: 0).
 
+    Length buckets: rows are scored in chunks of similar length (sorted, at most
+    `chunk_tokens` padded positions each) and put back in order, so one long episode does
+    not pad the whole batch to its length (attention and masks grow with B·L²). Every row is
+    scored on its own, so the results and, through one backward over all chunks, the
+    gradients are those of the unchunked batch.
+
     Shared prefix: the rows of a rollout batch start with the same tokens (the system prompt
-    and tool schemas, for a group also the task), often most of each row. When all B rows
-    share their first P ≥ `min_shared_prefix` tokens, those P are run once (one row, its KV
-    cache broadcast to the B rows) and only the B suffixes run per row: the same lp_θ,
-    entropy and router logits, and, since the broadcast sums the rows' gradients into the one
-    prefix, the same gradients, for about P·(B − 1) fewer token forwards and backwards.
-    Off under activation checkpointing (its recomputation would replay the cache update).
+    and tool schemas, for a group also the task), often most of each row. When all rows of a
+    chunk share their first P ≥ `min_shared_prefix` tokens, those P are run once (one row, its
+    KV cache broadcast to the rows) and only the suffixes run per row: the same lp_θ, entropy
+    and router logits, and, since the broadcast sums the rows' gradients into the one prefix,
+    the same gradients, for about P·(B − 1) fewer token forwards and backwards. Off under
+    activation checkpointing (its recomputation would replay the cache update).
     """
 
-    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32) -> None:
+    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384) -> None:
         super().__init__()
         self.policy = policy
         self.min_shared_prefix = min_shared_prefix
+        self.chunk_tokens = chunk_tokens
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
                 entropy: bool = False, router: bool = False):  # fmt: skip
+        """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None)."""
+        B, L = input_ids.shape
+        lengths = attention_mask.sum(-1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        parts, start = [], 0
+        while start < B:
+            Lc = max(int(lengths[order[start]]), 1)  # the chunk's longest row: the first, sorted
+            rows = order[start : start + max(1, self.chunk_tokens // Lc)]
+            parts.append(self._score(input_ids[rows, :Lc], attention_mask[rows, :Lc], params, entropy, router))
+            start += len(rows)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(B, device=order.device)
+
+        def merge(chunks: list[torch.Tensor]) -> torch.Tensor:  # (n, Lc, ...) each -> (B, L, ...) in row order
+            return torch.cat([F.pad(c, (0, 0) * (c.dim() - 2) + (0, L - c.shape[1])) for c in chunks])[inverse]
+
+        lp = merge([p[0] for p in parts])
+        ent = merge([p[1] for p in parts]) if entropy else None
+        routed = None
+        if router:
+            routed = tuple(merge([p[2][k] for p in parts]).reshape(B * L, -1) for k in range(len(parts[0][2])))
+        return lp, ent, routed
+
+    def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, entropy: bool,
+               router: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
+        """One chunk: lp and entropy (B, L), router logits per layer (B, L, E)."""
         lm = causal_lm(self.policy)
         decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
         kwargs = {"output_router_logits": True} if router else {}
@@ -52,8 +86,8 @@ class Scorer(nn.Module):
         P = self._shared_prefix(input_ids, attention_mask)
         if P == 0:
             out = decoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-            h, routed = out.last_hidden_state, out.router_logits if router else None
-            lp, ent = target_logprobs(h[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
+            lp, ent = target_logprobs(out.last_hidden_state[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
+            routed = tuple(r.view(B, L, -1) for r in out.router_logits) if router else None
         else:
             pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs)
             for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
@@ -69,8 +103,7 @@ class Scorer(nn.Module):
             ent = torch.cat([ent0.expand(B, -1), ent1], 1) if entropy else None
             routed = None
             if router:
-                E = pre.router_logits[0].shape[-1]
-                routed = tuple(torch.cat([a.view(1, P, E).expand(B, P, E), b.view(B, L - P, E)], 1).reshape(B * L, E)
+                routed = tuple(torch.cat([a.view(1, P, -1).expand(B, P, -1), b.view(B, L - P, -1)], 1)
                                for a, b in zip(pre.router_logits, suf.router_logits, strict=True))  # fmt: skip
         pad = lp.new_zeros(B, 1)
         return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None, routed
@@ -113,6 +146,10 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     """Clip to a global norm (over all ranks' shards) and return the norm before clipping."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under FSDP2
+
+
+FLIP_RATE_ROWS = 16
+"""the expert flip rate is measured on this many sequences: one more forward of them after the update"""
 
 
 def _expert_sets(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
@@ -229,8 +266,10 @@ class Trainer:
                 aux = router_aux_loss(router, self.top_k, mb.attention_mask)
                 loss = loss + self.aux_coef * aux
                 log("router_aux_loss", float(aux.detach()))
-            if router is not None and m == 0:
-                routing_before = (_expert_sets(router, self.top_k, mb.loss_mask), mb)
+            if router is not None and m == 0:  # the flip rate's sample: the first rows of the first minibatch
+                k = min(FLIP_RATE_ROWS, len(mb))
+                first = tuple(r.view(len(mb), -1, r.shape[-1])[:k].reshape(-1, r.shape[-1]) for r in router)
+                routing_before = (_expert_sets(first, self.top_k, mb.loss_mask[:k]), mb.select(list(range(k))))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             trainable = [p for p in self.scorer.parameters() if p.requires_grad]

@@ -9,6 +9,7 @@ per request, JSON in and out:
     POST   /run            {"argv" | "code", "timeout_s", ...} -> result
     POST   /session        {"code", "timeout_s", ...} -> result; state persists
     DELETE /session        -> stops the persistent interpreter
+    POST   /recycle        -> {"ok": bool, "removed": n, "reason": str}: as new, or why not
     PUT    /files?path=P   body = raw bytes, written as the sandbox user
     GET    /files?path=P   -> raw bytes
 
@@ -55,6 +56,7 @@ import selectors
 import signal
 import socket
 import socketserver
+import stat
 import struct
 import sys
 import time
@@ -249,6 +251,43 @@ class Executor:
             time.sleep(0.001)
         self.reap()
         return len(killed)
+
+    def recycle(self) -> dict:
+        """Between episodes: return the sandbox to its state at start, or say why it cannot be.
+
+        Every process but the executor dies (the session and the spare too). Then, as the
+        sandbox user (who owns whatever programs wrote), everything is removed from the places
+        that user can write: the work and tmp dirs and, in a container, /dev/shm, /dev/mqueue
+        and System V IPC objects. It is proven, not assumed: if any process of the sandbox user
+        is left, or any of those places is not empty, the answer is not ok and the host
+        discards the container instead of reusing it.
+        """
+        self.stop_session()
+        self.sweep(everything=True)  # the spare too: it is forked again after this request
+        places = [self.workdir, self.tmpdir] + (["/dev/shm", "/dev/mqueue"] if self.user is not None else [])
+        places = [p for p in places if os.path.isdir(p)]
+        removed = 0
+        try:
+            with self.file_io():
+                for place in places:
+                    for entry in os.listdir(place):
+                        removed += remove_tree(os.path.join(place, entry))
+                if self.user is not None:
+                    removed += remove_ipc()
+        except (FileError, OSError, RecursionError) as e:
+            return {"ok": False, "removed": removed, "reason": f"could not clean: {e}"}
+        for entry in os.listdir(self.codedir):  # the executor's own files
+            remove_tree(os.path.join(self.codedir, entry))
+        left = [p for p in places if os.listdir(p)]
+        if left:
+            return {"ok": False, "removed": removed, "reason": f"not empty after cleaning: {left}"}
+        if self.user is not None:
+            if ipc_objects():
+                return {"ok": False, "removed": removed, "reason": "System V IPC objects remain"}
+            alive = user_processes(self.user[0])
+            if alive:
+                return {"ok": False, "removed": removed, "reason": f"processes of the sandbox user remain: {alive}"}
+        return {"ok": True, "removed": removed, "reason": ""}
 
     def reap(self) -> None:
         while True:
@@ -682,6 +721,61 @@ def _descendants_by_scan(root: int) -> set[int]:
     return found
 
 
+def remove_tree(path: str, depth: int = 0) -> int:
+    """Remove a file, link or directory tree without following links; its owner can, whatever its mode."""
+    if depth > 256:
+        raise RecursionError(f"{path}: directories nested too deep to clean")
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return 1
+    os.chmod(path, 0o700)  # a dir its owner made unreadable or unwritable
+    n = sum(remove_tree(os.path.join(path, e), depth + 1) for e in os.listdir(path))
+    os.rmdir(path)
+    return n + 1
+
+
+IPC_RMID = 0
+IPC_KINDS = {"shm": "shmctl", "msg": "msgctl", "sem": "semctl"}  # /proc/sysvipc/NAME -> libc call
+
+
+def ipc_objects() -> list[tuple[str, int]]:
+    """(kind, id) of every System V IPC object in this IPC namespace."""
+    found = []
+    for kind in IPC_KINDS:
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        found += [(kind, int(row.split()[1])) for row in rows if row.strip()]
+    return found
+
+
+def remove_ipc() -> int:
+    """Remove the IPC objects this (effective) user may remove; how many went. The caller checks none is left."""
+    objects = ipc_objects()
+    for kind, ident in objects:
+        getattr(LIBC, IPC_KINDS[kind])(ident, *((0,) if kind == "sem" else ()), IPC_RMID, None)
+    return len(objects) - len(ipc_objects())
+
+
+def user_processes(uid: int) -> list[int]:
+    """Live processes whose real or effective uid is `uid`."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:3]
+        except (OSError, StopIteration):
+            continue
+        if str(uid) in uids and (_stat(name) or [b"Z"])[0] != b"Z":
+            pids.append(int(name))
+    return pids
+
+
 HAVE_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -790,6 +884,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ex = self.server.executor
         route = urllib.parse.urlsplit(self.path).path
         handlers = {"/run": ex.run, "/session": ex.run_session}
+        if route == "/recycle":
+            return self._dispatch(lambda: self._json(200, ex.recycle()))
         if route not in handlers:
             return self._json(404, {"error": f"no route {route}"})
 

@@ -132,8 +132,9 @@ def test_update_on_moe_and_dense_models(tmp_path, arch, old):
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen3", "llama"])
-def test_shared_prefix_scoring_equals_plain_scoring(arch):
-    """Rows that start alike run their common prefix once; lp, entropy, router logits and gradients don't change."""
+def test_shared_prefix_and_length_buckets_score_as_plain(arch):
+    """Rows that start alike run their common prefix once, and rows are scored in length-sorted chunks;
+    neither changes lp, entropy, router logits or gradients."""
     from agentrl.train.trainer import Scorer
 
     model = tiny_model(arch, seed=0).train()
@@ -142,24 +143,26 @@ def test_shared_prefix_scoring_equals_plain_scoring(arch):
     ids = torch.randint(5, 2000, (B, L), generator=g)
     ids[:, :P] = ids[0, :P]
     attention = torch.ones(B, L, dtype=torch.long)
-    attention[1, 70:], attention[3, P + 2 :] = 0, 0  # right padding, one row barely past the prefix
+    attention[1, 70:], attention[3, P + 2 :], attention[4, 60:] = 0, 0, 0  # right padding, one row barely past P
     ids = ids * attention
     moe = arch in ("qwen3_moe", "mixtral")
     results = []
-    for min_shared in (32, L + 1):  # shared prefix on, then off
-        scorer = Scorer(model, min_shared_prefix=min_shared)
-        assert scorer._shared_prefix(ids, attention) == (P if min_shared == 32 else 0)
+    # plain; the prefix shared by all five; chunks of two rows (by length: 80 80 | 70 60 | 42), sharing inside
+    for min_shared, chunk_tokens in ((L + 1, 10**6), (32, 10**6), (32, 2 * L)):
+        scorer = Scorer(model, min_shared_prefix=min_shared, chunk_tokens=chunk_tokens)
         model.zero_grad()
         lp, entropy, router = scorer(ids, attention, SamplingParams(temperature=0.8, top_p=0.9), entropy=True,
                                      router=moe)  # fmt: skip
         (torch.where(attention.bool(), lp, 0.0) * torch.linspace(0.5, 1.5, L)).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((lp.detach(), entropy, router, grads))
-    (lp_s, ent_s, r_s, g_s), (lp_p, ent_p, r_p, g_p) = results
+    assert Scorer(model)._shared_prefix(ids, attention) == P
     on = attention.bool()
-    torch.testing.assert_close(lp_s[on], lp_p[on], atol=1e-5, rtol=0)
-    torch.testing.assert_close(ent_s[on], ent_p[on], atol=1e-4, rtol=0)
-    torch.testing.assert_close(g_s, g_p, atol=1e-4, rtol=1e-4)
-    if moe:
-        for a, b in zip(r_s, r_p, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    plain = results[0]
+    for lp, entropy, router, grads in results[1:]:
+        torch.testing.assert_close(lp[on], plain[0][on], atol=1e-5, rtol=0)
+        torch.testing.assert_close(entropy[on], plain[1][on], atol=1e-4, rtol=0)
+        torch.testing.assert_close(grads, plain[3], atol=1e-4, rtol=1e-4)
+        if moe:
+            for a, b in zip(router, plain[2], strict=True):
+                torch.testing.assert_close(a[on.reshape(-1)], b[on.reshape(-1)], atol=1e-5, rtol=0)

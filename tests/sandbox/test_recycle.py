@@ -1,0 +1,78 @@
+"""Reusing a sandbox after a recycle that proves it clean (SandboxPool(reuse=N)), against real containers."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.sandbox import DockerSandbox, LocalSandbox, SandboxPool
+
+pytestmark = pytest.mark.docker
+
+# What an episode's program could leave for the next one, in every place the sandbox user can write.
+LEAVE_BEHIND = r"""
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("/work/a/b/c"); open("/work/a/b/c/f.txt", "w").write("x")
+os.makedirs("/work/locked/inner"); os.chmod("/work/locked", 0)
+os.symlink("/etc/passwd", "/work/link"); os.mkfifo("/tmp/fifo")
+open("/tmp/note", "w").write("the answer"); open("/dev/shm/seg", "w").write("s")
+assert libc.shmget(1234, 4096, 0o1000 | 0o600) >= 0 and libc.msgget(5678, 0o1000 | 0o600) >= 0
+assert libc.semget(91011, 1, 0o1000 | 0o600) >= 0
+assert ctypes.CDLL("librt.so.1").mq_open(b"/q", 0o100 | 2, 0o600, None) >= 0
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+print("left")
+"""
+CHECK = "ls -A /work /tmp /dev/shm /dev/mqueue; tail -n +2 /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem"
+EMPTY = "/dev/mqueue:\n\n/dev/shm:\n\n/tmp:\n\n/work:\n"
+
+
+async def test_a_recycled_sandbox_is_as_new(sandbox_image):
+    async with SandboxPool(DockerSandbox.create, size=1, reuse=3) as pool:
+        async with pool.sandbox() as sb:
+            first = sb.name
+            r = await sb.run_python(LEAVE_BEHIND)
+            assert r.stdout == "left\n", r.stderr
+            await sb.run_cell("x = 41")
+            dirty = await sb.run(["sh", "-c", CHECK])
+            assert "note" in dirty.stdout and "1234" in dirty.stdout and "q" in dirty.stdout
+        async with pool.sandbox() as sb:
+            assert sb.name == first, "the same container, recycled"
+            clean = await sb.run(["sh", "-c", CHECK + "; for p in /proc/[0-9]*; do cat $p/cmdline; echo; done"])
+            assert clean.stdout.startswith(EMPTY), clean.stdout
+            assert not any(key in clean.stdout for key in ("1234", "5678", "91011")), "IPC objects removed"
+            assert "sleep" not in clean.stdout, "no process of the last episode left"
+            assert "NameError" in (await sb.run_cell("x")).stderr  # the interpreter started over
+        assert pool.stats["recycled"] == 1 and pool.stats["started"] == 1
+
+
+async def test_what_cannot_be_proven_clean_is_discarded(sandbox_image):
+    async with SandboxPool(DockerSandbox.create, size=1, reuse=3) as pool:
+        async with pool.sandbox() as sb:
+            first = sb.name
+            # nested deeper than the recycler descends: it cannot show the place empty
+            await sb.run_python("import os\nos.makedirs('/work/' + '/'.join(['d'] * 300))")
+        async with pool.sandbox() as sb:
+            assert sb.name != first
+            assert (await sb.run(["ls", "-A", "/work"])).stdout == ""
+        assert pool.stats["recycled"] == 0 and pool.stats["discarded"] >= 1
+
+
+async def test_reuse_is_bounded(sandbox_image):
+    async with SandboxPool(DockerSandbox.create, size=1, reuse=2) as pool:
+        names = []
+        for _ in range(4):
+            async with pool.sandbox() as sb:
+                names.append(sb.name)
+        assert names[0] == names[1] == names[2] != names[3]  # the first served 1 + 2 episodes
+
+
+async def test_a_local_sandbox_recycles_its_own_dirs():
+    async with SandboxPool(LocalSandbox.create, size=1, reuse=1) as pool:
+        async with pool.sandbox() as sb:
+            await sb.write_file("left.txt", "x")
+            await sb.run_python("import os; os.makedirs(os.environ['TMPDIR'] + '/t/u')")
+        async with pool.sandbox() as sb2:
+            assert sb2 is sb
+            with pytest.raises(FileNotFoundError):
+                await sb2.read_file("left.txt")
+            assert (await sb2.run_python("import os; print(os.listdir(os.environ['TMPDIR']))")).stdout == "[]\n"
