@@ -70,38 +70,68 @@ def train(
     checkpoint, and `--resume RUN_DIR` continues.
     """
     from agentrl.config import ConfigError
+    from agentrl.train.loop import broadcast
+    from agentrl.train.tracking import RunDir
 
+    lead = _init_distributed()
     try:
         cfg = resolve_config(env, config, set_, resume)
     except (ConfigError, ValueError) as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
-    try:
-        _check_env(cfg)
-    except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
-        err.print(f"[red]rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}[/red]")
-        raise typer.Exit(2) from None
-    problems = preflight(cfg, build_image=build_image)
-    if problems:
-        for p in problems:
-            err.print(f"[red]✗[/red] {p}")
-        raise typer.Exit(1)
-    from agentrl.train.tracking import RunDir
-
-    run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    cfg.out = str(run.path)
-    if resume is None and run.path.exists() and any(run.path.iterdir()):
-        err.print(f"[red]{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...[/red]")
+    ready = True
+    if lead:  # checks and the run folder: once, on rank 0
+        ready = _prepare(cfg, resume, build_image)
+    ready, cfg.out = broadcast((ready, cfg.out))
+    if not ready:
         raise typer.Exit(2)
-    run.create(cfg.model_dump(mode="json"))
-    out.print(f"run folder: {run.path}")
-    state = asyncio.run(_run(cfg, run, resume is not None))
-    if state.iteration == cfg.iterations:
+    run = RunDir(cfg.out)
+    state = asyncio.run(_run(cfg, run, resume is not None, lead))
+    if state.iteration < cfg.iterations:  # stopped early (Ctrl-C), checkpointed: 130, as an interrupted command
+        raise typer.Exit(130)
+    if lead:
         from agentrl.train.report import report as make_report
 
         plots, summary = make_report(run.path)
         out.print(summary)
         out.print(f"plots: {plots}")
+
+
+def _init_distributed() -> bool:
+    """Under torchrun (WORLD_SIZE > 1) join the process group (nccl on GPU, gloo on CPU); True on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _prepare(cfg: Any, resume: Path | None, build_image: bool) -> bool:
+    """Rank 0, before anything starts: the env and its settings, Docker and the image, Ray, the model, the
+    run folder. Prints what is wrong and returns False."""
+    from agentrl.train.tracking import RunDir
+
+    try:
+        _check_env(cfg)
+    except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
+        err.print(f"[red]rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}[/red]")
+        return False
+    problems = preflight(cfg, build_image=build_image)
+    for p in problems:
+        err.print(f"[red]✗[/red] {p}")
+    if problems:
+        return False
+    run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    cfg.out = str(run.path)
+    if resume is None and run.path.exists() and any(run.path.iterdir()):
+        err.print(f"[red]{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...[/red]")
+        return False
+    run.create(cfg.model_dump(mode="json"))
+    out.print(f"run folder: {run.path}")
+    return True
 
 
 def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=True, file_okay=False)]) -> None:
@@ -117,13 +147,14 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=
     out.print(f"plots: {plots}")
 
 
-async def _run(cfg: Any, run: Any, resume: bool) -> Any:
+async def _run(cfg: Any, run: Any, resume: bool, lead: bool) -> Any:
+    from agentrl.train.loop import Quiet
     from agentrl.train.loop import train as train_loop
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stop = asyncio.Event()
     task = asyncio.current_task()
-    display = RichDisplay(cfg.iterations)
+    display = RichDisplay(cfg.iterations) if lead else Quiet()
 
     def interrupt() -> None:
         if stop.is_set():

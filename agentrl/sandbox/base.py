@@ -253,7 +253,8 @@ class ExecutorSandbox(Sandbox):
         if self._failed:
             return False
         try:
-            resp = await self._http.get("/health", timeout=2.0)
+            # generous: on a loaded machine a healthy executor may answer late, and a false "dead" costs a restart
+            resp = await self._http.get("/health", timeout=10.0)
             return resp.status_code == 200
         except httpx.TransportError:
             return False

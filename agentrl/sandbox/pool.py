@@ -45,7 +45,7 @@ class SandboxPool:
         reuse: int = 0,
     ):
         if size < 1 or reuse < 0:
-            raise ValueError(f"need size >= 1 and reuse >= 0, got {size}, {reuse}")
+            raise ValueError(f"pool size must be >= 1 and reuse >= 0, got size={size}, reuse={reuse}")
         self.factory = factory
         self.size = size
         self.reuse = reuse
@@ -82,11 +82,13 @@ class SandboxPool:
                 if not self._idle:
                     raise SandboxError(f"sandboxes fail to start: {self._last_error}") from self._last_error
                 sandbox = self._idle.pop()
+                self._leased.add(sandbox)  # counted while probed: with reuse it is one that comes back
             healthy = await sandbox.healthy()
+            if not healthy:
+                self._leased.discard(sandbox)
             # Start its replacement only now: a start's docker calls would slow the probe.
             self._fill()
             if healthy:
-                self._leased.add(sandbox)
                 return sandbox
             log.warning("a sandbox failed its health probe at acquire; replacing it")
             self.stats["replaced_dead"] += 1

@@ -62,6 +62,13 @@ class Display(Protocol):
 
 
 class Quiet:
+    """Shows nothing (tests, ranks > 0)."""
+
+    def __enter__(self) -> Quiet:
+        return self
+
+    def __exit__(self, *exc: object) -> None: ...
+
     def iteration(self, metrics: dict[str, Any]) -> None: ...
     def evaluation(self, result: EvalResult) -> None: ...
     def message(self, text: str) -> None: ...
@@ -108,11 +115,11 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                     metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
                 except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
                     display.message(f"iteration {it}: {e}; no update")
-            train_batch = _broadcast(train_batch)
+            train_batch = broadcast(train_batch)
             if train_batch is not None:
                 update = _update(trainer, engine, train_batch)  # 3. GSPO-token update, M minibatches
-                state.policy_version = _broadcast(await sync_weights(trainer, engine))  # 4. weight sync
-            stopping = _broadcast(stop.is_set())
+                state.policy_version = broadcast(await sync_weights(trainer, engine))  # 4. weight sync
+            stopping = broadcast(stop.is_set())
             state.iteration, state.elapsed_s = it + 1, time.perf_counter() - t_start
             if lead:  # 5. log
                 t2 = time.perf_counter()
@@ -152,13 +159,11 @@ def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> Inference
         return HFEngine(model.eval(), max_batch_size=e.max_batch_size, prefix_cache_tokens=e.prefix_cache_tokens,
                         seed=cfg.seed, version=version)  # fmt: skip
     if e.kind == "vllm":
-        from peft import LoraConfig
-
         from agentrl.engine.vllm import VLLMEngine
 
-        lora = cfg.model.lora
+        lora = trainer.policy.peft_config["default"] if cfg.model.lora else None  # the adapters vLLM will load
         return VLLMEngine(resolve_path(cfg.model.path), max_batch_size=e.max_batch_size, seed=cfg.seed,
-                          version=version, lora=LoraConfig(r=lora.rank) if lora else None, **e.vllm)  # fmt: skip
+                          version=version, lora=lora, **e.vllm)  # fmt: skip
     from agentrl.engine.openai import OpenAIEngine
 
     return OpenAIEngine(e.base_url)
@@ -227,7 +232,7 @@ def _save(run: RunDir, trainer: Trainer, state: LoopState, controller: RolloutCo
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _broadcast(obj: T) -> T:
+def broadcast(obj: T) -> T:
     """Rank 0's `obj` on every rank (itself when not distributed)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj

@@ -76,3 +76,20 @@ async def test_a_local_sandbox_recycles_its_own_dirs():
             with pytest.raises(FileNotFoundError):
                 await sb2.read_file("left.txt")
             assert (await sb2.run_python("import os; print(os.listdir(os.environ['TMPDIR']))")).stdout == "[]\n"
+
+
+async def test_with_reuse_the_pool_holds_size_containers_under_load(sandbox_image):
+    """More episodes at once than `size`: they wait for recycled sandboxes instead of starting new ones."""
+    import asyncio
+
+    async with SandboxPool(DockerSandbox.create, size=2, reuse=100) as pool:
+
+        async def episode(i: int) -> str:
+            async with pool.sandbox() as sb:
+                return (await sb.run_python(f"print({i})")).stdout
+
+        outs = await asyncio.gather(*(episode(i) for i in range(12)))
+        assert outs == [f"{i}\n" for i in range(12)]
+        while pool._starting:  # the last two are on their way back
+            await asyncio.sleep(0.01)
+        assert pool.stats["started"] == 2 and pool.stats["recycled"] == 12
