@@ -41,6 +41,9 @@ def sft(
     except ConfigError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     t0 = time.perf_counter()  # metrics go out as plain JSON lines, never wrapped or marked up
     try:
         final = run_sft(cfg, log=lambda m: print(json.dumps({**m, "elapsed_s": round(time.perf_counter() - t0, 1)})))
@@ -56,6 +59,13 @@ def demos(
     out_file: Annotated[Path, typer.Option("--out", "-o", help="Chat JSONL to write.")] = Path("demos.jsonl"),
     seed: Annotated[int, typer.Option(help="Seeds the task draws and the expert's choices.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Episodes (and sandboxes) at once.")] = 6,
+    misread: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert: each step it can misread, it misreads with "
+            "this probability; its wrong episodes are kept."
+        ),
+    ] = 0.0,
     set_: Annotated[list[str], typer.Option("--set", help="An env setting: --set max_turns=3.")] = [],  # noqa: B006
 ) -> None:
     """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
@@ -71,7 +81,15 @@ def demos(
     async def go() -> int:
         made = 0
         with open(out_file, "w") as f:
-            async for d in record(env, n, env_kwargs=env_kwargs, seed=seed, concurrency=concurrency):
+            async for d in record(
+                env,
+                n,
+                env_kwargs=env_kwargs,
+                seed=seed,
+                concurrency=concurrency,
+                misread=misread,
+                min_return=None if misread else 1.0,
+            ):
                 f.write(json.dumps({"messages": d.messages, "tools": d.tools, "task_id": d.task_id}) + "\n")
                 made += 1
                 if made % 500 == 0:

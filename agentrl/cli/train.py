@@ -148,10 +148,13 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=
 
 
 async def _run(cfg: Any, run: Any, resume: bool, lead: bool) -> Any:
+    from transformers.utils import logging as transformers_logging
+
     from agentrl.train.loop import Quiet
     from agentrl.train.loop import train as train_loop
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    transformers_logging.disable_progress_bar()  # weight loading and saving: our own display says what runs
     stop = asyncio.Event()
     task = asyncio.current_task()
     display = RichDisplay(cfg.iterations) if lead else Quiet()

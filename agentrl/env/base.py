@@ -214,10 +214,11 @@ class TextEnv(gymnasium.Env[list[Message], str]):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return []
 
-    def demonstration(self, task: Task, rng: random.Random) -> list[str]:
+    def demonstration(self, task: Task, rng: random.Random, *, misread: float = 0.0) -> list[str]:
         """A scripted expert's messages for `task`, played in order from reset (supervised
         fine-tuning data, `agentrl.env.demos`). Override it where the env has an expert; the
-        recorder keeps an episode only if the env terminates it without a failure."""
+        recorder keeps an episode only if the env terminates it without a failure. `misread`:
+        an imperfect expert's rate of plausible mistakes, where the env can make them."""
         raise NotImplementedError(f"{type(self).__name__} has no scripted expert to demonstrate with")
 
     # ---- async API

@@ -83,12 +83,14 @@ async def play(env: TextEnv, task_id: str, actions: list[str]) -> Demonstration 
 
 
 async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = None, seed: int = 0,
-                 concurrency: int = 4, min_return: float = 1.0,
+                 concurrency: int = 4, misread: float = 0.0, min_return: float | None = 1.0,
                  sandbox: Literal["docker", "local"] = "docker") -> AsyncIterator[Demonstration]:  # fmt: skip
     """n demonstrations on tasks drawn from the env's task set (its train split by default).
 
     Tasks are drawn with a generator seeded by `seed`; episodes that fail the checks above
-    are replaced by new draws (after 10·n draws in all it gives up with an error).
+    are replaced by new draws (after 10·n draws in all it gives up with an error). With
+    `misread` > 0 the expert is imperfect (`TextEnv.demonstration`): its wrong episodes are
+    kept too, so pass `min_return=None`.
     """
     import agentrl
 
@@ -103,7 +105,7 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
         nonlocal draws
         draws += 1
         task = env.task_set.sample(rng)
-        return await play(env, task.id, env.demonstration(task, expert_rng))
+        return await play(env, task.id, env.demonstration(task, expert_rng, misread=misread))
 
     try:
         made = 0
@@ -113,7 +115,8 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
             for fut in done:
                 env = pending.pop(fut)
                 demo = fut.result()
-                if demo is not None and demo.episode_return >= min_return and made < n:
+                good = demo is not None and (min_return is None or demo.episode_return >= min_return)
+                if good and made < n:
                     made += 1
                     yield demo
                 if made + len(pending) < n:

@@ -53,6 +53,11 @@ class _Step:
     """simpler operations the statement rules out (one half of `even and positive`); some input must tell them apart"""
     near_misses: tuple[_Fn, ...] = ()
     """plausible misreadings; hidden cases tell them apart where some input can"""
+    misreadings: tuple[str, ...] = ()
+    """the near misses as code of `{v}`, in the same order (a sloppy demonstrator writes these)"""
+
+    def __post_init__(self) -> None:
+        assert len(self.misreadings) in (0, len(self.near_misses)), f"{self.text}: misreadings and near misses differ"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class _Pred:
     fn: Callable[[int], bool]
     ablations: tuple[Callable[[int], bool], ...] = ()
     near_misses: tuple[Callable[[int], bool], ...] = ()
+    misreadings: tuple[str, ...] = ()
+    """the near misses as conditions on `{x}`, in the same order"""
 
     def on(self, var: str) -> str:
         return self.code.replace("{x}", var)
@@ -79,6 +86,7 @@ def _pred_step(text: str, code: str, make: Callable[[Callable[[int], bool]], _Fn
         make(p.fn),
         tuple(make(a) for a in p.ablations),
         tuple(make(m) for m in p.near_misses),
+        tuple(code.replace("{p}", m.replace("{x}", "x")) for m in p.misreadings),
     )
 
 
@@ -96,13 +104,26 @@ class _Program:
     ablations: tuple[_Fn, ...]
     """statement parts left out: a draft is redrawn unless some input tells each apart"""
     near_misses: tuple[_Fn, ...]
+    misread_bodies: tuple[tuple[tuple[str, ...], ...], ...] = ()
+    """per step, the body lines it can be written as: first the right one, then its misreadings"""
 
     @property
     def entry_point(self) -> str:
         return self.signature.split("(")[0]
 
-    def source(self) -> str:
-        return f"def {self.signature}:\n" + "".join(f"    {line}\n" for line in self.body)
+    def source(self, body: Sequence[str] | None = None) -> str:
+        return f"def {self.signature}:\n" + "".join(f"    {line}\n" for line in body or self.body)
+
+    def misread_sources(self) -> list[str]:
+        """One source per near miss, in `near_misses` order: one step misread, the rest right."""
+        right = [lines[0] for lines in self.misread_bodies]
+        return [self.source([*right[:i], wrong, *right[i + 1 :]])
+                for i, lines in enumerate(self.misread_bodies) for wrong in lines[1:]]  # fmt: skip
+
+    def sloppy_source(self, rng: random.Random, misread: float) -> str:
+        """As a sloppy reader writes it: each step that can be misread is, with probability `misread`."""
+        return self.source([rng.choice(lines[1:]) if len(lines) > 1 and rng.random() < misread else lines[0]
+                            for lines in self.misread_bodies])  # fmt: skip
 
     def starter(self) -> str:
         doc = "\n    ".join(self.statement.splitlines())
@@ -128,11 +149,29 @@ def _atom(r: random.Random) -> _Pred:
         [
             _Pred("even", "{x} % 2 == 0", lambda x: x % 2 == 0),
             _Pred("odd", "{x} % 2 == 1", lambda x: x % 2 == 1),
-            _Pred("positive", "{x} > 0", lambda x: x > 0, near_misses=(lambda x: x >= 0,)),
-            _Pred("negative", "{x} < 0", lambda x: x < 0, near_misses=(lambda x: x <= 0,)),
-            _Pred(f"greater than {t}", f"{{x}} > {t}", lambda x: x > t, near_misses=(lambda x: x >= t,)),
-            _Pred(f"less than {t}", f"{{x}} < {t}", lambda x: x < t, near_misses=(lambda x: x <= t,)),
-            _Pred(f"at least {t}", f"{{x}} >= {t}", lambda x: x >= t, near_misses=(lambda x: x > t,)),
+            _Pred("positive", "{x} > 0", lambda x: x > 0, near_misses=(lambda x: x >= 0,), misreadings=("{x} >= 0",)),
+            _Pred("negative", "{x} < 0", lambda x: x < 0, near_misses=(lambda x: x <= 0,), misreadings=("{x} <= 0",)),
+            _Pred(
+                f"greater than {t}",
+                f"{{x}} > {t}",
+                lambda x: x > t,
+                near_misses=(lambda x: x >= t,),
+                misreadings=(f"{{x}} >= {t}",),
+            ),
+            _Pred(
+                f"less than {t}",
+                f"{{x}} < {t}",
+                lambda x: x < t,
+                near_misses=(lambda x: x <= t,),
+                misreadings=(f"{{x}} <= {t}",),
+            ),
+            _Pred(
+                f"at least {t}",
+                f"{{x}} >= {t}",
+                lambda x: x >= t,
+                near_misses=(lambda x: x > t,),
+                misreadings=(f"{{x}} > {t}",),
+            ),
             _Pred(f"divisible by {k}", f"{{x}} % {k} == 0", lambda x: x % k == 0),
         ]
     )
@@ -148,6 +187,7 @@ def _compound(r: random.Random) -> _Pred:
             lambda x: a.fn(x) and b.fn(x),
             ablations=(a.fn, b.fn),
             near_misses=(lambda x: a.fn(x) or b.fn(x),),
+            misreadings=(f"{a.code} or {b.code}",),
         )
     return _Pred(
         f"{a.text} or {b.text}",
@@ -155,6 +195,7 @@ def _compound(r: random.Random) -> _Pred:
         lambda x: a.fn(x) or b.fn(x),
         ablations=(a.fn, b.fn),
         near_misses=(lambda x: a.fn(x) and b.fn(x),),
+        misreadings=(f"{a.code} and {b.code}",),
     )
 
 
@@ -183,6 +224,7 @@ def _s_case(r: random.Random, ab: str) -> _Step:
                 "{v}.swapcase()",
                 str.swapcase,
                 near_misses=(str.upper, str.lower),
+                misreadings=("{v}.upper()", "{v}.lower()"),
             ),
         ]
     )
@@ -200,6 +242,7 @@ def _s_replace(r: random.Random, ab: str) -> _Step:
         f"{{v}}.replace({old!r}, {new!r})",
         lambda s: "".join(new if c == old else c for c in s),
         near_misses=(lambda s: "".join(new if c.lower() == old.lower() else c for c in s),),
+        misreadings=(f"''.join({new!r} if c.lower() == {old.lower()!r} else c for c in {{v}})",),
     )
 
 
@@ -209,6 +252,7 @@ def _s_vowels(r: random.Random, ab: str) -> _Step:
         "''.join(c for c in {v} if c.lower() not in 'aeiou')",
         lambda s: "".join(c for c in s if c not in "aeiouAEIOU"),
         near_misses=(lambda s: "".join(c for c in s if c not in "aeiou"),),
+        misreadings=("''.join(c for c in {v} if c not in 'aeiou')",),
     )
 
 
@@ -222,6 +266,7 @@ def _s_stride(r: random.Random, ab: str) -> _Step:
         f"{{v}}[{start}::{k}]",
         lambda s: "".join(c for i, c in enumerate(s) if i % k == start),
         near_misses=(lambda s: s[(start + 1) % k :: k],),
+        misreadings=(f"{{v}}[{(start + 1) % k}::{k}]",),
     )
 
 
@@ -230,18 +275,22 @@ def _rotation(r: random.Random, noun: str, container: str) -> _Step:
     k = r.randint(1, 4)
     times = "once" if k == 1 else f"{k} times"
     keep = f"(an empty {container} stays empty)"
+    left = f"{{v}}[{k} % len({{v}}):] + {{v}}[:{k} % len({{v}})] if {{v}} else {{v}}"
+    right = f"{{v}}[len({{v}}) - {k} % len({{v}}):] + {{v}}[:len({{v}}) - {k} % len({{v}})] if {{v}} else {{v}}"
     if r.random() < 0.5:
         return _Step(
             f"Rotate it left by {k}: move its first {noun} to the end, {times} {keep}.",
-            f"{{v}}[{k} % len({{v}}):] + {{v}}[:{k} % len({{v}})] if {{v}} else {{v}}",
+            left,
             lambda xs: _rotate(xs, k),
             near_misses=(lambda xs: _rotate(xs, -k), lambda xs: xs[k:] + xs[:k]),
+            misreadings=(right, f"{{v}}[{k}:] + {{v}}[:{k}]"),
         )
     return _Step(
         f"Rotate it right by {k}: move its last {noun} to the front, {times} {keep}.",
-        f"{{v}}[len({{v}}) - {k} % len({{v}}):] + {{v}}[:len({{v}}) - {k} % len({{v}})] if {{v}} else {{v}}",
+        right,
         lambda xs: _rotate(xs, -k),
         near_misses=(lambda xs: _rotate(xs, k), lambda xs: xs[-k:] + xs[:-k]),
+        misreadings=(left, f"{{v}}[-{k}:] + {{v}}[:-{k}]"),
     )
 
 
@@ -255,6 +304,7 @@ def _s_double(r: random.Random, ab: str) -> _Step:
         "''.join(c * 2 for c in {v})",
         lambda s: "".join(c + c for c in s),
         near_misses=(lambda s: s + s,),
+        misreadings=("{v} + {v}",),
     )
 
 
@@ -264,6 +314,7 @@ def _s_sort(r: random.Random, ab: str) -> _Step:
         "''.join(sorted({v}))",
         lambda s: "".join(sorted(s, key=ord)),
         near_misses=(lambda s: "".join(sorted(s, key=str.lower)),),
+        misreadings=("''.join(sorted({v}, key=str.lower))",),
     )
 
 
@@ -276,6 +327,7 @@ def _s_dedupe(r: random.Random, ab: str) -> _Step:
         "''.join(dict.fromkeys({v}))",
         first_occurrences,
         near_misses=(lambda s: first_occurrences(s[::-1])[::-1],),
+        misreadings=("''.join(dict.fromkeys({v}[::-1]))[::-1]",),
     )
 
 
@@ -306,6 +358,7 @@ def _s_caesar(r: random.Random, ab: str) -> _Step:
         f"''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in {{v}})",
         lambda s: "".join(low[(low.index(c) + k) % 26] if c in low else c for c in s),
         near_misses=(lambda s: "".join(low[(low.index(c) - k) % 26] if c in low else c for c in s),),
+        misreadings=(f"''.join(chr((ord(c) - 97 - {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in {{v}})",),
     )
 
 
@@ -315,6 +368,7 @@ def _s_mirror(r: random.Random, ab: str) -> _Step:
         "{v} + {v}[::-1]",
         lambda s: s + "".join(reversed(s)),
         near_misses=(lambda s: s[::-1] + s,),
+        misreadings=("{v}[::-1] + {v}",),
     )
 
 
@@ -390,12 +444,14 @@ def _l_map(r: random.Random) -> _Step:
                 f"[x % {m} for x in {{v}}]",
                 lambda xs: [x - m * (x // m) for x in xs],
                 near_misses=(lambda xs: [x - m * int(x / m) for x in xs],),
+                misreadings=(f"[x - {m} * int(x / {m}) for x in {{v}}]",),
             ),
             _Step(
                 f"Divide every element by {d}, rounding down towards minus infinity (-7 becomes {-7 // d}).",
                 f"[x // {d} for x in {{v}}]",
                 lambda xs: [(x - x % d) // d for x in xs],
                 near_misses=(lambda xs: [int(x / d) for x in xs],),
+                misreadings=(f"[int(x / {d}) for x in {{v}}]",),
             ),
         ]
     )
@@ -421,6 +477,7 @@ def _l_order(r: random.Random) -> _Step:
                 "sorted({v}, key=abs)",
                 lambda xs: sorted(xs, key=lambda x: x * x),
                 near_misses=(sorted,),
+                misreadings=("sorted({v})",),
             ),
             _Step("Reverse it.", "{v}[::-1]", lambda xs: list(reversed(xs))),
         ]
@@ -436,6 +493,7 @@ def _l_dedupe(r: random.Random) -> _Step:
         "list(dict.fromkeys({v}))",
         first_occurrences,
         near_misses=(lambda xs: sorted(set(xs)), lambda xs: first_occurrences(xs[::-1])[::-1]),
+        misreadings=("sorted(set({v}))", "list(dict.fromkeys({v}[::-1]))[::-1]"),
     )
 
 
@@ -452,6 +510,7 @@ def _l_sums(r: random.Random) -> _Step:
                 "[sum({v}[:i + 1]) for i in range(len({v}))]",
                 lambda xs: list(itertools.accumulate(xs)),
                 near_misses=(lambda xs: [sum(xs[:i]) for i in range(len(xs))],),
+                misreadings=("[sum({v}[:i]) for i in range(len({v}))]",),
             ),
             _Step(
                 "Replace it by the differences of neighbours: [a, b, c] becomes [b - a, c - b] "
@@ -459,6 +518,7 @@ def _l_sums(r: random.Random) -> _Step:
                 "[b - a for a, b in zip({v}, {v}[1:])]",
                 lambda xs: [xs[i + 1] - xs[i] for i in range(len(xs) - 1)],
                 near_misses=(lambda xs: [xs[i] - xs[i + 1] for i in range(len(xs) - 1)],),
+                misreadings=("[a - b for a, b in zip({v}, {v}[1:])]",),
             ),
         ]
     )
@@ -474,6 +534,7 @@ def _l_drop_max(r: random.Random) -> _Step:
         "[x for x in {v} if x != max({v})]",
         lambda xs: [x for x in xs if x < max(xs)],
         near_misses=(lambda xs: sorted(xs)[:-1] if xs else xs,),
+        misreadings=("sorted({v})[:-1] if {v} else {v}",),
     )
 
 
@@ -521,6 +582,7 @@ def _n_digits(r: random.Random) -> _Step:
                 "sum(int(d) for d in str(abs({v})))",
                 lambda n: sum(map(int, str(abs(n)))),
                 near_misses=(lambda n: sum(map(int, str(abs(n)))) * (1 if n >= 0 else -1),),
+                misreadings=("sum(int(d) for d in str(abs({v}))) * (1 if {v} >= 0 else -1)",),
             ),
             _Step(
                 "Replace it by the number written with the decimal digits of its absolute value in reverse order "
@@ -528,12 +590,14 @@ def _n_digits(r: random.Random) -> _Step:
                 "int(str(abs({v}))[::-1])",
                 lambda n: int("".join(reversed(str(abs(n))))),
                 near_misses=(lambda n: int(str(abs(n))[::-1]) * (1 if n >= 0 else -1),),
+                misreadings=("int(str(abs({v}))[::-1]) * (1 if {v} >= 0 else -1)",),
             ),
             _Step(
                 "Replace it by the number of decimal digits of its absolute value (0 has 1 digit).",
                 "len(str(abs({v})))",
                 lambda n: len(str(n).lstrip("-")),
                 near_misses=(lambda n: len(str(n)),),
+                misreadings=("len(str({v}))",),
             ),
             _Step(
                 "Replace it by the number of 1 bits in the binary form of its absolute value.",
@@ -555,12 +619,14 @@ def _n_divide(r: random.Random) -> _Step:
                 f"{{v}} % {m}",
                 lambda n: n - m * (n // m),
                 near_misses=(lambda n: n - m * int(n / m),),
+                misreadings=(f"{{v}} - {m} * int({{v}} / {m})",),
             ),
             _Step(
                 f"Divide it by {d}, rounding down towards minus infinity (-7 becomes {-7 // d}).",
                 f"{{v}} // {d}",
                 lambda n: (n - n % d) // d,
                 near_misses=(lambda n: int(n / d),),
+                misreadings=(f"int({{v}} / {d})",),
             ),
         ]
     )
@@ -599,6 +665,7 @@ def _n_branch(r: random.Random) -> _Step:
         make(p.fn),
         ablations=(a, b),
         near_misses=tuple(map(make, p.near_misses)),
+        misreadings=tuple(f"{a_code} if {m.replace('{x}', '{v}')} else {b_code}" for m in p.misreadings),
     )
 
 
@@ -612,6 +679,11 @@ def _draw_numbers(r: random.Random, level: int) -> tuple[_Program, list[list[Any
 
 
 # ---- counting and search in lists ----
+
+
+_FIRST = "next((i for i, x in enumerate({v}) if {p}), -1)"
+_LAST = "max((i for i, x in enumerate({v}) if {p}), default=-1)"
+_COUNT = "sum(1 for x in {v} if {p})"
 
 
 def _c_reduce(r: random.Random, p: _Pred | None) -> _Step:
@@ -634,7 +706,7 @@ def _c_reduce(r: random.Random, p: _Pred | None) -> _Step:
         return lambda xs: len([x for x in xs if ok(x)])
 
     with_p = [
-        ("Return how many elements are {p}.", "sum(1 for x in {v} if {p})", count, ()),
+        ("Return how many elements are {p}.", _COUNT, count, ()),
         (
             "Return the sum of the elements that are {p} (0 if there are none).",
             "sum(x for x in {v} if {p})",
@@ -643,27 +715,29 @@ def _c_reduce(r: random.Random, p: _Pred | None) -> _Step:
         ),
         (
             "Return the index (counting from 0) of the first element that is {p}, or -1 if there is none.",
-            "next((i for i, x in enumerate({v}) if {p}), -1)",
+            _FIRST,
             first,
-            (last,),
+            ((last, _LAST),),
         ),
         (
             "Return the index (counting from 0) of the last element that is {p}, or -1 if there is none.",
-            "max((i for i, x in enumerate({v}) if {p}), default=-1)",
+            _LAST,
             last,
-            (first,),
+            ((first, _FIRST),),
         ),
         (
             "Return the length of the longest run of consecutive elements that are all {p} (0 if there is none).",
             "max(map(len, ''.join('1' if {p} else '0' for x in {v}).split('0')))",
             run,
-            (count,),
+            ((count, _COUNT),),
         ),
     ]
     if p is not None:
         text, code, make, misreads = r.choice(with_p)
         step = _pred_step(text, code, make, p)
-        return _Step(step.text, step.code, step.fn, step.ablations, (*step.near_misses, *(m(p.fn) for m in misreads)))
+        return _Step(step.text, step.code, step.fn, step.ablations,
+                     (*step.near_misses, *(m(p.fn) for m, _ in misreads)),
+                     (*step.misreadings, *(c.replace("{p}", p.on("x")) for _, c in misreads)))  # fmt: skip
     return r.choice(
         [
             _Step(
@@ -671,24 +745,28 @@ def _c_reduce(r: random.Random, p: _Pred | None) -> _Step:
                 "sum(1 for a, b in zip({v}, {v}[1:]) if a < b)",
                 lambda xs: sum(xs[i] < xs[i + 1] for i in range(len(xs) - 1)),
                 near_misses=(lambda xs: sum(xs[i] <= xs[i + 1] for i in range(len(xs) - 1)),),
+                misreadings=("sum(1 for a, b in zip({v}, {v}[1:]) if a <= b)",),
             ),
             _Step(
                 "Return how many elements are greater than every element before them (the first element counts).",
                 "sum(1 for i, x in enumerate({v}) if all(y < x for y in {v}[:i]))",
                 lambda xs: sum(1 for i in range(len(xs)) if xs[i] > max(xs[:i], default=xs[i] - 1)),
                 near_misses=(lambda xs: sum(1 for i in range(len(xs)) if xs[i] >= max(xs[:i], default=xs[i])),),
+                misreadings=("sum(1 for i, x in enumerate({v}) if all(y <= x for y in {v}[:i]))",),
             ),
             _Step(
                 f"Return the number of pairs of positions i < j whose elements add up to {t}.",
                 f"sum(1 for i in range(len({{v}})) for j in range(i + 1, len({{v}})) if {{v}}[i] + {{v}}[j] == {t})",
                 lambda xs: sum(a + b == t for a, b in itertools.combinations(xs, 2)),
                 near_misses=(lambda xs: sum(a + b == t for a in xs for b in xs),),
+                misreadings=(f"sum(1 for a in {{v}} for b in {{v}} if a + b == {t})",),
             ),
             _Step(
                 "Return the number of distinct values in the list.",
                 "len(set({v}))",
                 lambda xs: len(dict.fromkeys(xs)),
                 near_misses=(lambda xs: sum(xs.count(x) == 1 for x in xs),),
+                misreadings=("sum(1 for x in {v} if {v}.count(x) == 1)",),
             ),
             _Step(
                 "Return the largest element minus the smallest (0 for an empty list).",
@@ -801,15 +879,20 @@ def _pipeline(signature: str, var: str, what: str, steps: Sequence[_Step]) -> _P
     if len(steps) > 1:
         ablations.append(chain([]))  # steps that together undo each other
     near_misses = [chain([*fns[:i], m, *fns[i + 1 :]]) for i, s in enumerate(steps) for m in s.near_misses]
-    lines = [f"{var} = {s.code.replace('{v}', var)}" for s in steps[:-1]]
+
+    def line(k: int, code: str) -> str:
+        return f"return {code.replace('{v}', var)}" if k == len(steps) - 1 else f"{var} = {code.replace('{v}', var)}"
+
+    variants = tuple(tuple(line(k, c) for c in (s.code, *s.misreadings)) for k, s in enumerate(steps))
     intro = "Apply this step" if len(steps) == 1 else "Apply these steps in order"
     return _Program(
         signature=signature,
         statement=f"{intro} {what}:\n" + "\n".join(f"{i}. {s.text}" for i, s in enumerate(steps, 1)),
-        body=(*lines, f"return {steps[-1].code.replace('{v}', var)}"),
+        body=tuple(v[0] for v in variants),
         fn=chain(fns),
         ablations=tuple(ablations),
         near_misses=tuple(near_misses),
+        misread_bodies=variants if all(len(s.misreadings) == len(s.near_misses) for s in steps) else (),
     )
 
 
@@ -981,8 +1064,18 @@ class ProceduralCodeTasks(GeneratedTaskSet):
         )
 
 
+def _program(task: Task) -> _Program:
+    family, level, n = ProceduralCodeTasks._parse(task.id)
+    return _draft(family, level, task_rng(ProceduralCodeTasks.name, family, level, n))[0]
+
+
 def reference_solution(task: Task) -> str:
     """The source of a correct solution to a procedural task, regenerated from its id (KeyError if not one)."""
-    family, level, n = ProceduralCodeTasks._parse(task.id)
-    program, _ = _draft(family, level, task_rng(ProceduralCodeTasks.name, family, level, n))
-    return program.source()
+    return _program(task).source()
+
+
+def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
+    """A solution as a sloppy reader writes it: each step that has a plausible misreading (rotating right for
+    left, truncating for floor division, `>=` for "greater than", ...) is misread with probability `misread`.
+    The hidden tests tell every such misreading apart where some input can."""
+    return _program(task).sloppy_source(rng, misread)

@@ -8,7 +8,10 @@ continue (the task cursor, the parked partial rollouts), written by rank 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,8 @@ def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
     """Every rank calls it. `state` must be JSON-serialisable (rank 0's is written)."""
     path = Path(path)
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
-    dcp.save({"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}, checkpoint_id=path)
+    with _one_process_is_fine():
+        dcp.save({"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}, checkpoint_id=path)
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                 else []}, path / f"rng_{trainer.rank}.pt")  # fmt: skip
     if trainer.rank == 0:
@@ -44,7 +48,8 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
         raise FileNotFoundError(f"{path} is not a finished checkpoint (no state.json)")
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
     sd = {"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}
-    dcp.load(sd, checkpoint_id=path)
+    with _one_process_is_fine():
+        dcp.load(sd, checkpoint_id=path)
     set_state_dict(trainer.scorer, trainer.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     trainer.scheduler.load_state_dict(sd["scheduler"])
     rng = path / f"rng_{trainer.rank}.pt"
@@ -77,3 +82,11 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
         model.to(getattr(torch, dtype)).save_pretrained(path)
     if dist.is_initialized():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def _one_process_is_fine() -> Iterator[None]:
+    """DCP warns that it assumes one process when torch.distributed is not initialised: here that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
