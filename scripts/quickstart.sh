@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# README command 1: a fresh Debian machine to agentrl's main job.
-# Until training lands, that job is running an example program in a sandbox.
+# README command 1: a fresh Debian machine to a finished default training run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/agentrl sandbox exec examples/hello.py
+.venv/bin/agentrl train --env code_sandbox --build-image

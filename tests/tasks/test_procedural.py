@@ -184,6 +184,41 @@ def test_reference_solution_passes_every_case(code_tasks: list[Task]):
         assert all(_passed(fn, t.tests)) and all(_passed(fn, t.public_tests)), (t.id, source)
 
 
+def _results(f: Callable[..., Any], inputs: list[list[Any]]) -> list[Any]:
+    """f on each input; an exception's name where it raises (a misreading may raise where the statement does not)."""
+    out = []
+    for a in inputs:
+        try:
+            out.append(f(*a))
+        except Exception as e:
+            out.append(type(e).__name__)
+    return out
+
+
+def test_misreadings_are_code_for_the_near_misses_and_the_hidden_tests_catch_them(code_tasks: list[Task]):
+    """Each misreading's source computes exactly its near-miss callable, and a sloppy solution (everything
+    misread) fails the hidden tests wherever the misreading changes some hidden case."""
+    import random
+
+    from agentrl.tasks.procedural import _program, sloppy_solution
+
+    checked = caught = 0
+    for t in code_tasks:
+        program = _program(t)
+        if t.metadata["family"] == "sequences":
+            assert not program.misread_bodies  # a recurrence has no step to misread
+            continue
+        inputs = [c.args for c in t.tests.cases + t.public_tests.cases]
+        for source, near_miss in zip(program.misread_sources(), program.near_misses, strict=True):
+            fn = _load(source, t.tests.entry_point)
+            assert _results(fn, inputs) == _results(near_miss, inputs), (t.id, source)
+            differs = _results(near_miss, inputs)[: len(t.tests.cases)] != [c.expected for c in t.tests.cases]
+            caught += differs and not all(_passed(fn, t.tests))
+            checked += differs
+        assert sloppy_solution(t, random.Random(0), 0.0) == reference_solution(t)
+    assert checked > 50 and caught == checked
+
+
 def test_another_tasks_solution_fails(code_tasks: list[Task]):
     """The reference for task n + 1000 of the same family and level fails task n."""
     fails = []
