@@ -8,7 +8,9 @@ and empties every place the sandbox user can write, and proves it (see
 `Sandbox.recycle`); one that cannot be proven clean is discarded as before. A
 container start costs a few hundred ms of CPU, a recycle a few ms: on a small
 machine running many short episodes, starts are most of the rollout time.
-Idle sandboxes are probed periodically and dead ones replaced. Starts and
+With reuse the pool holds `size` containers: an acquire waits for one to come back,
+and only past `patience_s` (one is held for long) starts another, discarded on its
+return. Idle sandboxes are probed periodically and dead ones replaced. Starts and
 removals together are bounded (`max_docker_ops`) so a large pool does not
 flood the daemon.
 """
@@ -43,12 +45,14 @@ class SandboxPool:
         max_docker_ops: int = 4,
         health_interval_s: float = 5.0,
         reuse: int = 0,
+        patience_s: float = 2.0,
     ):
         if size < 1 or reuse < 0:
             raise ValueError(f"pool size must be >= 1 and reuse >= 0, got size={size}, reuse={reuse}")
         self.factory = factory
         self.size = size
         self.reuse = reuse
+        self.patience_s = patience_s
         self._uses: dict[Sandbox, int] = {}  # episodes each sandbox has served
         self.health_interval_s = health_interval_s
         self._ops = asyncio.Semaphore(max_docker_ops)
@@ -73,17 +77,36 @@ class SandboxPool:
 
     async def acquire(self) -> Sandbox:
         """A healthy sandbox, never used (or recycled and proven clean); waits while one starts or comes back."""
+
+        def ready() -> bool:
+            return bool(self._idle) or self._closed or self._failing()
+
         while True:
             self._fill()  # also retries after starts failed
             async with self._changed:
-                await self._changed.wait_for(lambda: self._idle or self._closed or self._failing())
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(ready), self.patience_s)
+                except TimeoutError:
+                    # With reuse, leased sandboxes count as coming back, but one may be held for long (a
+                    # parked episode keeps its sandbox until the next iteration): start one more rather
+                    # than wait on it. Release discards the surplus.
+                    if not self._starting:
+                        self._starting += 1
+                        self._spawn(self._start_one())
+                    await self._changed.wait_for(ready)
                 if self._closed:
                     raise SandboxError("pool is closed")
                 if not self._idle:
                     raise SandboxError(f"sandboxes fail to start: {self._last_error}") from self._last_error
                 sandbox = self._idle.pop()
                 self._leased.add(sandbox)  # counted while probed: with reuse it is one that comes back
-            healthy = await sandbox.healthy()
+            try:
+                healthy = await sandbox.healthy()
+            except asyncio.CancelledError:  # the caller was cancelled: the lease must not leak
+                self._leased.discard(sandbox)
+                self._spawn(self._discard(sandbox))
+                self._fill()
+                raise
             if not healthy:
                 self._leased.discard(sandbox)
             # Start its replacement only now: a start's docker calls would slow the probe.
@@ -98,7 +121,8 @@ class SandboxPool:
         """Give back a leased sandbox: recycled in the background while it may be reused, else closed."""
         self._leased.discard(sandbox)
         self._uses[sandbox] = self._uses.get(sandbox, 0) + 1
-        if self._uses[sandbox] <= self.reuse and not self._closed:
+        held = len(self._idle) + len(self._leased) + self._starting  # this one aside
+        if self._uses[sandbox] <= self.reuse and held < self.size and not self._closed:
             self._starting += 1  # on its way back to idle, as a start is
             self._spawn(self._recycle(sandbox))
         else:

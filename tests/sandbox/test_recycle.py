@@ -82,7 +82,7 @@ async def test_with_reuse_the_pool_holds_size_containers_under_load(sandbox_imag
     """More episodes at once than `size`: they wait for recycled sandboxes instead of starting new ones."""
     import asyncio
 
-    async with SandboxPool(DockerSandbox.create, size=2, reuse=100) as pool:
+    async with SandboxPool(DockerSandbox.create, size=2, reuse=100, patience_s=60) as pool:
 
         async def episode(i: int) -> str:
             async with pool.sandbox() as sb:
@@ -93,3 +93,20 @@ async def test_with_reuse_the_pool_holds_size_containers_under_load(sandbox_imag
         while pool._starting:  # the last two are on their way back
             await asyncio.sleep(0.01)
         assert pool.stats["started"] == 2 and pool.stats["recycled"] == 12
+
+
+async def test_a_sandbox_held_for_long_does_not_starve_the_others(sandbox_image):
+    """A parked episode keeps its sandbox until the next iteration; an episode that needs one meanwhile
+    gets another started after `patience_s`, and the surplus is discarded on return."""
+    import asyncio
+
+    async with SandboxPool(DockerSandbox.create, size=1, reuse=100, patience_s=0.5) as pool:
+        held = await pool.acquire()
+        other = await asyncio.wait_for(pool.acquire(), 60)
+        assert other is not held and (await other.run_python("print(2)")).stdout == "2\n"
+        await pool.release(other)
+        await pool.release(held)
+        while pool._starting or pool._tasks:
+            await asyncio.sleep(0.01)
+        assert pool.stats["started"] == 2 and pool.stats["recycled"] == 1 and pool.stats["discarded"] == 1
+        assert len(pool._idle) == 1

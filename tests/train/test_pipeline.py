@@ -1,5 +1,6 @@
 """`agentrl train` end to end: the embedded default policy, real Docker sandboxes, real Ray, GSPO-token."""
 
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,16 @@ SMALL = ["rollout.group_size=4", "rollout.groups_per_iteration=2", "rollout.max_
 
 def agentrl_train(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "agentrl", "train", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=_env())
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired as e:  # say where it stood
+        pytest.fail(f"agentrl train ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return r
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def _env() -> dict[str, str]:
@@ -94,7 +102,8 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
         client = docker.from_env()
         ours = client.containers.list(filters={"label": reaper.LABEL})
         for c in ours:
-            c.kill()
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                c.kill()  # one may have ended (or been recycled) since the listing
         workers = subprocess.run(["pgrep", "-f", "ray::EnvWorker"], capture_output=True, text=True).stdout.split()
         os.kill(int(workers[0]), signal.SIGKILL)
         output, _ = proc.communicate(timeout=240)
