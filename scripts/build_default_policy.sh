@@ -4,7 +4,7 @@
 #      that misreads each step it can misread with probability 0.6, played through the real
 #      code_sandbox env and Docker sandboxes (about 10 min for 15000 on 2 cores);
 #   2. a random-init Qwen3-MoE of the default shapes with the project tokenizer;
-#   3. agentrl sft on the demonstrations (configs/sft/default_policy.yaml; about 40 min on 2 cores).
+#   3. agentrl sft on the demonstrations (configs/sft/default_policy.yaml; about 32 min on 2 cores).
 # Usage: bash scripts/build_default_policy.sh [WORK_DIR]   (after bash scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -89,12 +89,14 @@ async def test_requests_join_a_running_batch_and_are_batching_invariant():
     prompt = tok.encode("def fib(n):")
     async with HFEngine(model) as eng:
         alone = await eng.generate(prompt, params)
-        long_running = asyncio.create_task(eng.generate(tok.encode("x = 1"), SamplingParams(max_tokens=200, seed=1)))
+        long = SamplingParams(max_tokens=1000, seed=1)  # far longer than the joining request, even on a loaded machine
+        long_running = asyncio.create_task(eng.generate(tok.encode("x = 1"), long, request_id="long"))
         await asyncio.sleep(0.2)  # the long request is mid-generation
         assert not long_running.done()
         joined = await eng.generate(prompt, params)
         assert not long_running.done(), "the joining request waited for the batch to drain"
-        await long_running
+        await eng.abort("long")
+        assert (await long_running).finish_reason == "aborted"
     assert joined.token_ids == alone.token_ids
     torch.testing.assert_close(torch.tensor(joined.logprobs), torch.tensor(alone.logprobs), atol=ATOL, rtol=0)
 

@@ -41,6 +41,15 @@ def _env() -> dict[str, str]:
     return {**os.environ, "COLUMNS": "200", "RAY_AUTH_MODE": "disabled"}
 
 
+def _wait_for_first_iteration(proc: subprocess.Popen, run: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no first iteration after {timeout} s (exit {proc.poll()}):\n{proc.communicate()[0][-4000:]}")
+        time.sleep(0.2)
+
+
 def _sets(*sets: str) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
@@ -94,10 +103,7 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_env())  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first iteration"
-            time.sleep(0.2)
+        _wait_for_first_iteration(proc, run)
         time.sleep(1.0)  # iteration 1's rollouts are running
         client = docker.from_env()
         ours = client.containers.list(filters={"label": reaper.LABEL})
@@ -126,10 +132,7 @@ def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_env())  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first iteration"
-            time.sleep(0.2)
+        _wait_for_first_iteration(proc, run)
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
