@@ -53,6 +53,7 @@ class SandboxPool:
         self.size = size
         self.reuse = reuse
         self.patience_s = patience_s
+        self._starved = 0  # waiters past patience_s
         self._uses: dict[Sandbox, int] = {}  # episodes each sandbox has served
         self.health_interval_s = health_interval_s
         self._ops = asyncio.Semaphore(max_docker_ops)
@@ -84,16 +85,22 @@ class SandboxPool:
         while True:
             self._fill()  # also retries after starts failed
             async with self._changed:
+                starved = False
                 try:
-                    await asyncio.wait_for(self._changed.wait_for(ready), self.patience_s)
-                except TimeoutError:
-                    # With reuse, leased sandboxes count as coming back, but one may be held for long (a
-                    # parked episode keeps its sandbox until the next iteration): start one more rather
-                    # than wait on it. Release discards the surplus.
-                    if not self._starting:
-                        self._starting += 1
-                        self._spawn(self._start_one())
-                    await self._changed.wait_for(ready)
+                    while not ready():
+                        try:
+                            await asyncio.wait_for(self._changed.wait_for(ready), self.patience_s)
+                        except TimeoutError:
+                            # With reuse, leased sandboxes count as coming back, but one may be held for long
+                            # (a parked episode keeps its sandbox until the next iteration): past patience,
+                            # every waiter gets a start of its own. Release discards the surplus.
+                            self._starved += not starved
+                            starved = True
+                            for _ in range(self._starved - self._starting):
+                                self._starting += 1
+                                self._spawn(self._start_one())
+                finally:
+                    self._starved -= starved
                 if self._closed:
                     raise SandboxError("pool is closed")
                 if not self._idle:
