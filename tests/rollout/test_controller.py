@@ -240,8 +240,9 @@ async def test_parked_episodes_continue_in_a_new_controller(ray_local):
             if len(answered(saved)) >= 2:
                 break
     running = [p.trajectory for eps in saved.groups.values() for p in eps if p.trajectory.status is Status.RUNNING]
-    assert len(answered(saved)) >= 2, "two parked episodes have a turn the env answered"
-    victim = answered(saved)[0]
+    replied = answered(saved)
+    assert len(replied) >= 2, "two parked episodes have a turn the env answered"
+    victim = replied[0]
     first_obs = victim.turns[0].end
     victim.token_ids[first_obs] = (victim.token_ids[first_obs] + 1) % 2000  # a record the env contradicts
     async with HFEngine(model, version=1) as engine, RolloutController(cfg, engine, chat()) as ctl:

@@ -41,13 +41,18 @@ def _env() -> dict[str, str]:
     return {**os.environ, "COLUMNS": "200", "RAY_AUTH_MODE": "disabled"}
 
 
-def _wait_for_first_iteration(proc: subprocess.Popen, run: Path, timeout: float = 180) -> None:
+def _started_small_run(run: Path, iterations: int, cwd: Path, timeout: float = 180) -> subprocess.Popen:
+    """The SMALL run in the background, returned once its first iteration is logged (killed if it never is)."""
+    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox",
+           *_sets(f"iterations={iterations}", f"out={run}", *SMALL)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     deadline = time.monotonic() + timeout
     while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"no first iteration after {timeout} s (exit {proc.poll()}):\n{proc.communicate()[0][-4000:]}")
         time.sleep(0.2)
+    return proc
 
 
 def _sets(*sets: str) -> list[str]:
@@ -98,12 +103,8 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     """Mid-iteration, every sandbox container is killed and an env worker process too: the run finishes,
     and the failures are counted in its metrics (retried, never scored)."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox",
-           *_sets("iterations=3", f"out={run}", *SMALL)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env())  # fmt: skip
+    proc = _started_small_run(run, iterations=3, cwd=tmp_path)
     try:
-        _wait_for_first_iteration(proc, run)
         time.sleep(1.0)  # iteration 1's rollouts are running
         client = docker.from_env()
         ours = client.containers.list(filters={"label": reaper.LABEL})
@@ -127,12 +128,8 @@ def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     """One SIGINT mid-run: the rollouts in flight are parked, a checkpoint is saved, sandboxes and env
     workers are released, and the command says how to resume (exit 130: interrupted, not finished)."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox",
-           *_sets("iterations=20", f"out={run}", *SMALL)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env())  # fmt: skip
+    proc = _started_small_run(run, iterations=20, cwd=tmp_path)
     try:
-        _wait_for_first_iteration(proc, run)
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
