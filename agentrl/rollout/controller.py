@@ -257,7 +257,7 @@ class RolloutController:
         requested = list(task_ids or [])[:n_new]
         if len(requested) < n_new:
             seed = zlib.crc32(f"{self.cfg.seed}/tasks/{self.iteration}".encode())
-            requested += await self.workers[0].sample_tasks.remote(n_new - len(requested), seed)
+            requested += await self._sample_tasks(n_new - len(requested), seed)
         for task_id in requested:
             self._new_group(task_id)
         self._note_complete_groups()
@@ -408,6 +408,16 @@ class RolloutController:
         w = self.workers[self._next_worker % len(self.workers)]
         self._next_worker += 1
         return w
+
+    async def _sample_tasks(self, n: int, seed: int) -> list[str]:
+        """Task ids from worker 0's env. A worker that died while idle (no episode of its own to
+        notice) is replaced here, once: the fresh one answers or the error is real."""
+        w = self.workers[0]
+        try:
+            return await w.sample_tasks.remote(n, seed)
+        except ray.exceptions.RayActorError:
+            self._replace_worker(w)
+            return await self.workers[0].sample_tasks.remote(n, seed)
 
     def _replace_worker(self, dead: Any) -> None:
         """A worker actor died: its episodes fail; a fresh one takes its place, and the dead one's

@@ -284,6 +284,20 @@ async def test_killing_an_env_worker_fails_only_its_episodes(ray_local, mode):
         assert all(t.status is Status.FINISHED for t in trajs)
 
 
+async def test_a_worker_killed_between_iterations_is_replaced(ray_local):
+    """A worker that dies while idle has no episode to notice it: the next iteration (whose task
+    sampling asks worker 0) replaces it and runs in full."""
+    engine = HFEngine(tiny_model("qwen3_moe", seed=0))
+    async with engine, RolloutController(config(num_workers=1), engine, chat()) as ctl:
+        await ctl.run_iteration()
+        victim = ctl.workers[0]
+        ray.kill(victim)
+        batch = await asyncio.wait_for(ctl.run_iteration(), 300)
+        assert victim not in ctl.workers
+    assert batch.stats.groups_finished == config().groups_per_iteration
+    assert all(t.status is Status.FINISHED for t in batch.trajectories)
+
+
 def test_config_rejects_impossible_settings():
     with pytest.raises(ValueError, match="partial"):
         RolloutConfig(partial=False, iteration_token_budget=100)
