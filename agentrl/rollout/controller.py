@@ -258,8 +258,8 @@ class RolloutController:
         if len(requested) < n_new:
             seed = zlib.crc32(f"{self.cfg.seed}/tasks/{self.iteration}".encode())
             requested += await self._sample_tasks(n_new - len(requested), seed)
-        for task_id in requested:
-            self._new_group(task_id)
+        for k, task_id in enumerate(requested):
+            self._new_group(f"{self.iteration:05d}-{k:03d}", task_id)
         self._note_complete_groups()
         await asyncio.gather(*(self._drive(ep) for ep in self._live()))
 
@@ -293,8 +293,8 @@ class RolloutController:
     def _live(self) -> list[_Episode]:
         return [ep for eps in self._groups.values() for ep in eps if not ep.final]
 
-    def _new_group(self, task_id: str) -> None:
-        gid = uuid.uuid4().hex[:12]
+    def _new_group(self, gid: str, task_id: str) -> None:
+        """`gid` (iteration and index) seeds the group's sampling: a run is repeatable from its seed."""
         self._groups[gid] = [
             _Episode(self._new_traj(gid, task_id), seed=zlib.crc32(f"{self.cfg.seed}/{gid}/{i}".encode()))
             for i in range(self.cfg.group_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -9,6 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def lr_factor(step: int, warmup: int, decay: int, floor: float) -> float:
+    """The learning-rate multiplier at optimizer step `step`: linear warmup from 1/(warmup + 1) over
+    `warmup` steps, then cosine decay to `floor` by step `decay` (constant after; decay <= warmup: none)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if decay <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / (decay - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class AlgoConfig(_Strict):
@@ -78,7 +90,11 @@ class OptimConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0)
-    """optimizer steps of linear learning-rate warmup from lr / (warmup_steps + 1); constant after"""
+    """optimizer steps of linear learning-rate warmup from lr / (warmup_steps + 1)"""
+    decay_steps: int = Field(0, ge=0)
+    """cosine decay of the learning rate to min_lr_ratio · lr, ending at this optimizer step
+    (counting warmup; iterations × minibatches decays over the whole run); 0: constant after warmup"""
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     """gradients are clipped to this global norm before every step"""
     minibatches: int = Field(4, ge=1)

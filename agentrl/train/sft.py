@@ -29,7 +29,7 @@ from pydantic import Field
 from transformers import AutoTokenizer
 
 from agentrl.rollout.chat import ChatFormat
-from agentrl.train.config import ModelConfig, _Strict
+from agentrl.train.config import ModelConfig, _Strict, lr_factor
 from agentrl.train.logprobs import PLAIN_SOFTMAX
 from agentrl.train.policy import causal_lm, load_policy, parallelize
 from agentrl.train.trainer import Scorer, clip_grad_norm, router_aux_loss
@@ -105,13 +105,6 @@ def _collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch
     return ids, attn, mask
 
 
-def _lr_factor(step: int, warmup: int, total: int, floor: float) -> float:
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    progress = (step - warmup) / max(1, total - warmup)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]:
     """Fine-tune, save to `cfg.out`, and return the last metrics. Every rank calls it."""
     from agentrl.train.checkpoint import export_hf
@@ -140,7 +133,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
     params = [p for p in scorer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _lr_factor(s, cfg.warmup_steps, steps, cfg.min_lr_ratio)
+        optimizer, lambda s: lr_factor(s, cfg.warmup_steps, steps, cfg.min_lr_ratio)
     )
 
     def loss_of(batch: list[Example], *, train: bool) -> tuple[torch.Tensor, float]:

@@ -20,7 +20,7 @@ from torch import nn
 from agentrl.algo import policy_loss
 from agentrl.engine.base import SamplingParams
 from agentrl.train.batch import TrainBatch
-from agentrl.train.config import TrainerConfig
+from agentrl.train.config import TrainerConfig, lr_factor
 from agentrl.train.logprobs import target_logprobs
 from agentrl.train.policy import causal_lm, parallelize
 
@@ -191,7 +191,7 @@ class Trainer:
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / (o.warmup_steps + 1))
+            self.optimizer, lambda step: lr_factor(step, o.warmup_steps, o.decay_steps, o.min_lr_ratio)
         )
         if cfg.algo.kl_coef and not hasattr(policy, "disable_adapter"):
             raise ValueError("algo.kl_coef needs a LoRA policy: its reference is the base model (adapters off)")

@@ -1,5 +1,6 @@
 """Run configs: recipes and --set overrides are validated before anything starts, with the fix named."""
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import yaml
 
 from agentrl.cli.train import configs_dir, resolve_config
 from agentrl.config import ConfigError, load, parse_sets
+from agentrl.train.config import lr_factor
 from agentrl.train.run_config import RunConfig
 
 RECIPES = sorted(configs_dir().glob("*.yaml"))
@@ -95,3 +97,11 @@ def test_agentrl_train_refuses_a_bad_config_before_starting(tmp_path, args, matc
     assert r.returncode == 2, r.stdout + r.stderr
     assert match in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
+    f = [lr_factor(s, warmup=2, decay=10, floor=0.1) for s in range(13)]
+    assert f[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert f[6] == pytest.approx(0.55)  # half way through the cosine: (1 + 0.1) / 2
+    assert all(a > b for a, b in itertools.pairwise(f[2:11])) and f[10:] == pytest.approx([0.1] * 3)
+    assert [lr_factor(s, warmup=2, decay=0, floor=0.1) for s in (2, 50)] == [1.0, 1.0]  # no decay asked
