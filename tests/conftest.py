@@ -12,7 +12,7 @@ from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
 
 
 def _ours(client) -> set[str]:
-    return {c.name for c in client.containers.list(all=True, filters={"label": reaper.LABEL})}
+    return {c.name for c in client.containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)}
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,7 @@ def remove(client: docker.DockerClient, container) -> None:
 
 
 def remove_session(client: docker.DockerClient, session: str = SESSION_ID) -> int:
-    containers = client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session}"})
+    containers = client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session}"}, ignore_removed=True)
     for c in containers:
         remove(client, c)
     return len(containers)
@@ -95,7 +95,8 @@ def remove_session(client: docker.DockerClient, session: str = SESSION_ID) -> in
 def collect_orphans(client: docker.DockerClient, *, everything: bool = False) -> list[str]:
     """Remove agentrl containers whose owner process is gone (all of them if `everything`)."""
     removed = []
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
+    # ignore_removed: another process may remove one of its own between the listing and its inspection
+    for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         if everything or not owner_alive(c.labels):
             remove(client, c)
             removed.append(c.name)

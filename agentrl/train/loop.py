@@ -81,7 +81,9 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
     display, stop = display or Quiet(), stop or asyncio.Event()
     lead = not dist.is_initialized() or dist.get_rank() == 0
     torch.manual_seed(cfg.seed)
-    trainer = Trainer(cfg.trainer(), load_policy(cfg.model))
+    # full fine-tuning's KL reference: the starting weights, from the model path (on resume too)
+    reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
+    trainer = Trainer(cfg.trainer(), load_policy(cfg.model), reference)
     state = LoopState()
     if resume and (ckpt := run.latest_checkpoint()) is not None:
         state = LoopState.model_validate(checkpoint.load(ckpt, trainer))

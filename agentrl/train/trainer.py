@@ -169,7 +169,10 @@ class _Share:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, policy: nn.Module) -> None:
+    def __init__(self, cfg: TrainerConfig, policy: nn.Module, reference: nn.Module | None = None) -> None:
+        """`reference`: the KL penalty's frozen policy for full fine-tuning (a copy of the starting
+        weights, loaded from the model path: a resume rebuilds it from there, never from a checkpoint).
+        A LoRA policy needs none: its reference is the base model, adapters off."""
         self.cfg = cfg
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -177,12 +180,23 @@ class Trainer:
         self.scorer = Scorer(policy)
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        lora = hasattr(policy, "disable_adapter")
+        if cfg.algo.kl_coef and not lora and reference is None:
+            raise ValueError("algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
+                             "starting weights); with LoRA the base model is the reference")  # fmt: skip
+        self.reference = Scorer(reference.requires_grad_(False).eval()) if cfg.algo.kl_coef and not lora else None
         if dist.is_initialized():
             from torch.distributed.device_mesh import init_device_mesh
 
-            parallelize(policy, init_device_mesh(self.device.type, (self.world,)), cfg.model, root=self.scorer)
+            mesh = init_device_mesh(self.device.type, (self.world,))
+            parallelize(policy, mesh, cfg.model, root=self.scorer)
+            if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
+                parallelize(reference, mesh, cfg.model.model_copy(update={"activation_checkpointing": False}),
+                            root=self.reference)  # fmt: skip
         else:
             policy.to(self.device)
+            if self.reference is not None:
+                self.reference.to(self.device)
         config = causal_lm(policy).config
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
@@ -193,8 +207,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, o.warmup_steps, o.decay_steps, o.min_lr_ratio)
         )
-        if cfg.algo.kl_coef and not hasattr(policy, "disable_adapter"):
-            raise ValueError("algo.kl_coef needs a LoRA policy: its reference is the base model (adapters off)")
 
     # -- data split --------------------------------------------------------------------
 
@@ -245,9 +257,7 @@ class Trainer:
                 if algo.tis_cap is not None:
                     extra = {"behaviour_logprobs": mb.old_logprobs, "tis_cap": algo.tis_cap}
             if algo.kl_coef:
-                with torch.no_grad(), self.policy.disable_adapter():
-                    ref, _, _ = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling)
-                extra |= {"ref_logprobs": ref, "kl_coef": algo.kl_coef}
+                extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
             if s.n_local:
                 loss, mm = policy_loss(lp, old, mb.advantages, mb.loss_mask, mode=algo.loss, clip_low=algo.clip_low,
                                        clip_high=algo.clip_high, **extra)  # fmt: skip
@@ -285,6 +295,14 @@ class Trainer:
             if sets.numel():
                 log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
         return self._reduce(metrics)
+
+    def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return self.reference(mb.input_ids, mb.attention_mask, mb.sampling)[0]
+            with self.policy.disable_adapter():
+                return self.scorer(mb.input_ids, mb.attention_mask, mb.sampling)[0]
 
     def _reduce(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         """Weighted means over minibatches and ranks."""

@@ -107,7 +107,7 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     try:
         time.sleep(1.0)  # iteration 1's rollouts are running
         client = docker.from_env()
-        ours = client.containers.list(filters={"label": reaper.LABEL})
+        ours = client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
         for c in ours:
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 c.kill()  # one may have ended (or been recycled) since the listing

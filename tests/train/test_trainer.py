@@ -104,8 +104,32 @@ def test_config_refuses_incompatible_settings_before_starting():
         AlgoConfig(tis_cap=2.0)
     with pytest.raises(ValidationError, match="minibatchs"):
         OptimConfig(minibatchs=4)
-    with pytest.raises(ValueError, match="LoRA"):
+    with pytest.raises(ValueError, match="reference"):
         Trainer(TrainerConfig(algo=AlgoConfig(kl_coef=0.1)), tiny_model("qwen3", seed=0))
+
+
+def test_kl_to_the_starting_weights_holds_full_fine_tuning_back():
+    """Full fine-tuning with a KL penalty: the frozen reference is the starting weights (KL 0 before the
+    first step, then > 0), stays untouched, and the penalty keeps the policy closer to it."""
+    optim = OptimConfig(lr=1e-2, minibatches=1)
+    free = Trainer(TrainerConfig(optim=optim), tiny_model("qwen3_moe", seed=0))
+    reference = tiny_model("qwen3_moe", seed=0)
+    start = {k: v.clone() for k, v in reference.state_dict().items()}
+    held = Trainer(TrainerConfig(algo=AlgoConfig(kl_coef=1.0), optim=optim), tiny_model("qwen3_moe", seed=0), reference)
+    kls = [held.update(fixed_batch())["kl_ref"] for _ in range(6)]
+    for _ in range(6):
+        free.update(fixed_batch())
+    assert kls[0] == pytest.approx(0.0, abs=1e-9) and kls[1] > 0
+    assert all(torch.equal(v, start[k]) for k, v in reference.state_dict().items())
+
+    def kl_to_start(trainer: Trainer) -> float:
+        b = fixed_batch()
+        with torch.no_grad():
+            lp = trainer.scorer(b.input_ids, b.attention_mask, b.sampling)[0]
+        diff = (held._reference_logprobs(b) - lp)[b.loss_mask.bool()]
+        return float((diff.exp() - diff - 1).mean())
+
+    assert kl_to_start(held) < 0.5 * kl_to_start(free)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen3", "llama"])
