@@ -9,8 +9,8 @@ and empties every place the sandbox user can write, and proves it (see
 container start costs a few hundred ms of CPU, a recycle a few ms: on a small
 machine running many short episodes, starts are most of the rollout time.
 With reuse the pool holds `size` containers: an acquire waits for one to come back,
-and only past `patience_s` (one is held for long) starts another, discarded on its
-return. Idle sandboxes are probed periodically and dead ones replaced. Starts and
+and only when none has for `patience_s` (they are held for long) starts another,
+discarded on its return. Idle sandboxes are probed periodically and dead ones replaced. Starts and
 removals together are bounded (`max_docker_ops`) so a large pool does not
 flood the daemon.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agentrl.sandbox.base import Sandbox, SandboxError
@@ -54,6 +55,7 @@ class SandboxPool:
         self.reuse = reuse
         self.patience_s = patience_s
         self._starved = 0  # waiters past patience_s
+        self._last_back = time.monotonic()  # when a sandbox last became idle (started or recycled)
         self._uses: dict[Sandbox, int] = {}  # episodes each sandbox has served
         self.health_interval_s = health_interval_s
         self._ops = asyncio.Semaphore(max_docker_ops)
@@ -92,8 +94,12 @@ class SandboxPool:
                             await asyncio.wait_for(self._changed.wait_for(ready), self.patience_s)
                         except TimeoutError:
                             # With reuse, leased sandboxes count as coming back, but one may be held for long
-                            # (a parked episode keeps its sandbox until the next iteration): past patience,
-                            # every waiter gets a start of its own. Release discards the surplus.
+                            # (a parked episode keeps its sandbox until the next iteration). When none has
+                            # come back for patience_s, every waiter gets a start of its own; release
+                            # discards the surplus. While they do come back, waiters wait: a busy pool
+                            # (every sandbox in a long episode) must not grow a container per waiter.
+                            if time.monotonic() - self._last_back < self.patience_s:
+                                continue
                             self._starved += not starved
                             starved = True
                             for _ in range(self._starved - self._starting):
@@ -199,6 +205,7 @@ class SandboxPool:
                 await sandbox.close()
                 return
             self._idle.append(sandbox)
+            self._last_back = time.monotonic()
         async with self._changed:
             self._changed.notify_all()
 
@@ -210,6 +217,7 @@ class SandboxPool:
         if clean and not self._closed:
             self.stats["recycled"] += 1
             self._idle.append(sandbox)
+            self._last_back = time.monotonic()
         else:
             await self._discard(sandbox)
             self._fill()

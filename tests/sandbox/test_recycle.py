@@ -110,3 +110,19 @@ async def test_a_sandbox_held_for_long_does_not_starve_the_others(sandbox_image)
             await asyncio.sleep(0.01)
         assert pool.stats["started"] == 2 and pool.stats["recycled"] == 1 and pool.stats["discarded"] == 1
         assert len(pool._idle) == 1
+
+
+async def test_a_busy_pool_does_not_grow_a_sandbox_per_waiter(sandbox_image):
+    """Twelve episodes on two sandboxes, each held longer than a waiter's patience... but they keep coming
+    back, so the waiters wait: no container is started beyond the pool's two."""
+    import asyncio
+
+    async with SandboxPool(DockerSandbox.create, size=2, reuse=100, patience_s=1.0) as pool:
+
+        async def episode() -> str:
+            async with pool.sandbox() as sb:
+                await asyncio.sleep(0.4)
+                return (await sb.run_python("print(1)")).stdout
+
+        assert await asyncio.wait_for(asyncio.gather(*(episode() for _ in range(12))), 120) == ["1\n"] * 12
+        assert pool.stats["started"] == 2 and pool.stats["discarded"] == 0
