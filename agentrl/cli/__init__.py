@@ -2,7 +2,7 @@
 
 import typer
 
-from agentrl.cli import envs, sandbox, serve, sft, train
+from agentrl.cli import envs, evaluate, sandbox, serve, sft, train
 
 app = typer.Typer(help="Reinforcement learning of LLM agents that call tools and run code.", no_args_is_help=True)
 app.add_typer(sandbox.app, name="sandbox")
@@ -10,6 +10,7 @@ app.add_typer(envs.app, name="envs")
 app.command("serve")(serve.serve)
 app.command("train")(train.train)
 app.command("report")(train.report)
+app.command("eval")(evaluate.eval_)
 app.command("sft")(sft.sft)
 app.add_typer(sft.models_app, name="models")
 envs.app.command("demos")(sft.demos)

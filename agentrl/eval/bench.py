@@ -1,0 +1,128 @@
+"""`agentrl eval`: an agent on a benchmark env's tasks, N samples each, scored with pass@k.
+
+Episodes run through the rollout controller and its sandbox pools, exactly as in
+training (same env, tools, grading), one group of `samples` episodes per problem, all
+problems in flight at once (the engine batches them, the pools bound the sandboxes).
+A sample is correct when its episode ended with outcome 1 (every hidden test passed,
+`agentrl.eval.heldout.success`). A sandbox failure is retried; one that exhausts its
+retries is left out of n for its problem (never a wrong answer) and reported.
+
+Multi-turn with test feedback (`turns > 1`, where the env supports it) is reported under
+its own name: `pass@k` is single-turn, `pass@k (K turns)` is not comparable to it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.eval.heldout import success
+from agentrl.eval.passk import pass_at_k
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
+from agentrl.rollout.workers import make_env, task_ids
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: str
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    split: Literal["train", "test", "all"] | None = None
+    """None: the env's own default, except that its train split becomes test (humaneval: all 164)"""
+    tasks: int | None = Field(None, ge=1)
+    """the first N problems of the split (a fixed subset); None: all"""
+    samples: int = Field(1, ge=1)
+    """episodes per problem (n of pass@k)"""
+    k: list[int] = Field(default_factory=lambda: [1])
+    turns: int = Field(1, ge=1)
+    """attempts per episode; > 1 gives test feedback between them where the env supports it"""
+    temperature: float | None = Field(None, ge=0)
+    """None: greedy for one sample, 0.8 for several (pass@k needs distinct samples)"""
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(512, ge=1)
+    """per-turn token budget"""
+    max_episode_tokens: int = Field(4096, ge=1)
+    num_workers: int = Field(1, ge=1)
+    sandboxes_per_worker: int = Field(8, ge=1)
+    sandbox_reuse: int = Field(100, ge=0)
+    max_retries: int = Field(2, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> BenchConfig:
+        if bad := [k for k in self.k if not 1 <= k <= self.samples]:
+            raise ValueError(f"pass@k needs 1 <= k <= samples ({self.samples}); got k = {bad}: raise --samples")
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError("several samples at temperature 0 are one sample repeated: set a temperature > 0")
+        return self
+
+    @property
+    def sampling(self) -> SamplingParams:
+        t = self.temperature if self.temperature is not None else (0.0 if self.samples == 1 else 0.8)
+        return SamplingParams(temperature=t, top_p=self.top_p if t > 0 else 1.0, max_tokens=self.max_tokens)
+
+    @property
+    def metric(self) -> str:
+        return "pass@{k}" if self.turns == 1 else f"pass@{{k}} ({self.turns} turns)"
+
+
+class ProblemResult(BaseModel):
+    task_id: str
+    n: int
+    """samples scored (sandbox failures left out)"""
+    correct: int
+    pass_at_k: dict[str, float]
+    returns: list[float]
+    infra_failed: int
+
+
+class BenchResult(BaseModel):
+    env: str
+    split: str
+    problems: int
+    samples: int
+    turns: int
+    temperature: float
+    pass_at_k: dict[str, float]
+    """the mean over problems with n >= k"""
+    infra_failed: int
+    retried: int
+    wall_s: float
+    per_problem: list[ProblemResult]
+
+
+async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat) -> BenchResult:
+    t0 = time.perf_counter()
+    split = cfg.split or make_env(cfg.env, cfg.env_kwargs).cfg.split.replace("train", "test")
+    env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
+    ids = task_ids(cfg.env, env_kwargs, cfg.tasks)
+    rollout = RolloutConfig(
+        env=cfg.env, env_kwargs=env_kwargs, group_size=cfg.samples, groups_per_iteration=len(ids),
+        sampling=cfg.sampling, max_episode_tokens=cfg.max_episode_tokens, num_workers=cfg.num_workers,
+        sandboxes_per_worker=cfg.sandboxes_per_worker, sandbox_reuse=cfg.sandbox_reuse, partial=False,
+        on_infra_failure="retry", max_retries=cfg.max_retries, seed=cfg.seed,
+    )  # fmt: skip
+    async with RolloutController(rollout, engine, chat) as ctl:  # every problem in flight at once
+        batch = await ctl.run_iteration(ids)
+    per_problem = []
+    for g in sorted(batch.groups, key=lambda g: ids.index(g.task_id)):
+        scored = [t for t in g.trajectories if t.status is Status.FINISHED]
+        c = sum(success(t) for t in scored)
+        per_problem.append(ProblemResult(
+            task_id=g.task_id, n=len(scored), correct=c, returns=[t.outcome_reward for t in scored],
+            pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
+            infra_failed=len(g.trajectories) - len(scored),
+        ))  # fmt: skip
+    overall = {}
+    for k in cfg.k:
+        name = cfg.metric.format(k=k)
+        values = [p.pass_at_k[name] for p in per_problem if name in p.pass_at_k]
+        overall[name] = sum(values) / len(values) if values else float("nan")
+    return BenchResult(
+        env=cfg.env, split=split, problems=len(per_problem), samples=cfg.samples, turns=cfg.turns,
+        temperature=cfg.sampling.temperature, pass_at_k=overall, infra_failed=batch.stats.failed,
+        retried=batch.stats.retried, wall_s=time.perf_counter() - t0, per_problem=per_problem,
+    )  # fmt: skip

