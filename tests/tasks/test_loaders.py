@@ -148,6 +148,25 @@ def test_lcb_parsed_cases_and_func_name_from_starter_code(tmp_path):
     )
 
 
+def test_lcb_release_window_keeps_only_problems_released_in_it(tmp_path):
+    """`lcb:PATH;since=...;until=...`: LiveCodeBench's guard against contamination, both ends inclusive."""
+    from agentrl.tasks.registry import load_tasks
+
+    a, b = _records(LCB)
+    path = _write_jsonl(tmp_path / "lcb.jsonl", [a | {"contest_date": "2024-07-31T00:00:00"},
+                                                 b | {"contest_date": "2024-09-15T12:00:00"}])  # fmt: skip
+    assert [t.id for t in load_tasks(f"lcb:{path};since=2024-08-01")] == ["lcb/2917"]
+    assert [t.id for t in load_tasks(f"lcb:{path};until=2024-07-31")] == ["lcb/abc315_a"]
+    assert len(load_tasks(f"lcb:{path};since=2024-07-31;until=2024-09-15")) == 2
+    with pytest.raises(ValueError, match="no task released between 2025-01-01"):
+        load_tasks(f"lcb:{path};since=2025-01-01")
+    with pytest.raises(ValueError, match="since takes iso_dates"):
+        load_tasks(f"lcb:{path};since=2024-13-01")
+    undated = _write_jsonl(tmp_path / "undated.jsonl", [{k: v for k, v in a.items() if k != "contest_date"}])
+    with pytest.raises(ValueError, match="1 have no contest_date"):
+        load_tasks(f"lcb:{undated};since=2024-01-01")
+
+
 def test_lcb_refuses_a_malicious_pickle_without_running_it(tmp_path):
     marker = tmp_path / "pwned"
 
