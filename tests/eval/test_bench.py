@@ -78,3 +78,35 @@ def test_the_command_scores_a_samples_file(tmp_path):
     assert summary["pass_at_k"] == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(1.0)}  # only /0 has n = 2
     verdicts = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [v["passed"] for v in verdicts] == [True, False, False] and "pass@1" in out.stdout
+
+
+@pytest.mark.usefixtures("sandbox_image")
+async def test_killed_sandboxes_are_retried_never_scored_wrong(docker_client):
+    """Every sandbox container killed while the problems run: a dead sandbox is replaced (at acquire) or
+    its episode retried, never scored, so the greedy verdicts are the undisturbed run's."""
+    import asyncio
+    import contextlib
+
+    import docker.errors
+
+    from agentrl.sandbox import reaper
+
+    cfg = BenchConfig(**ENV, tasks=12, sandboxes_per_worker=4)
+    runs, killed_containers = [], []
+    for kill in (False, True):
+        engine, chat = default_policy()
+        async with engine:
+            task = asyncio.ensure_future(run_bench(cfg, engine, chat))
+            if kill:
+                ours = []
+                while not ours and not task.done():  # the pools start at the first tool call
+                    await asyncio.sleep(0.05)
+                    ours = docker_client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
+                for c in ours:
+                    killed_containers.append(c.name)
+                    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                        c.kill()
+            runs.append(await asyncio.wait_for(task, 300))
+    calm, killed = runs
+    assert killed_containers and killed.infra_failed == 0
+    assert [(p.task_id, p.correct) for p in killed.per_problem] == [(p.task_id, p.correct) for p in calm.per_problem]
