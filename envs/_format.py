@@ -1,5 +1,6 @@
 """How sandbox results read to the agent."""
 
+from agentrl.env.tools import ToolOutput
 from agentrl.sandbox import ExecResult
 
 
@@ -23,3 +24,8 @@ def describe_run(r: ExecResult) -> str:
     if r.stderr:
         parts.append(f"stderr:\n{r.stderr}")
     return "\n".join(parts)
+
+
+def run_output(r: ExecResult) -> ToolOutput:
+    """A tool's result for a sandbox run: its description, and the run itself for the episode's record."""
+    return ToolOutput(content=describe_run(r), run=r)

@@ -13,7 +13,7 @@ from agentrl.env.grading import assemble_solution, extract_code, grade, run_test
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.tasks import Task
 from agentrl.tasks.solutions import reference_solution, sloppy_solution
-from envs._format import describe_run
+from envs._format import run_output
 
 SYSTEM = """You are solving a Python programming task in a sandbox. You have {turns} turns.
 Each turn, call one or more tools:
@@ -67,7 +67,7 @@ class CodeSandboxEnv(ToolEnv):
         return result
 
     @tool
-    async def run_python(self, code: str) -> str:
+    async def run_python(self, code: str) -> ToolOutput:
         """Run Python code in your sandbox and return its exit status and output.
 
         Args:
@@ -75,7 +75,7 @@ class CodeSandboxEnv(ToolEnv):
         """
         sandbox = await self.sandbox()
         run = sandbox.run_cell if self.cfg.persistent else sandbox.run_python
-        return describe_run(await self.timed(run(code, timeout_s=self.cfg.run_timeout_s)))
+        return run_output(await self.timed(run(code, timeout_s=self.cfg.run_timeout_s)))
 
     @tool
     async def run_tests(self, code: str) -> ToolOutput:

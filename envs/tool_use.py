@@ -13,9 +13,9 @@ from pydantic import Field
 from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
 from agentrl.env.base import Message
 from agentrl.env.grading import check_answer
-from agentrl.env.tools import ToolError, tool
+from agentrl.env.tools import ToolError, ToolOutput, tool
 from agentrl.tasks import Task
-from envs._format import describe_run
+from envs._format import run_output
 
 SYSTEM = """Answer the question exactly. You have {turns} turns and two tools:
 - calculator(expression): exact arithmetic on integers and fractions;
@@ -54,14 +54,14 @@ class ToolUseEnv(ToolEnv):
         ]
 
     @tool
-    async def python(self, code: str) -> str:
+    async def python(self, code: str) -> ToolOutput:
         """Run Python code in a sandbox and return its exit status and output. Print what you need to see.
 
         Args:
             code: Python source to run.
         """
         sandbox = await self.sandbox()
-        return describe_run(await self.timed(sandbox.run_python(code, timeout_s=self.cfg.python_timeout_s)))
+        return run_output(await self.timed(sandbox.run_python(code, timeout_s=self.cfg.python_timeout_s)))
 
     @tool
     def calculator(self, expression: str) -> str:

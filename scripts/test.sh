@@ -14,6 +14,13 @@ if ! docker info >/dev/null 2>&1; then
   trap stop_engine EXIT
 fi
 bash scripts/setup.sh
+# the `agentrl view` tests drive a headless browser: Debian's chromium
+if ! command -v chromium >/dev/null; then
+  echo "test: installing chromium"
+  as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/pytest -q -p no:cacheprovider "$@"

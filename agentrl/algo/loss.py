@@ -128,6 +128,55 @@ def _k3(log_r: torch.Tensor) -> torch.Tensor:
     return log_r.exp() - log_r - 1
 
 
+@dataclass
+class _Inputs:
+    """policy_loss's inputs checked and aligned: float (B, T) tensors, padding zeroed, A per token."""
+
+    objective: Objective
+    eps_low: float
+    eps_high: float
+    m: torch.Tensor  # the mask as floats
+    on: torch.Tensor  # the mask as booleans
+    lp: torch.Tensor
+    lp_b: torch.Tensor
+    A: torch.Tensor
+
+    def masked(self, x: torch.Tensor) -> torch.Tensor:
+        """Padding may hold anything (-inf): keep it out of exp and gradients."""
+        return torch.where(self.on, x.to(self.m.dtype), torch.zeros((), dtype=self.m.dtype, device=x.device))
+
+    @classmethod
+    def of(cls, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+           mode: str, clip_low: float | None, clip_high: float | None) -> _Inputs:  # fmt: skip
+        if mode not in OBJECTIVES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(OBJECTIVES)}")
+        objective = OBJECTIVES[mode]
+        eps_low = objective.default_clip[0] if clip_low is None else clip_low
+        eps_high = objective.default_clip[1] if clip_high is None else clip_high
+        if not (0 <= eps_low < 1 and eps_high >= 0):
+            raise ValueError(f"clip bounds need 0 <= clip_low < 1 and clip_high >= 0, got {eps_low}, {eps_high}")
+        if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
+            raise ValueError(f"logprobs, old_logprobs and mask must all be (B, T); got {logprobs.shape}, "
+                             f"{old_logprobs.shape}, {mask.shape}")  # fmt: skip
+        m = mask.to(logprobs.dtype)
+        x = cls(objective, eps_low, eps_high, m, m.bool(), logprobs, old_logprobs, advantages)
+        x.lp, x.lp_b = x.masked(logprobs), x.masked(old_logprobs)
+        if advantages.dim() == 1:
+            advantages = advantages[:, None].expand_as(logprobs)
+        if advantages.shape != logprobs.shape:
+            raise ValueError(f"advantages must be (B,) or (B, T) = {tuple(logprobs.shape)}, "
+                             f"got {tuple(advantages.shape)}")  # fmt: skip
+        x.A = x.masked(advantages)
+        if objective.sequence_advantage:
+            first = x.A.gather(1, x.on.long().argmax(1, keepdim=True))  # each sequence's first generated token's A
+            if (x.on & (first != x.A)).any():
+                raise ValueError(
+                    f"mode {mode!r} needs one advantage per sequence, but advantages vary within a sequence; "
+                    "use mode 'gspo_token' for per-token (per-turn) advantages"
+                )
+        return x
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -165,40 +214,12 @@ def policy_loss(
     averaged per sequence then over sequences: the engine/trainer mismatch when lp_θ is scored
     before any update), sequences (B'); with the extras, kl_ref and tis_weight_mean.
     """
-    if mode not in OBJECTIVES:
-        raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(OBJECTIVES)}")
-    objective = OBJECTIVES[mode]
-    eps_low = objective.default_clip[0] if clip_low is None else clip_low
-    eps_high = objective.default_clip[1] if clip_high is None else clip_high
-    if not (0 <= eps_low < 1 and eps_high >= 0):
-        raise ValueError(f"clip bounds need 0 <= clip_low < 1 and clip_high >= 0, got {eps_low}, {eps_high}")
-    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
-        raise ValueError(f"logprobs, old_logprobs and mask must all be (B, T); got {logprobs.shape}, "
-                         f"{old_logprobs.shape}, {mask.shape}")  # fmt: skip
     if (ref_logprobs is None) != (kl_coef == 0):
         raise ValueError("the KL penalty needs both ref_logprobs and kl_coef > 0")
     if (behaviour_logprobs is None) != (tis_cap is None):
         raise ValueError("truncated importance sampling needs both behaviour_logprobs and tis_cap")
-
-    m = mask.to(logprobs.dtype)  # (B, T)
-    on = m.bool()
-
-    def masked(x: torch.Tensor) -> torch.Tensor:  # padding may hold anything (-inf): keep it out of exp and grads
-        return torch.where(on, x, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
-
-    lp, lp_b = masked(logprobs), masked(old_logprobs.to(logprobs.dtype))
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(logprobs)
-    if advantages.shape != logprobs.shape:
-        raise ValueError(f"advantages must be (B,) or (B, T) = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
-    A = masked(advantages.to(logprobs.dtype))
-    if objective.sequence_advantage:
-        first = A.gather(1, on.long().argmax(1, keepdim=True))  # each sequence's first generated token's A
-        if (on & (first != A)).any():
-            raise ValueError(
-                f"mode {mode!r} needs one advantage per sequence, but advantages vary within a sequence; "
-                "use mode 'gspo_token' for per-token (per-turn) advantages"
-            )
+    x = _Inputs.of(logprobs, old_logprobs, advantages, mask, mode, clip_low, clip_high)
+    objective, m, on, lp, lp_b, A, masked = x.objective, x.m, x.on, x.lp, x.lp_b, x.A, x.masked
 
     has_tokens = on.any(-1)  # (B,): sequences with nothing generated take no part
     n = int(has_tokens.sum())
@@ -207,15 +228,15 @@ def policy_loss(
     weight = None
     metrics: dict[str, float] = {}
     if behaviour_logprobs is not None:
-        log_w = lp_b - masked(behaviour_logprobs.to(logprobs.dtype))
+        log_w = lp_b - masked(behaviour_logprobs)
         log_w = _token_mean(log_w, m) if objective.level == "sequence" else log_w
         weight = log_w.exp().clamp(max=tis_cap).detach()
         metrics["tis_weight_mean"] = float(weight[has_tokens].mean() if weight.dim() == 1 else weight[on].mean())
-    terms = objective.terms(lp, lp_b, A, m, eps_low, eps_high, weight)
+    terms = objective.terms(lp, lp_b, A, m, x.eps_low, x.eps_high, weight)
     J = terms.J_i[has_tokens].mean()
     loss = -J
     if ref_logprobs is not None:
-        kl_ref = _token_mean(_k3(masked(ref_logprobs.to(logprobs.dtype)) - lp), m)[has_tokens].mean()
+        kl_ref = _token_mean(_k3(masked(ref_logprobs) - lp), m)[has_tokens].mean()
         loss = loss + kl_coef * kl_ref
         metrics["kl_ref"] = float(kl_ref.detach())
 
@@ -231,3 +252,16 @@ def policy_loss(
             sequences=float(n),
         )  # fmt: skip
     return loss, metrics
+
+
+def sequence_stats(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                   *, mode: Mode, clip_low: float | None = None,
+                   clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per sequence, what `policy_loss` saw (for inspecting one trajectory; no gradient):
+    s_i = exp((1/|T_i|) Σ_t (lp_θ(t) − lp_b(t))), (B,), whatever the mode (for GRPO the geometric
+    mean of its token ratios), and the share of its generated tokens whose clipped branch was taken
+    (B,): 0 or 1 for GSPO, whose clip acts on the whole sequence."""
+    with torch.no_grad():
+        x = _Inputs.of(logprobs.detach(), old_logprobs, advantages, mask, mode, clip_low, clip_high)
+        terms = x.objective.terms(x.lp, x.lp_b, x.A, x.m, x.eps_low, x.eps_high, None)
+        return _sequence_log_ratio(x.lp, x.lp_b, x.m).exp(), terms.clipped

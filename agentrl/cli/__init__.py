@@ -2,7 +2,7 @@
 
 import typer
 
-from agentrl.cli import envs, evaluate, sandbox, serve, sft, train
+from agentrl.cli import envs, evaluate, sandbox, serve, sft, train, view
 
 app = typer.Typer(help="Reinforcement learning of LLM agents that call tools and run code.", no_args_is_help=True)
 app.add_typer(sandbox.app, name="sandbox")
@@ -12,6 +12,7 @@ app.command("train")(train.train)
 app.command("report")(train.report)
 app.command("eval")(evaluate.eval_)
 app.command("sft")(sft.sft)
+app.command("view")(view.view)
 app.add_typer(sft.models_app, name="models")
 envs.app.command("demos")(sft.demos)
 

@@ -57,19 +57,21 @@ def eval_(
     if (completions is None) == (model is None):
         err.print("[red]give either --model (an agent to run) or --completions (a samples file to score)[/red]")
         raise typer.Exit(2)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     if completions is not None:
         summary, rows = _score_file(cfg, completions)
     else:
-        summary, rows = _run_agent(cfg, model, engine, base_url)
+        summary, rows = _run_agent(cfg, model, engine, base_url, out_dir)
     _print(summary)
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}")
+        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}; "
+                  f"to browse them: agentrl view {out_dir}")  # fmt: skip
 
 
-def _run_agent(cfg, model: str, engine: str, base_url: str | None) -> tuple[dict, list[dict]]:
+def _run_agent(cfg, model: str, engine: str, base_url: str | None, out_dir: Path | None) -> tuple[dict, list[dict]]:
     from transformers import AutoTokenizer
 
     from agentrl.eval.bench import run_bench
@@ -87,6 +89,12 @@ def _run_agent(cfg, model: str, engine: str, base_url: str | None) -> tuple[dict
             return await run_bench(cfg, e, chat)
 
     result = asyncio.run(go())
+    if out_dir is not None:  # the transcripts, as a run folder keeps them (agentrl view reads both)
+        from agentrl.train.tracking import write_trajectories
+
+        (out_dir / "trajectories" / "index.jsonl").unlink(missing_ok=True)
+        write_trajectories(out_dir / "trajectories", "eval.jsonl", result.trajectories, None, {})
+        chat.tokenizer.save_pretrained(out_dir / "tokenizer")
     summary = result.model_dump(exclude={"per_problem"}) | {"model": model, "engine": engine}
     return summary, [p.model_dump() for p in result.per_problem]
 
@@ -133,7 +141,7 @@ def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
     summary = {"env": cfg.env, "completions": str(path), "scored": sum(n.values()), "problems": len(n),
                "pass_at_k": overall, "infra_failed": sum(v.passed is None for v in verdicts),
                "retried": sum(v.retried for v in verdicts), "wall_s": wall}  # fmt: skip
-    return summary, [v.model_dump() for v in verdicts]
+    return summary, [v.model_dump() | {"completion": rows[v.index].completion} for v in verdicts]
 
 
 def _print(summary: dict) -> None:

@@ -8,7 +8,8 @@ from pydantic import Field
 
 from agentrl.env.base import EnvConfig, FailureClass, Message, StepResult, TextEnv
 from agentrl.env.parsers import get_parser
-from agentrl.env.tools import Tool, ToolArgumentError, ToolError
+from agentrl.env.tools import Tool, ToolArgumentError, ToolCall, ToolError
+from agentrl.sandbox import ExecResult
 
 
 class ToolEnvConfig(EnvConfig):
@@ -63,13 +64,16 @@ class ToolEnv(TextEnv):
             return await self._no_call(parsed.content)
         obs: list[Message] = []
         reward: dict[str, float] = {}
-        info: dict[str, Any] = {}
+        calls: list[dict[str, Any]] = []  # the record of this turn's calls (what `agentrl view` shows)
+        info: dict[str, Any] = {"calls": calls}
         problems: list[str] = []
+        limit = self.cfg.max_observation_chars
 
-        def penalise(problem: str) -> None:
+        def penalise(problem: str, call: ToolCall | None = None) -> None:
             problems.append(problem)
             obs.append({"role": "tool", "content": f"Error: {problem}"})
             reward["malformed"] = reward.get("malformed", 0.0) + self.cfg.malformed_penalty
+            calls.append(_record(call, "malformed", problem, limit))
 
         for error in parsed.errors:
             penalise(error)
@@ -77,19 +81,21 @@ class ToolEnv(TextEnv):
         for i, call in enumerate(parsed.calls):
             tool = self.tools.get(call.name)
             if i >= self.cfg.max_calls_per_turn:
-                penalise(f"at most {self.cfg.max_calls_per_turn} tool calls per message; {call.name} was not run")
+                penalise(f"at most {self.cfg.max_calls_per_turn} tool calls per message; {call.name} was not run", call)
             elif tool is None:
-                penalise(f"there is no tool {call.name!r}; the tools are {sorted(self.tools)}")
+                penalise(f"there is no tool {call.name!r}; the tools are {sorted(self.tools)}", call)
             else:
                 try:
                     out = await tool(call.arguments)
                 except ToolArgumentError as e:
-                    penalise(str(e))
+                    penalise(str(e), call)
                     continue
                 except ToolError as e:  # the tool explains a problem with valid input: a normal result
                     obs.append({"role": "tool", "content": f"Error: {e}"})
+                    calls.append(_record(call, "error", str(e), limit))
                     continue
-                obs.append({"role": "tool", "content": clip(out.content, self.cfg.max_observation_chars)})
+                obs.append({"role": "tool", "content": clip(out.content, limit)})
+                calls.append(_record(call, "ok", out.content, limit, out.run))
                 for name, value in out.reward.items():
                     reward[name] = reward.get(name, 0.0) + value
                 info.update(out.info)
@@ -101,6 +107,17 @@ class ToolEnv(TextEnv):
         return StepResult(
             observation=obs, reward_breakdown=reward, terminated=terminated, failure=failure, error=error, info=info
         )
+
+
+def _record(call: ToolCall | None, status: str, output: str, limit: int,
+            run: ExecResult | None = None) -> dict[str, Any]:  # fmt: skip
+    """One call as the record keeps it: texts clipped like observations."""
+    args = {k: clip(v, limit) if isinstance(v, str) else v for k, v in call.arguments.items()} if call else None
+    rec = {"tool": call.name if call else None, "arguments": args, "status": status, "output": clip(output, limit)}
+    if run is not None:
+        rec["run"] = {"status": run.status.value, "exit_code": run.exit_code, "stdout": clip(run.stdout, limit),
+                      "stderr": clip(run.stderr, limit), "wall_s": round(run.wall_s, 4)}  # fmt: skip
+    return rec
 
 
 def _is_tool(attr: Any) -> bool:

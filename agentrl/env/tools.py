@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from transformers.utils import get_json_schema
 
+from agentrl.sandbox import ExecResult
+
 
 class ToolError(Exception):
     """Raised by a tool for bad input it can explain (e.g. a division by zero): the agent reads it."""
@@ -42,6 +44,8 @@ class ToolOutput(BaseModel):
     """the call ended the episode (e.g. a submission was graded)"""
     info: dict[str, Any] = {}
     """keys added to the step's info"""
+    run: ExecResult | None = None
+    """the sandbox run behind the result, if one: its status and streams go to the step's record of calls"""
 
 
 class Tool:

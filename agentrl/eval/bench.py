@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.heldout import success
 from agentrl.eval.passk import pass_at_k, pass_at_ks
-from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
 from agentrl.rollout.workers import make_env, task_ids
 
 
@@ -92,6 +92,8 @@ class BenchResult(BaseModel):
     retried: int
     wall_s: float
     per_problem: list[ProblemResult]
+    trajectories: list[Trajectory] = Field(default_factory=list, exclude=True)
+    """every episode, for the output folder's transcripts"""
 
 
 async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat) -> BenchResult:
@@ -121,4 +123,5 @@ async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat)
         env=cfg.env, split=split, problems=len(per_problem), samples=cfg.samples, turns=cfg.turns,
         temperature=cfg.sampling.temperature, pass_at_k=overall, infra_failed=batch.stats.failed,
         retried=batch.stats.retried, wall_s=time.perf_counter() - t0, per_problem=per_problem,
+        trajectories=[t for g in batch.groups for t in g.trajectories],
     )  # fmt: skip

@@ -7,7 +7,7 @@ advantage; the trainer scores token t from the hidden state at t − 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -25,20 +25,23 @@ class TrainBatch:
     old_logprobs: torch.Tensor  # (B, L) lp_b: the engine's logprob of each generated token
     advantages: torch.Tensor  # (B, L) A_{i,t} (constant per sequence for "outcome")
     sampling: SamplingParams  # the distribution the tokens were drawn from (lp_θ is scored under it)
+    episode_ids: list[str] = field(default_factory=list)  # row i's trajectory, for the run's records
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)}
+
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sampling"},
-                          sampling=self.sampling)  # fmt: skip
+        return replace(self, **{k: v.to(device) for k, v in self._tensors().items()})
 
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         """The given trajectories, trimmed to their longest."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         L = max(int(self.attention_mask[rows].sum(-1).max()), 1) if len(rows) else 1
-        return TrainBatch(**{f.name: getattr(self, f.name)[rows, :L] for f in fields(self) if f.name != "sampling"},
-                          sampling=self.sampling)  # fmt: skip
+        ids = [self.episode_ids[r] for r in rows.tolist()] if self.episode_ids else []
+        return replace(self, **{k: v[rows, :L] for k, v in self._tensors().items()}, episode_ids=ids)
 
 
 @dataclass
@@ -94,6 +97,7 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         old_logprobs=padded([t.logprobs for t in trajs], torch.float32),
         advantages=advantages.float(),
         sampling=trajs[0].sampling,
+        episode_ids=[t.episode_id for t in trajs],
     )
     degenerate = int(torch.unique(gids[adv.degenerate]).numel())
     info = BatchInfo(groups=len(index), trajectories=B, degenerate_groups=degenerate, filtered_groups=0)

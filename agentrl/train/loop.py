@@ -38,8 +38,8 @@ from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.policy import load_policy, resolve_path
 from agentrl.train.run_config import RunConfig
-from agentrl.train.tracking import RunDir, Tracker
-from agentrl.train.trainer import Trainer, sync_weights
+from agentrl.train.tracking import RunDir, Tracker, TrainedView
+from agentrl.train.trainer import RowStats, Trainer, sync_weights
 
 T = TypeVar("T")
 
@@ -100,6 +100,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
                 max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address))  # fmt: skip
             tracker = Tracker(run, cfg.log, cfg.model_dump(mode="json"))
+            chat.tokenizer.save_pretrained(run.tokenizer)  # so the run's token ids read back as text
             stack.callback(tracker.close)
             restore_dropped = await controller.restore(state.controller) if state.controller else 0
         t_start, first = time.perf_counter() - state.elapsed_s, state.iteration
@@ -118,8 +119,10 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
                     display.message(f"iteration {it}: {e}; no update")
             train_batch = broadcast(train_batch)
+            rows: dict[int, RowStats] = {}  # what the update saw per trajectory, for the saved ones
+            record = rows if cfg.log.trajectories_per_iteration else None
             if train_batch is not None:
-                update = _update(trainer, engine, train_batch)  # 3. GSPO-token update, M minibatches
+                update = _update(trainer, engine, train_batch, record)  # 3. GSPO-token update, M minibatches
                 state.policy_version = broadcast(await sync_weights(trainer, engine))  # 4. weight sync
             stopping = broadcast(stop.is_set())
             state.iteration, state.elapsed_s = it + 1, time.perf_counter() - t_start
@@ -130,7 +133,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 metrics |= {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/elapsed_s": state.elapsed_s,
                             "time/left_s": left}  # fmt: skip
                 tracker.log(metrics)
-                tracker.save_trajectories(it, batch.groups)
+                tracker.save_trajectories(it, batch.groups, TrainedView.of(train_batch, rows) if rows else {})
                 display.iteration(metrics)
                 if state.iteration == cfg.iterations:
                     _evaluate(tracker, display, await held_out.run(state.iteration))
@@ -171,11 +174,12 @@ def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> Inference
     return OpenAIEngine(e.base_url)
 
 
-def _update(trainer: Trainer, engine: InferenceEngine | None, batch: TrainBatch) -> dict[str, float]:
+def _update(trainer: Trainer, engine: InferenceEngine | None, batch: TrainBatch,
+            record: dict[int, RowStats] | None) -> dict[str, float]:  # fmt: skip
     """The update, with no decode step of an engine that shares the module running meanwhile."""
     paused = engine.paused() if engine is not None and hasattr(engine, "paused") else contextlib.nullcontext()
     with paused:
-        return trainer.update(batch.to(trainer.device))
+        return trainer.update(batch.to(trainer.device), record)
 
 
 async def _stoppable(work: Awaitable[T], controller: RolloutController, stop: asyncio.Event) -> T:

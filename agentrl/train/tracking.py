@@ -4,7 +4,10 @@ Run folder (`RunDir`):
   config.yaml           the resolved config
   metrics.jsonl         one line per iteration (training), keys grouped as rollout/, batch/, train/, time/
   eval.jsonl            one line per held-out evaluation (greedy), apart from the training reward
-  trajectories/         iter-NNNNN.jsonl: sampled whole groups per iteration, for `agentrl view`
+  trajectories/         iter-NNNNN.jsonl: sampled whole groups per iteration, each trajectory with what its
+                        update saw ("trained": advantages, lp_θ, s_i, clip state); index.jsonl: one short
+                        line per saved trajectory (its summary, file and byte span), for `agentrl view`
+  tokenizer/            the run's tokenizer, to read token ids back as text
   checkpoints/          iter-NNNNN/: resumable (torch.distributed.checkpoint)
   tensorboard/          event files (log.tensorboard)
   final/                the final policy as a Hugging Face folder
@@ -21,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from agentrl.rollout import Group
+from agentrl.rollout import Group, Trajectory
+from agentrl.train.batch import TrainBatch
 from agentrl.train.run_config import LogConfig
+from agentrl.train.trainer import RowStats
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class RunDir:
         self.final = self.path / "final"
         self.plots = self.path / "plots"
         self.config = self.path / "config.yaml"
+        self.tokenizer = self.path / "tokenizer"
 
     def create(self, config: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -52,8 +59,9 @@ class RunDir:
         return done[-1] if done else None
 
     def truncate_logs(self, iteration: int) -> None:
-        """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines."""
-        for path in (self.metrics, self.eval):
+        """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines
+        (the index too: those iterations' trajectory files will be written anew)."""
+        for path in (self.metrics, self.eval, self.trajectories / "index.jsonl"):
             if path.exists():
                 rows = read_jsonl(path)
                 path.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
@@ -71,6 +79,63 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 log.warning("%s:%d: unreadable line skipped (a run killed mid-write?)", path, n)
     return rows
+
+
+class TrainedView(BaseModel):
+    """What the update saw of one trajectory, per token aligned with its `token_ids` (rounded: a record)."""
+
+    advantages: list[float]
+    trainer_logprobs: list[float]
+    """lp_θ when its minibatch was trained (`RowStats.logprobs`)"""
+    ratio: float
+    clipped: float
+    minibatch: int
+
+    @classmethod
+    def of(cls, batch: TrainBatch, rows: dict[int, RowStats]) -> dict[str, TrainedView]:
+        """By episode id, for every row of `batch` that `Trainer.update(record=rows)` recorded."""
+        views = {}
+        for i, r in rows.items():
+            n = len(r.logprobs)
+            views[batch.episode_ids[i]] = cls(
+                advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
+                trainer_logprobs=[round(x, 4) for x in r.logprobs], ratio=r.ratio, clipped=r.clipped,
+                minibatch=r.minibatch,
+            )  # fmt: skip
+        return views
+
+
+def summary(t: Trajectory, iteration: int | None, view: TrainedView | None) -> dict[str, Any]:
+    """A trajectory's one-line summary: what the viewer filters and lists by."""
+    versions = t.policy_versions
+    return {
+        "iteration": iteration, "episode_id": t.episode_id, "group_id": t.group_id, "task_id": t.task_id,
+        "reward": t.outcome_reward, "status": t.status.value, "failure": t.failure.value, "turns": len(t.turns),
+        "versions": versions, "partial": len(versions) > 1, "tokens": len(t.token_ids),
+        "truncated": t.truncation if t.truncated else None, "error": t.error,
+        "ratio": view.ratio if view else None, "clipped": view.clipped if view else None,
+    }  # fmt: skip
+
+
+def write_trajectories(folder: Path, name: str, trajectories: list[Trajectory], iteration: int | None,
+                       trained: dict[str, TrainedView]) -> int:  # fmt: skip
+    """`folder/name`: one JSON line per trajectory (with its `trained` view, if any); then one line each
+    in `folder/index.jsonl`: its summary and byte span, so a reader lists and filters without parsing
+    the trajectories and loads one by seeking. Returns how many were written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines, index, offset = [], [], 0
+    for t in trajectories:
+        view = trained.get(t.episode_id)
+        row = {"iteration": iteration, **t.model_dump(mode="json"), "trained": view and view.model_dump()}
+        line = (json.dumps(row) + "\n").encode()
+        span = {"file": name, "offset": offset, "length": len(line)}
+        index.append(json.dumps(summary(t, iteration, view) | span) + "\n")
+        lines.append(line)
+        offset += len(line)
+    (folder / name).write_bytes(b"".join(lines))
+    with open(folder / "index.jsonl", "a") as f:  # after the data it points into
+        f.writelines(index)
+    return len(index)
 
 
 class Tracker:
@@ -100,24 +165,21 @@ class Tracker:
         self._append(self.run.eval, metrics)
         self._mirror(metrics, "eval/")
 
-    def save_trajectories(self, iteration: int, groups: list[Group]) -> int:
-        """Whole groups (the G samples side by side) up to the per-iteration count; returns how many were saved."""
+    def save_trajectories(self, iteration: int, groups: list[Group], trained: dict[str, TrainedView]) -> int:
+        """Whole groups (the G samples side by side) up to the per-iteration count, with `trained`
+        (by episode id) where the update used them; returns how many were saved."""
         if not self.trajectories_per_iteration:
             return 0
         self.run.trajectories.mkdir(exist_ok=True)
         used = sum(p.stat().st_size for p in self.run.trajectories.glob("*.jsonl"))
         if used >= self.max_trajectory_bytes:
             return 0
-        lines, n = [], 0
+        saved: list[Trajectory] = []
         for g in groups:
-            if n >= self.trajectories_per_iteration:
+            if len(saved) >= self.trajectories_per_iteration:
                 break
-            for t in g.trajectories:
-                lines.append(json.dumps({"iteration": iteration, **t.model_dump(mode="json")}) + "\n")
-            n += len(g.trajectories)
-        with open(self.run.trajectories / f"iter-{iteration:05d}.jsonl", "w") as f:
-            f.writelines(lines)
-        return n
+            saved += g.trajectories
+        return write_trajectories(self.run.trajectories, f"iter-{iteration:05d}.jsonl", saved, iteration, trained)
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:
         with open(path, "a") as f:

@@ -17,10 +17,10 @@ import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
 
-from agentrl.algo import policy_loss
+from agentrl.algo import policy_loss, sequence_stats
 from agentrl.engine.base import SamplingParams
 from agentrl.train.batch import TrainBatch
-from agentrl.train.config import TrainerConfig, lr_factor
+from agentrl.train.config import AlgoConfig, TrainerConfig, lr_factor
 from agentrl.train.logprobs import target_logprobs
 from agentrl.train.policy import causal_lm, parallelize
 
@@ -166,6 +166,21 @@ class _Share:
     batch: TrainBatch
     n_local: int  # sequences with generated tokens on this rank
     n_global: int
+    rows: list[int]  # the batch rows of `batch` (none when this rank holds a stand-in row)
+
+
+@dataclass
+class RowStats:
+    """One trajectory as the update saw it, for the run's records (`agentrl view`)."""
+
+    logprobs: list[float]
+    """lp_θ per position of the row (0 on the first), scored when its minibatch was trained: before any
+    step for minibatch 0, after `minibatch` steps of this update otherwise"""
+    ratio: float
+    """s_i, the sequence ratio against lp_b at that moment"""
+    clipped: float
+    """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
+    minibatch: int
 
 
 class Trainer:
@@ -221,17 +236,20 @@ class Trainer:
             if len(mine) == 0:  # every rank runs forward and backward (FSDP's collectives): a row that counts nothing
                 mb = batch.select(rows[:1])
                 mb.loss_mask = torch.zeros_like(mb.loss_mask)
-                shares.append(_Share(mb, 0, n_global))
+                shares.append(_Share(mb, 0, n_global, []))
             else:
                 mb = batch.select(mine)
-                shares.append(_Share(mb, int(mb.loss_mask.any(-1).sum()), n_global))
+                shares.append(_Share(mb, int(mb.loss_mask.any(-1).sum()), n_global, mine.tolist()))
         return shares
 
     # -- the update --------------------------------------------------------------------
 
-    def update(self, batch: TrainBatch) -> dict[str, float]:
-        """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks)."""
+    def update(self, batch: TrainBatch, record: dict[int, RowStats] | None = None) -> dict[str, float]:
+        """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks).
+
+        `record` (every rank passes one or none): filled on rank 0 with each batch row's `RowStats`."""
         algo = self.cfg.algo
+        rows: dict[int, RowStats] = {}
         shares = self._minibatches(batch)
         metrics: dict[str, list[float]] = {}
 
@@ -268,6 +286,8 @@ class Trainer:
                     log("mismatch_abs_logprob_diff", _mismatch(lp, mb, recomputed, "abs"), s.n_local)
                     log("mismatch_seq_kl", _mismatch(lp, mb, recomputed, "kl"), s.n_local)
                 log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
+                if record is not None:
+                    rows |= _row_stats(lp, old, mb, s.rows, m, algo)
                 log("loss", float(loss.detach()), s.n_local)
                 loss = loss * (self.world * s.n_local / max(s.n_global, 1))
             else:
@@ -294,7 +314,17 @@ class Trainer:
             after = _expert_sets(router, self.top_k, mb.loss_mask)
             if sets.numel():
                 log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
+        if record is not None:
+            record |= self._gather(rows)
         return self._reduce(metrics)
+
+    def _gather(self, rows: dict[int, RowStats]) -> dict[int, RowStats]:
+        """Every rank's rows, on rank 0."""
+        if self.world == 1:
+            return rows
+        parts: list[dict[int, RowStats]] | None = [{} for _ in range(self.world)] if self.rank == 0 else None
+        dist.gather_object(rows, parts, dst=0)
+        return {k: v for p in parts for k, v in p.items()} if parts is not None else {}
 
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
         """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
@@ -316,6 +346,16 @@ class Trainer:
         if self.world > 1:
             dist.all_reduce(sums)
         return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
+
+
+def _row_stats(lp: torch.Tensor, old: torch.Tensor, mb: TrainBatch, rows: list[int], minibatch: int,
+               algo: AlgoConfig) -> dict[int, RowStats]:  # fmt: skip
+    ratio, clipped = sequence_stats(lp, old, mb.advantages, mb.loss_mask, mode=algo.loss, clip_low=algo.clip_low,
+                                    clip_high=algo.clip_high)  # fmt: skip
+    lengths = mb.attention_mask.sum(-1).tolist()
+    lp = lp.detach().float().cpu()
+    return {row: RowStats(lp[i, : lengths[i]].tolist(), float(ratio[i]), float(clipped[i]), minibatch)
+            for i, row in enumerate(rows)}  # fmt: skip
 
 
 def _mismatch(lp: torch.Tensor, mb: TrainBatch, recomputed: list[torch.Tensor], kind: str) -> float:

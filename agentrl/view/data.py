@@ -1,0 +1,302 @@
+"""What `agentrl view` reads from a run folder (`agentrl train`) or an evaluation folder (`agentrl eval --out`).
+
+Nothing is loaded whole: JSONL files are followed from the byte where the last read stopped
+(so a live run costs only its new lines per refresh), trajectories are listed from
+`trajectories/index.jsonl` (one short summary line each, with the byte span of the full
+record) and a trajectory is read by seeking to its span. A folder written before the index
+existed is indexed once by scanning its trajectory files.
+
+A corrupt line (a run killed mid-write, a disk filling up) is skipped and named in
+`warnings`; what is readable is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrl.rollout import Segment, Trajectory
+from agentrl.train.tracking import RunDir, TrainedView, summary
+
+MAX_PAGE = 200
+
+
+class JsonlTail:
+    """A JSONL file read incrementally: `rows()` returns every readable line, re-reading only what was appended.
+
+    A last line without its newline is left for the next read (the writer may be mid-line); if it
+    is still there later it is reported. A file that shrank (a resume truncating its logs) is read anew.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # the server answers requests from a thread pool
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self._line = 0
+        self._bad: list[str] = []
+        self._torn: str | None = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        self._read()
+        return self._rows
+
+    @property
+    def warnings(self) -> list[str]:
+        self._read()
+        return self._bad + ([self._torn] if self._torn else [])
+
+    def _read(self) -> None:
+        with self._lock:
+            self._read_new()
+
+    def _read_new(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self._offset:  # rewritten shorter
+            self._reset()
+        if size == self._offset:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read(size - self._offset)
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].splitlines():
+            self._line += 1
+            if not raw.strip():
+                continue
+            try:
+                self._rows.append(json.loads(raw))
+            except ValueError:
+                self._bad.append(f"{self.path.name} line {self._line}: unreadable, skipped ({raw[:60]!r})")
+        self._offset += end
+        rest = data[end:]
+        self._torn = (
+            f"{self.path.name}: the last line is incomplete ({len(rest)} bytes; the run is writing it, or was "
+            "killed mid-write)" if rest.strip() else None
+        )  # fmt: skip
+
+
+@dataclass
+class Filters:
+    iteration: int | None = None
+    task: str | None = None
+    """a substring of the task id"""
+    group: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    failure: str | None = None
+    """a failure class (ok, agent, infra_error, ...) or a status (failed, dropped)"""
+    turns: int | None = None
+    partial: bool | None = None
+    """spanning several policy versions"""
+
+    def keep(self, s: dict[str, Any]) -> bool:
+        return (
+            (self.iteration is None or s["iteration"] == self.iteration)
+            and (self.task is None or self.task in s["task_id"])
+            and (self.group is None or s["group_id"] == self.group)
+            and (self.min_reward is None or s["reward"] >= self.min_reward)
+            and (self.max_reward is None or s["reward"] <= self.max_reward)
+            and (self.failure is None or self.failure in (s["failure"], s["status"]))
+            and (self.turns is None or s["turns"] == self.turns)
+            and (self.partial is None or s["partial"] == self.partial)
+        )
+
+
+@dataclass
+class Folder:
+    """A run or evaluation folder, read lazily and refreshed on every call."""
+
+    path: Path
+    run: RunDir = field(init=False)
+    _tails: dict[str, JsonlTail] = field(init=False, default_factory=dict)
+    _scanned: tuple[list[dict[str, Any]], list[str]] | None = field(init=False, default=None)
+    _tokenizer: Any = field(init=False, default=None)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"{self.path} is not a folder")
+        self.run = RunDir(self.path)
+        if not (self.run.metrics.exists() or self.run.config.exists() or (self.path / "results.jsonl").exists()):
+            raise FileNotFoundError(f"{self.path} is neither a run folder (config.yaml, metrics.jsonl) nor an "
+                                    "evaluation folder (results.jsonl)")  # fmt: skip
+
+    @property
+    def kind(self) -> str:
+        return "eval" if (self.path / "results.jsonl").exists() else "run"
+
+    def _tail(self, path: Path) -> JsonlTail:
+        with self._lock:
+            return self._tails.setdefault(str(path), JsonlTail(path))
+
+    # -- overview ----------------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        config = self.run.config.read_text() if self.run.config.exists() else None
+        summary_path = self.path / "summary.json"
+        out = {"path": str(self.path), "kind": self.kind, "config": config,
+               "summary": json.loads(summary_path.read_text()) if summary_path.exists() else None}  # fmt: skip
+        if config is not None:
+            try:
+                out["settings"] = yaml.safe_load(config)
+            except yaml.YAMLError as e:
+                out["settings"] = None
+                out["config_error"] = str(e)
+        return out
+
+    def metrics(self) -> dict[str, Any]:
+        tails = [self._tail(self.run.metrics), self._tail(self.run.eval)]
+        return {"metrics": tails[0].rows(), "eval": tails[1].rows(), "warnings": tails[0].warnings + tails[1].warnings}
+
+    # -- trajectories ----------------------------------------------------------------------
+
+    def _index(self) -> tuple[list[dict[str, Any]], list[str]]:
+        index = self.run.trajectories / "index.jsonl"
+        if index.exists():
+            tail = self._tail(index)
+            return tail.rows(), tail.warnings
+        with self._lock:
+            if self._scanned is None:
+                self._scanned = self._scan()
+            return self._scanned
+
+    def _scan(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The index of a folder written without one: every trajectory file read once."""
+        rows, warnings = [], []
+        for path in sorted(self.run.trajectories.glob("*.jsonl")):
+            offset = 0
+            with open(path, "rb") as f:
+                for n, line in enumerate(f, 1):
+                    try:
+                        row = json.loads(line)
+                        t = Trajectory.model_validate(row)
+                        view = TrainedView.model_validate(row["trained"]) if row.get("trained") else None
+                        rows.append(summary(t, row.get("iteration"), view)
+                                    | {"file": path.name, "offset": offset, "length": len(line)})  # fmt: skip
+                    except ValueError:
+                        warnings.append(f"{path.name} line {n}: unreadable, skipped")
+                    offset += len(line)
+        return rows, warnings
+
+    def trajectories(self, filters: Filters, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        """One page of trajectory summaries (newest iteration first), the count matching and the facets."""
+        rows, warnings = self._index()
+        limit = max(1, min(limit, MAX_PAGE))
+        matching = [r for r in rows if filters.keep(r)]
+        matching.reverse()  # the index appends: newest last
+        return {
+            "total": len(rows), "matching": len(matching), "offset": offset, "limit": limit,
+            "items": matching[offset : offset + limit], "warnings": warnings,
+            "verdicts": self._verdicts([r["task_id"] for r in matching[offset : offset + limit]]),
+        }  # fmt: skip
+
+    def facets(self) -> dict[str, Any]:
+        rows, _ = self._index()
+        return {"iterations": sorted({r["iteration"] for r in rows if r["iteration"] is not None}),
+                "failures": sorted({r["failure"] for r in rows} | {r["status"] for r in rows}),
+                "turns": sorted({r["turns"] for r in rows})}  # fmt: skip
+
+    def _find(self, episode_id: str) -> dict[str, Any]:
+        rows, _ = self._index()
+        for r in reversed(rows):  # a resumed run may have saved an episode twice: the last one counts
+            if r["episode_id"] == episode_id:
+                return r
+        raise KeyError(episode_id)
+
+    def trajectory(self, episode_id: str) -> dict[str, Any]:
+        """One trajectory, turn by turn, its tokens as text with their per-token values."""
+        entry = self._find(episode_id)
+        with open(self.run.trajectories / entry["file"], "rb") as f:
+            f.seek(entry["offset"])
+            row = json.loads(f.read(entry["length"]))
+        return render(row, self.tokenizer()) | {"summary": entry}
+
+    def group(self, group_id: str, iteration: int | None) -> list[dict[str, Any]]:
+        rows, _ = self._index()
+        ids = [r["episode_id"] for r in rows if r["group_id"] == group_id and r["iteration"] == iteration]
+        return [self.trajectory(e) for e in dict.fromkeys(ids)]
+
+    # -- evaluation folders --------------------------------------------------------------
+
+    def results(self, offset: int = 0, limit: int = 50, passed: bool | None = None) -> dict[str, Any]:
+        """An evaluation's per-problem rows (agent runs) or per-completion verdicts (a samples file)."""
+        tail = self._tail(self.path / "results.jsonl")
+        rows = tail.rows()
+        if passed is not None:
+            rows = [r for r in rows if _passed(r) == passed]
+        limit = max(1, min(limit, MAX_PAGE))
+        return {"matching": len(rows), "offset": offset, "limit": limit, "items": rows[offset : offset + limit],
+                "warnings": tail.warnings}  # fmt: skip
+
+    def _verdicts(self, task_ids: list[str]) -> dict[str, Any]:
+        if self.kind != "eval":
+            return {}
+        wanted = set(task_ids)
+        return {r["task_id"]: r for r in self._tail(self.path / "results.jsonl").rows() if r.get("task_id") in wanted}
+
+    # -- tokens -----------------------------------------------------------------------------
+
+    def tokenizer(self):
+        """The folder's own tokenizer (saved by the run), else the run's model's."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from agentrl.train.policy import resolve_path
+
+            source = self.run.tokenizer
+            if not source.exists():
+                model = (self.overview().get("settings") or {}).get("model", {}).get("path")
+                if model is None:
+                    raise FileNotFoundError(f"{self.path} has no tokenizer/ folder and names no model")
+                source = resolve_path(model)
+            self._tokenizer = AutoTokenizer.from_pretrained(source)
+        return self._tokenizer
+
+
+def _passed(row: dict[str, Any]) -> bool:
+    return bool(row["passed"]) if "passed" in row else row.get("correct", 0) > 0
+
+
+def render(row: dict[str, Any], tokenizer) -> dict[str, Any]:
+    """A saved trajectory as the page shows it: the prompt's text, then per turn its generated tokens
+    (text piece, engine logprob, policy version, advantage, trainer logprob) and the env's reply."""
+    t = Trajectory.model_validate(row)
+    trained = row.get("trained")
+    pieces = [tokenizer.decode([i]) for i in t.token_ids]
+
+    def text(lo: int, hi: int) -> str:
+        return tokenizer.decode(t.token_ids[lo:hi])
+
+    prompt_end = next((k for k, s in enumerate(t.segments) if s is not Segment.PROMPT), len(t.token_ids))
+    turns = []
+    for k, turn in enumerate(t.turns):
+        obs_end = t.turns[k + 1].start if k + 1 < len(t.turns) else len(t.token_ids)
+        span = range(turn.start, turn.end)
+        turns.append({
+            "index": turn.index, "reward": turn.reward, "finish_reason": turn.finish_reason, "info": turn.info,
+            "tokens": [pieces[j] for j in span], "logprob": [t.logprobs[j] for j in span],
+            "version": [t.versions[j] for j in span],
+            "advantage": [trained["advantages"][j] for j in span] if trained else None,
+            "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
+            "observation": text(turn.end, obs_end),
+        })  # fmt: skip
+    return {
+        "episode_id": t.episode_id, "group_id": t.group_id, "task_id": t.task_id, "iteration": row.get("iteration"),
+        "status": t.status.value, "failure": t.failure.value, "error": t.error, "truncation": t.truncation,
+        "reward": t.outcome_reward, "sampling": t.sampling.model_dump(), "versions": t.policy_versions,
+        "prompt": text(0, prompt_end), "turns": turns,
+        "trained": {k: trained[k] for k in ("ratio", "clipped", "minibatch")} if trained else None,
+    }  # fmt: skip

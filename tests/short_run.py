@@ -1,0 +1,36 @@
+"""A short real `agentrl train` run (the default policy, real sandboxes and Ray), for the pipeline and viewer tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Small enough for a test, shaped like the default: many groups in flight for few wanted, so an
+# iteration ends with episodes parked mid-way (partial rollouts) that the next one finishes.
+SMALL = ["rollout.group_size=4", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=6",
+         "rollout.num_workers=2", "rollout.sandboxes_per_worker=4", "eval.tasks=4", "eval.every=0",
+         "eval.sandboxes_per_worker=2", "log.tensorboard=true"]  # fmt: skip
+
+
+def agentrl_train(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "agentrl", "train", *args]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env())
+    except subprocess.TimeoutExpired as e:  # say where it stood
+        pytest.fail(f"agentrl train ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return r
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200", "RAY_AUTH_MODE": "disabled"}
+
+
+def sets(*sets: str) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]

@@ -1,0 +1,214 @@
+"""`agentrl view` end to end: a folder a real short training run wrote, the real server (`agentrl view`,
+a subprocess), and headless Chromium (Debian's, driven by Playwright). Screenshots go to
+$AGENTRL_TEST_ARTIFACTS/view (default: test-artifacts/view)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from short_run import SMALL, agentrl_train, sets
+
+from agentrl.rollout import Trajectory
+from agentrl.train.tracking import TrainedView, write_trajectories
+
+pytestmark = pytest.mark.docker
+
+ARTIFACTS = Path(os.environ.get("AGENTRL_TEST_ARTIFACTS", "test-artifacts")) / "view"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """2 iterations of the default recipe, shrunk: whole groups saved, partial rollouts among them."""
+    tmp = tmp_path_factory.mktemp("view")
+    agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL), cwd=tmp)
+    return tmp / "run"
+
+
+class Viewer:
+    """`agentrl view FOLDER --port P` in a subprocess, stopped on exit."""
+
+    def __init__(self, folder: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def __enter__(self) -> "Viewer":
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{self.url}/api/overview", timeout=2).raise_for_status()
+                return self
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    pytest.fail(f"agentrl view did not start:\n{self.proc.communicate()[0][-3000:]}")
+                time.sleep(0.3)
+
+    def get(self, path: str, **params) -> dict:
+        r = httpx.get(self.url + path, params=params, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.fail("no chromium on PATH: bash scripts/test.sh installs Debian's")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def index_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "trajectories" / "index.jsonl").read_text().splitlines()]
+
+
+def saved(folder: Path, entry: dict) -> dict:
+    with open(folder / "trajectories" / entry["file"], "rb") as f:
+        f.seek(entry["offset"])
+        return json.loads(f.read(entry["length"]))
+
+
+def test_overview_trajectory_and_group_in_a_browser(run, browser):
+    entries = index_rows(run)
+    trained = [e for e in entries if e["ratio"] is not None]
+    assert trained, "the run saved trajectories with what their update saw"
+    # the richest one: a partial rollout (several policy versions) with most turns
+    pick = max(trained, key=lambda e: (e["partial"], e["turns"]))
+    record = saved(run, pick)
+    generated = sum(record["loss_mask"])
+    assert len(record["trained"]["advantages"]) == len(record["token_ids"])
+
+    with Viewer(run) as v:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(v.url + "/")
+        page.wait_for_selector("#charts svg polyline")
+        charts = page.locator(".chart[data-title='training reward'] polyline")
+        assert charts.count() == 1
+        points = charts.first.get_attribute("points").split()
+        assert len(points) == 2, "one point per iteration"
+        assert "code_sandbox" in page.inner_text("#config")
+        page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+
+        page.goto(v.url + "/#/trajectories")
+        page.wait_for_selector("#trajectories tr.row")
+        assert page.locator("#trajectories tr.row").count() == len(entries)
+        assert f"of {len(entries)} matching" in page.inner_text("#count")
+        page.select_option("select[name=partial]", "true")
+        page.click("form.filters button")
+        page.wait_for_function("location.hash.includes('partial=true')")
+        page.wait_for_selector("#trajectories tr.row")
+        partial = [e for e in entries if e["partial"]]
+        assert page.locator("#trajectories tr.row").count() == len(partial)
+        page.screenshot(path=str(ARTIFACTS / "trajectories.png"), full_page=True)
+
+        page.click(f"tr.row[data-episode='{pick['episode_id']}']")
+        page.wait_for_selector(".turn")
+        assert page.locator(".turn").count() == pick["turns"] == len(record["turns"])
+        tokens = page.locator(".tok")
+        assert tokens.count() == generated, "every generated token is shown, each on its own"
+        # coloured by advantage by default: each token carries its own colour, and it is not the same for all
+        # when the advantages differ
+        colours = page.eval_on_selector_all(".tok", "ts => ts.map(t => t.style.background)")
+        assert all(colours)
+        assert page.eval_on_selector_all(".tok", "ts => ts.every(t => t.dataset.colour === 'advantage')")
+        advantages = [a for a, m in zip(record["trained"]["advantages"], record["loss_mask"], strict=True) if m]
+        assert (len(set(colours)) > 1) == (len(set(advantages)) > 1)
+        text = page.inner_text("#meta")
+        assert f"{record['trained']['ratio']:.5f}" in text
+        assert ("partial rollout" in text) == pick["partial"]
+        page.screenshot(path=str(ARTIFACTS / "trajectory-advantage.png"), full_page=True)
+        for mode in ("version", "logprob", "diff"):
+            page.select_option("#colour", mode)
+            assert page.eval_on_selector_all(".tok", f"ts => ts.some(t => t.dataset.colour === '{mode}')")
+        page.select_option("#colour", "version")
+        versions = page.eval_on_selector_all(".tok", "ts => new Set(ts.map(t => t.style.background)).size")
+        assert versions == len({v for v, m in zip(record["versions"], record["loss_mask"], strict=True) if m})
+        page.screenshot(path=str(ARTIFACTS / "trajectory-version.png"), full_page=True)
+
+        page.click("text=side by side")
+        page.wait_for_selector("#group .sample")
+        members = [e for e in entries if e["group_id"] == pick["group_id"] and e["iteration"] == pick["iteration"]]
+        assert page.locator("#group .sample").count() == len(members) == 4
+        page.screenshot(path=str(ARTIFACTS / "group.png"), full_page=True)
+        page.close()
+
+
+def test_a_torn_and_a_corrupt_line_still_open_with_a_warning(run, browser, tmp_path):
+    """A killed run: a half-written last metrics line, a corrupt index line. What is readable is shown."""
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    with open(broken / "metrics.jsonl", "a") as f:
+        f.write('{"iteration": 2, "rollout/rew')  # no newline: killed mid-write
+    index = (broken / "trajectories" / "index.jsonl").read_text().splitlines(keepends=True)
+    index.insert(1, "{not json\n")
+    (broken / "trajectories" / "index.jsonl").write_text("".join(index))
+
+    with Viewer(broken) as v:
+        page = browser.new_page()
+        page.goto(v.url + "/")
+        page.wait_for_selector("#charts svg polyline")
+        assert len(page.get_attribute(".chart[data-title='training reward'] polyline", "points").split()) == 2
+        page.wait_for_selector("#warnings:not([hidden])")
+        assert "last line is incomplete" in page.inner_text("#warnings")
+        page.goto(v.url + "/#/trajectories")
+        page.wait_for_selector("#trajectories tr.row")
+        assert page.locator("#trajectories tr.row").count() == len(index) - 1
+        assert "index.jsonl line 2: unreadable" in page.inner_text("#warnings")
+        page.screenshot(path=str(ARTIFACTS / "corrupt-warning.png"), full_page=True)
+        page.close()
+
+
+def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
+    """10,000 saved trajectories: the list comes a page at a time, and a trajectory loads on its own."""
+    big = tmp_path / "big"
+    shutil.copytree(run, big, ignore=shutil.ignore_patterns("trajectories", "checkpoints", "final"))
+    entry = next(e for e in index_rows(run) if e["ratio"] is not None)
+    row = saved(run, entry)
+    t, view = Trajectory.model_validate(row), TrainedView.model_validate(row["trained"])
+    for it in range(100):
+        copies = [t.model_copy(update={"episode_id": f"{it:03d}-{k:03d}", "group_id": f"g{it:03d}-{k // 4}"})
+                  for k in range(100)]  # fmt: skip
+        views = {c.episode_id: view for c in copies}
+        write_trajectories(big / "trajectories", f"iter-{it:05d}.jsonl", copies, it, views)
+
+    with Viewer(big) as v:
+        first = v.get("/api/trajectories", limit=50)
+        assert first["total"] == 10_000 and len(first["items"]) == 50
+        assert first["items"][0]["iteration"] == 99, "newest first"
+        assert httpx.get(v.url + "/api/trajectories", params={"limit": 5000}).status_code == 422
+        one = v.get("/api/trajectory/042-007")
+        assert one["iteration"] == 42 and len(one["turns"]) == len(t.turns)
+
+        page = browser.new_page()
+        page.goto(v.url + "/#/trajectories")
+        page.wait_for_selector("#trajectories tr.row")
+        assert page.locator("#trajectories tr.row").count() == 50
+        assert "1–50 of 10000 matching" in page.inner_text("#count")
+        page.click("text=older ▶")
+        page.wait_for_function("document.querySelector('#count').textContent.startsWith('51–100')")
+        page.select_option("select[name=iteration]", "42")
+        page.click("form.filters button")
+        page.wait_for_function("document.querySelector('#count') && "
+                               "document.querySelector('#count').textContent.includes('of 100 matching')")  # fmt: skip
+        page.screenshot(path=str(ARTIFACTS / "ten-thousand.png"))
+        page.close()
