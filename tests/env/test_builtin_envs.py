@@ -37,7 +37,7 @@ async def source(sandbox_image):
 
 
 async def test_code_sandbox_episode_run_test_submit(source):
-    env = agentrl.make("code_sandbox", sandboxes=source, max_turns=4)
+    env = agentrl.make("code_sandbox", sandboxes=source, max_turns=5)
     obs, info = await env.areset(seed=3)
     assert [m["role"] for m in obs] == ["system", "user"] and info["task_id"].startswith("procedural/")
     assert {t["function"]["name"] for t in info["tools"]} == {"run_python", "run_tests", "submit"}
@@ -46,6 +46,13 @@ async def test_code_sandbox_episode_run_test_submit(source):
     obs, r, term, trunc, info = await env.astep(call("run_python", code="print(6 * 7)"))
     assert obs == [{"role": "tool", "content": "exit code 0\nstdout:\n42\n"}] and r == 0.0
     assert env.sandbox_s > 0
+    # the step's record of its calls (what `agentrl view` shows): the parsed call and its sandbox run
+    (rec,) = info["calls"]
+    assert rec["tool"] == "run_python" and rec["arguments"] == {"code": "print(6 * 7)"} and rec["status"] == "ok"
+    assert rec["run"]["status"] == "ok" and rec["run"]["exit_code"] == 0 and rec["run"]["stdout"] == "42\n"
+    obs, r, term, trunc, info = await env.astep(call("run_python", code="import sys; sys.exit(3)") + call("nope"))
+    ran, bad = info["calls"]
+    assert ran["run"]["exit_code"] == 3 and (bad["tool"], bad["status"]) == ("nope", "malformed")
 
     obs, r, term, trunc, info = await env.astep(call("run_tests", code=solution))
     assert obs[0]["content"].startswith("2/2 example tests passed")
