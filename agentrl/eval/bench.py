@@ -19,10 +19,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.engine.base import InferenceEngine, SamplingParams
-from agentrl.eval.heldout import success
 from agentrl.eval.passk import pass_at_k, pass_at_ks
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
 from agentrl.rollout.workers import make_env, task_ids
+
+
+def success(traj: Trajectory) -> bool:
+    """The episode terminated with outcome 1 on its last turn."""
+    return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
 
 
 class BenchConfig(BaseModel):

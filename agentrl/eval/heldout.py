@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import InferenceEngine, SamplingParams
-from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
+from agentrl.eval.bench import BenchConfig, success
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
 from agentrl.rollout.workers import task_ids
 
 
@@ -36,6 +37,10 @@ class EvalConfig(BaseModel):
     """as rollout.sandbox_reuse: episodes a sandbox serves after a proven-clean recycle"""
     max_retries: int = Field(2, ge=0)
     """restarts of an episode after an infrastructure failure"""
+    benchmarks: list[BenchConfig] = Field(default_factory=list)
+    """more evaluations at the same iterations, on the training engine, each an `agentrl eval` of its
+    own (any registered env's test split, a fixed subset with `tasks`, pass@k with `samples` and
+    `k`), logged to bench.jsonl apart from the held-out success; e.g. [{env: humaneval, tasks: 40}]"""
 
 
 class EpisodeResult(BaseModel):
@@ -60,11 +65,6 @@ class EvalResult(BaseModel):
     retried: int
     wall_s: float
     episodes: list[EpisodeResult]
-
-
-def success(traj: Trajectory) -> bool:
-    """The episode terminated with outcome 1 on its last turn."""
-    return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
 
 
 class HeldOutEval:

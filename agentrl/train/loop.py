@@ -33,6 +33,7 @@ from transformers import AutoTokenizer
 
 from agentrl.engine.base import InferenceEngine
 from agentrl.eval import EvalResult, HeldOutEval, success
+from agentrl.eval.bench import run_bench
 from agentrl.rollout import ChatFormat, ControllerState, RolloutBatch, RolloutController
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch, build_batch
@@ -109,6 +110,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
             if lead:
                 if _eval_due(it, cfg.eval.every) and not stop.is_set():
                     _evaluate(tracker, display, await _stoppable(held_out.run(it), held_out.controller, stop))
+                    await _benchmarks(cfg, engine, chat, tracker, display, it)
                 t0 = time.perf_counter()
                 batch = await _stoppable(controller.run_iteration(), controller, stop)  # 1. rollouts
                 metrics = _rollout_metrics(it, batch) | {"rollout/restore_dropped": restore_dropped}
@@ -137,6 +139,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 display.iteration(metrics)
                 if state.iteration == cfg.iterations:
                     _evaluate(tracker, display, await held_out.run(state.iteration))
+                    await _benchmarks(cfg, engine, chat, tracker, display, state.iteration)
             done = state.iteration == cfg.iterations or stopping
             if done or (cfg.checkpoint.every and state.iteration % cfg.checkpoint.every == 0):
                 _save(run, trainer, state, controller, cfg.checkpoint.keep)  # 6. checkpoint
@@ -202,6 +205,18 @@ def _eval_due(iteration: int, every: int) -> bool:
 def _evaluate(tracker: Tracker, display: Display, result: EvalResult) -> None:
     tracker.log_eval(result.model_dump(exclude={"episodes"}))
     display.evaluation(result)
+
+
+async def _benchmarks(cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat, tracker: Tracker, display: Display,
+                      iteration: int) -> None:  # fmt: skip
+    """`eval.benchmarks`: each an `agentrl eval` on the current weights, one bench.jsonl line each."""
+    for b in cfg.eval.benchmarks:
+        r = await run_bench(b, engine, chat)
+        tracker.log_bench({"iteration": iteration, "env": b.env, **r.pass_at_k, "problems": r.problems,
+                           "samples": r.samples, "infra_failed": r.infra_failed, "retried": r.retried,
+                           "wall_s": r.wall_s})  # fmt: skip
+        scores = ", ".join(f"{k} {100 * v:.1f}%" for k, v in r.pass_at_k.items())
+        display.message(f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems ({r.wall_s:.0f} s)")
 
 
 def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:

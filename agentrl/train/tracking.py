@@ -4,6 +4,7 @@ Run folder (`RunDir`):
   config.yaml           the resolved config
   metrics.jsonl         one line per iteration (training), keys grouped as rollout/, batch/, train/, time/
   eval.jsonl            one line per held-out evaluation (greedy), apart from the training reward
+  bench.jsonl           one line per `eval.benchmarks` evaluation (pass@k on a benchmark's fixed subset)
   trajectories/         iter-NNNNN.jsonl: sampled whole groups per iteration, each trajectory with what its
                         update saw ("trained": advantages, lp_θ, s_i, clip state); index.jsonl: one short
                         line per saved trajectory (its summary, file and byte span), for `agentrl view`
@@ -39,6 +40,7 @@ class RunDir:
         self.path = Path(path)
         self.metrics = self.path / "metrics.jsonl"
         self.eval = self.path / "eval.jsonl"
+        self.bench = self.path / "bench.jsonl"
         self.trajectories = self.path / "trajectories"
         self.checkpoints = self.path / "checkpoints"
         self.final = self.path / "final"
@@ -61,7 +63,7 @@ class RunDir:
     def truncate_logs(self, iteration: int) -> None:
         """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines
         (the index too: those iterations' trajectory files will be written anew)."""
-        for path in (self.metrics, self.eval, self.trajectories / "index.jsonl"):
+        for path in (self.metrics, self.eval, self.bench, self.trajectories / "index.jsonl"):
             if path.exists():
                 rows = read_jsonl(path)
                 path.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
@@ -164,6 +166,10 @@ class Tracker:
     def log_eval(self, metrics: dict[str, Any]) -> None:
         self._append(self.run.eval, metrics)
         self._mirror(metrics, "eval/")
+
+    def log_bench(self, metrics: dict[str, Any]) -> None:
+        self._append(self.run.bench, metrics)
+        self._mirror(metrics, f"bench/{metrics['env']}/")
 
     def save_trajectories(self, iteration: int, groups: list[Group], trained: dict[str, TrainedView]) -> int:
         """Whole groups (the G samples side by side) up to the per-iteration count, with `trained`

@@ -158,8 +158,9 @@ class Folder:
         return out
 
     def metrics(self) -> dict[str, Any]:
-        tails = [self._tail(self.run.metrics), self._tail(self.run.eval)]
-        return {"metrics": tails[0].rows(), "eval": tails[1].rows(), "warnings": tails[0].warnings + tails[1].warnings}
+        tails = {"metrics": self._tail(self.run.metrics), "eval": self._tail(self.run.eval),
+                 "bench": self._tail(self.run.bench)}  # fmt: skip
+        return {k: t.rows() for k, t in tails.items()} | {"warnings": [w for t in tails.values() for w in t.warnings]}
 
     # -- trajectories ----------------------------------------------------------------------
 

@@ -26,10 +26,22 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """2 iterations of the default recipe, shrunk: whole groups saved, partial rollouts among them."""
+    """2 iterations of the default recipe, shrunk: whole groups saved, partial rollouts among them, and
+    a benchmark (HumanEval's first 2 problems, pass@1 and pass@2) evaluated beside the held-out tasks."""
     tmp = tmp_path_factory.mktemp("view")
-    agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL), cwd=tmp)
+    bench = "eval.benchmarks=[{env: humaneval, tasks: 2, samples: 2, k: [1, 2], temperature: 1.0, max_tokens: 48}]"
+    agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL, bench), cwd=tmp)
     return tmp / "run"
+
+
+def test_a_benchmark_is_evaluated_inside_training_and_logged_apart(run):
+    rows = [json.loads(line) for line in (run / "bench.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["env"], r["problems"], r["samples"]) for r in rows] == [
+        (0, "humaneval", 2, 2),
+        (2, "humaneval", 2, 2),
+    ]
+    assert all(0 <= r["pass@1"] <= r["pass@2"] <= 1 and r["infra_failed"] == 0 for r in rows)
+    assert all("pass@1" not in json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines())
 
 
 class Viewer:
@@ -107,6 +119,8 @@ def test_overview_trajectory_and_group_in_a_browser(run, browser):
         points = charts.first.get_attribute("points").split()
         assert len(points) == 2, "one point per iteration"
         assert "code_sandbox" in page.inner_text("#config")
+        bench = page.locator(".chart[data-title='humaneval: pass@1, pass@2'] polyline")
+        assert bench.count() == 2 and len(bench.first.get_attribute("points").split()) == 2
         page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
 
         page.goto(v.url + "/#/trajectories")
@@ -115,9 +129,8 @@ def test_overview_trajectory_and_group_in_a_browser(run, browser):
         assert f"of {len(entries)} matching" in page.inner_text("#count")
         page.select_option("select[name=partial]", "true")
         page.click("form.filters button")
-        page.wait_for_function("location.hash.includes('partial=true')")
-        page.wait_for_selector("#trajectories tr.row")
         partial = [e for e in entries if e["partial"]]
+        page.wait_for_function(f"document.querySelector('#count').textContent.includes('of {len(partial)} matching')")
         assert page.locator("#trajectories tr.row").count() == len(partial)
         page.screenshot(path=str(ARTIFACTS / "trajectories.png"), full_page=True)
 

@@ -101,7 +101,13 @@ async function overview(main) {
   const draw = async () => {
     const data = await api("/api/metrics");
     warn(data.warnings);
-    charts.replaceChildren(...CURVES.map((c) => chart(c, data)));
+    // eval.benchmarks: one chart per benchmark, its pass@k curves
+    const benches = [...new Set(data.bench.map((r) => r.env))].map((env) => {
+      data[`bench:${env}`] = data.bench.filter((r) => r.env === env);
+      const keys = [...new Set(data[`bench:${env}`].flatMap((r) => Object.keys(r).filter((k) => k.startsWith("pass@"))))];
+      return { title: `${env}: ${keys.join(", ")}`, series: keys.map((k) => [`bench:${env}`, k]) };
+    });
+    charts.replaceChildren(...[...CURVES, ...benches].map((c) => chart(c, data)));
     $("#live").textContent = `${data.metrics.length} iterations · refreshed ${new Date().toLocaleTimeString()}`;
   };
   await draw();
