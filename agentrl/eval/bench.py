@@ -4,7 +4,7 @@ Episodes run through the rollout controller and its sandbox pools, exactly as in
 training (same env, tools, grading), one group of `samples` episodes per problem, all
 problems in flight at once (the engine batches them, the pools bound the sandboxes).
 A sample is correct when its episode ended with outcome 1 (every hidden test passed,
-`agentrl.eval.heldout.success`). A sandbox failure is retried; one that exhausts its
+`success` below). A sandbox failure is retried; one that exhausts its
 retries is left out of n for its problem (never a wrong answer) and reported.
 
 Multi-turn with test feedback (`turns > 1`, where the env supports it) is reported under

@@ -40,7 +40,7 @@ from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.policy import load_policy, resolve_path
 from agentrl.train.run_config import RunConfig
 from agentrl.train.tracking import RunDir, Tracker, TrainedView
-from agentrl.train.trainer import RowStats, Trainer, sync_weights
+from agentrl.train.trainer import Record, Trainer, sync_weights
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
             restore_dropped = await controller.restore(state.controller) if state.controller else 0
         t_start, first = time.perf_counter() - state.elapsed_s, state.iteration
         for it in range(state.iteration, cfg.iterations):
-            train_batch, update = None, {}
+            train_batch, update, saved, wanted = None, {}, [], set()
             if lead:
                 if _eval_due(it, cfg.eval.every) and not stop.is_set():
                     _evaluate(tracker, display, await _stoppable(held_out.run(it), held_out.controller, stop))
@@ -120,9 +120,12 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                     metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
                 except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
                     display.message(f"iteration {it}: {e}; no update")
+                saved = tracker.to_save(batch.groups)
+                ids = {t.episode_id for t in saved}
+                wanted = {i for i, e in enumerate(train_batch.episode_ids) if e in ids} if train_batch else set()
             train_batch = broadcast(train_batch)
-            rows: dict[int, RowStats] = {}  # what the update saw per trajectory, for the saved ones
-            record = rows if cfg.log.trajectories_per_iteration else None
+            # what the update saw of the trajectories saved (all ranks take part: their rows are gathered)
+            record = Record(broadcast(wanted)) if cfg.log.trajectories_per_iteration else None
             if train_batch is not None:
                 update = _update(trainer, engine, train_batch, record)  # 3. GSPO-token update, M minibatches
                 state.policy_version = broadcast(await sync_weights(trainer, engine))  # 4. weight sync
@@ -135,7 +138,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 metrics |= {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/elapsed_s": state.elapsed_s,
                             "time/left_s": left}  # fmt: skip
                 tracker.log(metrics)
-                tracker.save_trajectories(it, batch.groups, TrainedView.of(train_batch, rows) if rows else {})
+                tracker.save_trajectories(it, saved, TrainedView.of(train_batch, record.stats) if record else {})
                 display.iteration(metrics)
                 if state.iteration == cfg.iterations:
                     _evaluate(tracker, display, await held_out.run(state.iteration))
@@ -178,7 +181,7 @@ def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> Inference
 
 
 def _update(trainer: Trainer, engine: InferenceEngine | None, batch: TrainBatch,
-            record: dict[int, RowStats] | None) -> dict[str, float]:  # fmt: skip
+            record: Record | None) -> dict[str, float]:  # fmt: skip
     """The update, with no decode step of an engine that shares the module running meanwhile."""
     paused = engine.paused() if engine is not None and hasattr(engine, "paused") else contextlib.nullcontext()
     with paused:

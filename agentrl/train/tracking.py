@@ -95,7 +95,7 @@ class TrainedView(BaseModel):
 
     @classmethod
     def of(cls, batch: TrainBatch, rows: dict[int, RowStats]) -> dict[str, TrainedView]:
-        """By episode id, for every row of `batch` that `Trainer.update(record=rows)` recorded."""
+        """By episode id, for every row of `batch` that `Trainer.update` recorded (`Record.stats`)."""
         views = {}
         for i, r in rows.items():
             n = len(r.logprobs)
@@ -171,20 +171,25 @@ class Tracker:
         self._append(self.run.bench, metrics)
         self._mirror(metrics, f"bench/{metrics['env']}/")
 
-    def save_trajectories(self, iteration: int, groups: list[Group], trained: dict[str, TrainedView]) -> int:
-        """Whole groups (the G samples side by side) up to the per-iteration count, with `trained`
-        (by episode id) where the update used them; returns how many were saved."""
+    def to_save(self, groups: list[Group]) -> list[Trajectory]:
+        """The trajectories an iteration saves: whole groups (the G samples side by side) up to the
+        per-iteration count; none once the saved files reach `log.max_trajectory_mb`."""
         if not self.trajectories_per_iteration:
-            return 0
-        self.run.trajectories.mkdir(exist_ok=True)
+            return []
         used = sum(p.stat().st_size for p in self.run.trajectories.glob("*.jsonl"))
         if used >= self.max_trajectory_bytes:
-            return 0
+            return []
         saved: list[Trajectory] = []
         for g in groups:
             if len(saved) >= self.trajectories_per_iteration:
                 break
             saved += g.trajectories
+        return saved
+
+    def save_trajectories(self, iteration: int, saved: list[Trajectory], trained: dict[str, TrainedView]) -> int:
+        """`saved` (from `to_save`) with `trained` (by episode id) where the update used them; returns how many."""
+        if not saved:
+            return 0
         return write_trajectories(self.run.trajectories, f"iter-{iteration:05d}.jsonl", saved, iteration, trained)
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ n_r / n (× the world size, which FSDP's average divides away).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -183,6 +183,14 @@ class RowStats:
     minibatch: int
 
 
+@dataclass
+class Record:
+    """Which batch rows `Trainer.update` records (every rank passes the same), and their stats (rank 0)."""
+
+    rows: set[int]
+    stats: dict[int, RowStats] = field(default_factory=dict)
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, policy: nn.Module, reference: nn.Module | None = None) -> None:
         """`reference`: the KL penalty's frozen policy for full fine-tuning (a copy of the starting
@@ -244,10 +252,10 @@ class Trainer:
 
     # -- the update --------------------------------------------------------------------
 
-    def update(self, batch: TrainBatch, record: dict[int, RowStats] | None = None) -> dict[str, float]:
+    def update(self, batch: TrainBatch, record: Record | None = None) -> dict[str, float]:
         """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks).
 
-        `record` (every rank passes one or none): filled on rank 0 with each batch row's `RowStats`."""
+        `record` (every rank passes one or none): its rows' `RowStats` land in `record.stats` on rank 0."""
         algo = self.cfg.algo
         rows: dict[int, RowStats] = {}
         shares = self._minibatches(batch)
@@ -287,7 +295,7 @@ class Trainer:
                     log("mismatch_seq_kl", _mismatch(lp, mb, recomputed, "kl"), s.n_local)
                 log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
                 if record is not None:
-                    rows |= _row_stats(lp, old, mb, s.rows, m, algo)
+                    rows |= _row_stats(lp, old, mb, s.rows, record.rows, m, algo)
                 log("loss", float(loss.detach()), s.n_local)
                 loss = loss * (self.world * s.n_local / max(s.n_global, 1))
             else:
@@ -315,7 +323,7 @@ class Trainer:
             if sets.numel():
                 log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
         if record is not None:
-            record |= self._gather(rows)
+            record.stats |= self._gather(rows)
         return self._reduce(metrics)
 
     def _gather(self, rows: dict[int, RowStats]) -> dict[int, RowStats]:
@@ -348,14 +356,20 @@ class Trainer:
         return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
 
 
-def _row_stats(lp: torch.Tensor, old: torch.Tensor, mb: TrainBatch, rows: list[int], minibatch: int,
-               algo: AlgoConfig) -> dict[int, RowStats]:  # fmt: skip
-    ratio, clipped = sequence_stats(lp, old, mb.advantages, mb.loss_mask, mode=algo.loss, clip_low=algo.clip_low,
-                                    clip_high=algo.clip_high)  # fmt: skip
-    lengths = mb.attention_mask.sum(-1).tolist()
-    lp = lp.detach().float().cpu()
-    return {row: RowStats(lp[i, : lengths[i]].tolist(), float(ratio[i]), float(clipped[i]), minibatch)
-            for i, row in enumerate(rows)}  # fmt: skip
+def _row_stats(lp: torch.Tensor, old: torch.Tensor, mb: TrainBatch, rows: list[int], wanted: set[int],
+               minibatch: int, algo: AlgoConfig) -> dict[int, RowStats]:  # fmt: skip
+    """The `wanted` batch rows among this minibatch's `rows` (only those leave the device)."""
+    local = [i for i, row in enumerate(rows) if row in wanted]
+    if not local:
+        return {}
+    sel = mb.select(local)
+    L = sel.input_ids.shape[1]
+    ratio, clipped = sequence_stats(lp[local, :L], old[local, :L], sel.advantages, sel.loss_mask, mode=algo.loss,
+                                    clip_low=algo.clip_low, clip_high=algo.clip_high)  # fmt: skip
+    lengths = sel.attention_mask.sum(-1).tolist()
+    lp = lp[local, :L].detach().float().cpu()
+    return {rows[i]: RowStats(lp[j, : lengths[j]].tolist(), float(ratio[j]), float(clipped[j]), minibatch)
+            for j, i in enumerate(local)}  # fmt: skip
 
 
 def _mismatch(lp: torch.Tensor, mb: TrainBatch, recomputed: list[torch.Tensor], kind: str) -> float:

@@ -198,11 +198,9 @@ class Folder:
         limit = max(1, min(limit, MAX_PAGE))
         matching = [r for r in rows if filters.keep(r)]
         matching.reverse()  # the index appends: newest last
-        return {
-            "total": len(rows), "matching": len(matching), "offset": offset, "limit": limit,
-            "items": matching[offset : offset + limit], "warnings": warnings,
-            "verdicts": self._verdicts([r["task_id"] for r in matching[offset : offset + limit]]),
-        }  # fmt: skip
+        page = matching[offset : offset + limit]
+        return {"total": len(rows), "matching": len(matching), "offset": offset, "limit": limit, "items": page,
+                "warnings": warnings, "verdicts": self._verdicts([r["task_id"] for r in page])}  # fmt: skip
 
     def facets(self) -> dict[str, Any]:
         rows, _ = self._index()
