@@ -169,10 +169,11 @@ class Worker:
     then fails every remaining test at once.
     """
 
-    def __init__(self, solution: str, timeout_s: float):
+    def __init__(self, solution: str, timeout_s: float, first: Forked):
         self.solution = solution
         self.timeout_s = timeout_s
-        self.proc: subprocess.Popen | None = None
+        self.first: Forked | None = first
+        self.proc: subprocess.Popen | Forked | None = None
         self.buf = b""
         self.output = bytearray()
         self.load_error: str | None = None
@@ -180,13 +181,17 @@ class Worker:
     def ready(self) -> bool:
         """A live worker with the solution loaded (starting one if needed)."""
         if self.load_error is None and (self.proc is None or self.proc.poll() is not None):
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), "--worker"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            # The fork made before the tests were read serves first; a restart (after the
+            # solution died or hung) is a fresh interpreter, since this process now holds the tests.
+            self.proc, self.first = self.first, None
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", os.path.abspath(__file__), "--worker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
             self.buf = b""
             threading.Thread(target=self._collect, args=(self.proc.stderr,), daemon=True).start()
             try:
@@ -249,10 +254,55 @@ class Worker:
         return f"the solution's process died (exit code {self.proc.returncode})"
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        for proc in (self.proc, self.first):
+            if proc is not None and proc.poll() is None:
+                # The group for what the solution started; the pid too, for a fork not yet in its own group.
+                for kill in (os.killpg, os.kill):
+                    with contextlib.suppress(ProcessLookupError):
+                        kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class Forked:
+    """A worker forked from this grader before it reads its request, in place of a fresh exec.
+
+    A new interpreter is most of a grade's cost; a fork is ~1 ms. It is as blind as an exec:
+    the tests are not in this process yet, and the child replaces fds 0-2 (fd 0 is where the
+    tests will arrive) before any of the solution runs. It inherits this process's
+    non-dumpable flag, set before the fork. Quacks like the Popen that `Worker` restarts with.
+    """
+
+    def __init__(self) -> None:
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # never returns into the grader
+            try:
+                os.setsid()  # its own group, which stop() kills whole
+                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2)):
+                    os.dup2(fd, target)
+                os.closerange(3, 1 << 16)
+                sys.path = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]  # as -I
+                worker_main()
+            finally:
+                with contextlib.suppress(BaseException):
+                    sys.stderr.flush()
+                os._exit(0)
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        self.stdin, self.stdout, self.stderr = os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
 
 
 def same(actual, expected, tol: float) -> bool:
@@ -319,12 +369,13 @@ def run_tests(worker: Worker, thunks: list, deadline: list[float]) -> list[dict]
 
 def grader_main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    first = Forked()  # before the request: the tests must never be in a worker's memory
     req = json.loads(sys.stdin.buffer.read())
     report_to = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the tests' own prints must not mix with the report
     sys.stdout = sys.stderr
     tests = req["tests"]
-    worker = Worker(req["solution"], req["test_timeout_s"])
+    worker = Worker(req["solution"], req["test_timeout_s"], first)
     deadline = [0.0]
 
     def candidate(*args, **kwargs):
@@ -334,6 +385,7 @@ def grader_main() -> None:
         thunks = build_tests(tests, candidate)
     except Exception:  # the task's own setup code is broken: not the solution's fault
         json.dump({"task_error": traceback.format_exc()[-2000:]}, report_to)
+        worker.stop()
         return
     results = run_tests(worker, thunks, deadline)
     worker.stop()

@@ -62,6 +62,7 @@ import sys
 import time
 import traceback
 import urllib.parse
+from typing import NoReturn
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -97,6 +98,7 @@ class Executor:
         self.user = user
         self.session: Session | None = None
         self.spare: Spare | None = None
+        self.zygote: Zygote | None = None
 
     def _enter_call(self, req: dict, cpu_s: int | None) -> None:
         """In the new child: limits, then drop to the sandbox user for good."""
@@ -224,18 +226,27 @@ class Executor:
 
     def take_spare(self) -> Spare:
         spare, self.spare = self.spare, None
-        return spare if spare is not None and spare.alive() else Spare(self)
+        return spare if spare is not None and spare.alive() else self.new_spare()
 
     def ensure_spare(self) -> None:
         """Between calls: have a forked child ready for the next Python source."""
         if self.spare is None:
-            self.spare = Spare(self)
+            self.spare = self.new_spare()
+
+    def new_spare(self) -> Spare:
+        if self.zygote is None or not self.zygote.alive():
+            self.zygote = Zygote.start()
+        return self.zygote.spare()
 
     def sweep(self, *, everything: bool = False) -> int:
-        """SIGKILL every descendant but the session interpreter and the spare; reap; repeat."""
-        keep = set()
+        """SIGKILL every descendant but the zygote, the session interpreter and the spare; reap; repeat.
+
+        `everything`: the session and the spare too; the zygote, which runs nothing of the
+        sandbox's, stays (see Zygote) unless the executor itself is stopping.
+        """
+        keep = {self.zygote.proc.pid} if self.zygote is not None else set()
         if not everything:
-            keep = {p.pid for p in (self.spare, self.session and self.session.proc) if p is not None}
+            keep |= {p.pid for p in (self.spare, self.session and self.session.proc) if p is not None}
         killed: set[int] = set()
         for _ in range(200):
             pids = descendants(os.getpid()) - keep
@@ -255,7 +266,7 @@ class Executor:
     def recycle(self) -> dict:
         """Between episodes: return the sandbox to its state at start, or say why it cannot be.
 
-        Every process but the executor dies (the session and the spare too). Then, as the
+        Every process but the executor and its zygote dies (the session and the spare too). Then, as the
         sandbox user (who owns whatever programs wrote), everything is removed from the places
         that user can write: the work and tmp dirs and, in a container, /dev/shm, /dev/mqueue
         and System V IPC objects. It is proven, not assumed: if any process of the sandbox user
@@ -301,6 +312,8 @@ class Executor:
                 self.session.exit_status = wstatus
             if self.spare is not None and pid == self.spare.pid:
                 self.spare = None
+            if self.zygote is not None and pid == self.zygote.proc.pid:
+                self.zygote.proc.returncode = os.waitstatus_to_exitcode(wstatus)
 
     # ---------------------------------------------------------------- files
 
@@ -356,39 +369,16 @@ class FileError(Exception):
 class Spare:
     """A child forked between calls that waits for the next Python source to run.
 
-    A new python3 costs ~17 ms of start-up per call here and a fork of the
-    executor ~1.5 ms; forking ahead of time takes both off the call's path. The
-    spare waits as root, blocked on its request pipe, because the call's limits
-    are not known yet; it then drops to the sandbox user before running
-    anything, so it can no more touch the executor than an exec-ed program.
+    A new python3 costs ~17 ms of start-up per call here and a fork ~1.5 ms;
+    forking ahead of time takes both off the call's path. The spare is forked by the
+    zygote (so it inherits none of the executor's memory of earlier calls) and is the
+    executor's child (see Zygote). It waits as root, blocked on its request pipe,
+    because the call's limits are not known yet; it then drops to the sandbox user
+    before running anything, so it can no more touch the executor than an exec-ed program.
     """
 
-    def __init__(self, ex: Executor):
-        req_r, self.req_w = os.pipe()
-        (in_r, out_w, err_w), (self.stdin_w, self.out_r, self.err_r) = std_pipes()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child never returns into the server
-            code = 127
-            try:
-                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2), (req_r, 3)):
-                    os.dup2(fd, target)
-                os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-                os.setsid()
-                for sig in (signal.SIGTERM, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                with os.fdopen(3, "rb") as f:
-                    call = json.loads(f.read())
-                ex._enter_call(call["req"], cpu_limit(call["req"]))
-                LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
-                os.chdir(call["cwd"])
-                code = run_main(call["path"], call["req"]["code"], call["env"])
-            except BaseException:  # report, then exit whatever happened
-                with contextlib.suppress(BaseException):
-                    os.write(2, traceback.format_exc().encode())
-            finally:
-                os._exit(code)
-        for fd in (req_r, in_r, out_w, err_w):
-            os.close(fd)
+    def __init__(self, pid: int, req_w: int, stdin_w: int, out_r: int, err_r: int):
+        self.pid, self.req_w, self.stdin_w, self.out_r, self.err_r = pid, req_w, stdin_w, out_r, err_r
 
     def alive(self) -> bool:
         try:
@@ -397,9 +387,98 @@ class Spare:
             return False
 
     def start(self, path: str, req: dict, cwd: str, env: dict) -> None:
-        """Send the call; the child reads while we write, so any size of source fits."""
+        """Send the call; the child reads while we write, so any size of source fits.
+
+        Not its stdin, which the program reads from its pipe: what a grader is sent there
+        (hidden tests) must not be in the memory of the processes it forks."""
+        call = {"path": path, "req": {k: v for k, v in req.items() if k != "stdin"}, "cwd": cwd, "env": env}
         with os.fdopen(self.req_w, "wb") as f:
-            f.write(json.dumps({"path": path, "req": req, "cwd": cwd, "env": env}).encode())
+            f.write(json.dumps(call).encode())
+
+
+def spare_main(ex: Executor, req_r: int, in_r: int, out_w: int, err_w: int) -> NoReturn:
+    """The spare's life: wait for its call, enter it, run the source, exit."""
+    code = 127
+    try:
+        for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2), (req_r, 3)):
+            os.dup2(fd, target)
+        os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        with os.fdopen(3, "rb") as f:
+            call = json.loads(f.read())
+        ex._enter_call(call["req"], cpu_limit(call["req"]))
+        LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
+        os.chdir(call["cwd"])
+        code = run_main(call["path"], call["req"]["code"], call["env"])
+    except BaseException:  # report, then exit whatever happened
+        with contextlib.suppress(BaseException):
+            os.write(2, traceback.format_exc().encode())
+    finally:
+        os._exit(code)
+
+
+class Zygote:
+    """The process the spares are forked from: this file exec-ed afresh, which never serves a request.
+
+    Forked from the executor, a spare would carry the executor's heap, where freed
+    memory still holds earlier calls (a grader's hidden tests among them) for a program
+    to read from /proc/self/mem. The zygote holds nothing but its start, at the cost of
+    one idle interpreter per sandbox. It runs as root, like the executor, so the sandbox
+    user cannot signal it; it survives `recycle`. A spare is forked through an
+    intermediate that exits at once, so the spare is reparented to the executor (a
+    child subreaper), which waits for it and reads its rusage as for any call; its pipes
+    come back over a Unix socket (SCM_RIGHTS).
+    """
+
+    def __init__(self, proc, sock: socket.socket):
+        self.proc, self.sock = proc, sock
+
+    @classmethod
+    def start(cls) -> Zygote:
+        import subprocess
+
+        ours, theirs = socket.socketpair()
+        argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--zygote", str(theirs.fileno())]
+        proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        return cls(proc, ours)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spare(self) -> Spare:
+        self.sock.sendall(b"s")
+        msg, fds, _, _ = socket.recv_fds(self.sock, 32, 4)
+        if len(fds) != 4 or not msg.isdigit():
+            raise RuntimeError(f"the zygote could not fork a spare (sent {msg!r} and {len(fds)} descriptors)")
+        return Spare(int(msg), *fds)
+
+
+def zygote_main(fd: int, ex: Executor) -> None:
+    """Fork a spare for every byte read on the socket, until it closes."""
+    sock = socket.socket(fileno=fd)
+    gc.freeze()
+    while sock.recv(1):
+        req_r, req_w = os.pipe()
+        (in_r, out_w, err_w), (stdin_w, out_r, err_r) = std_pipes()
+        pid_r, pid_w = os.pipe()
+        mid = os.fork()
+        if mid == 0:
+            with contextlib.suppress(BaseException):
+                pid = os.fork()
+                if pid == 0:
+                    spare_main(ex, req_r, in_r, out_w, err_w)
+                os.write(pid_w, str(pid).encode())
+            os._exit(0)
+        with os.fdopen(pid_r, "rb") as f:
+            os.close(pid_w)
+            pid = f.read()
+        os.waitpid(mid, 0)  # now the spare is the executor's child
+        socket.send_fds(sock, [pid], [req_w, stdin_w, out_r, err_r])
+        for fd_ in (req_r, req_w, in_r, out_w, err_w, stdin_w, out_r, err_r):
+            os.close(fd_)
 
 
 class Session:
@@ -910,20 +989,24 @@ def main() -> None:
     p.add_argument("--codedir", default="/code", help="executor-only dir for `code` requests")
     p.add_argument("--user", help="UID:GID that programs run as (needs CAP_SETUID/SETGID)")
     p.add_argument("--session", nargs=2, type=int, metavar=("CTL_FD", "REPLY_FD"), help=argparse.SUPPRESS)
+    p.add_argument("--zygote", type=int, metavar="SOCKET_FD", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.session:
         return session_main(*args.session)
+    user = tuple(int(x) for x in args.user.split(":")) if args.user else None
+    if args.zygote is not None:
+        return zygote_main(args.zygote, Executor(args.workdir, args.tmpdir, args.codedir, user))
     if not args.socket:
         p.error("--socket is required")
     # Python's KeyboardInterrupt handler would let a stray SIGINT kill the server.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
-    user = tuple(int(x) for x in args.user.split(":")) if args.user else None
     os.umask(0o022)
     executor = Executor(args.workdir, args.tmpdir, args.codedir, user)
 
     def terminate(signum, frame):  # leave nothing running behind us
+        executor.zygote = None  # so the sweep kills it too
         executor.sweep(everything=True)
         os._exit(0)
 

@@ -161,6 +161,39 @@ async def test_the_solution_cannot_read_the_hidden_tests(sandbox):
     assert "9182736" not in snoop.replace("9182736[0-9]", "")  # the snoop itself does not carry the secret
 
 
+SELF_SNOOP = """
+    import ctypes, re
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: so that /proc/self/mem opens
+    found = []
+    for line in open('/proc/self/maps'):
+        span, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in span.split('-'))
+        try:
+            with open('/proc/self/mem', 'rb') as mem:
+                mem.seek(lo); found += re.findall(rb"9182736[0-9]{2}", mem.read(hi - lo)) if 'r' in perms else []
+        except (OSError, ValueError, OverflowError): pass
+    def add(a, b):
+        return int(found[0]) if found else -1
+"""
+
+
+async def test_no_process_inherits_the_hidden_tests_of_this_or_an_earlier_grade(sandbox):
+    """The solution's process and later programs in the same sandbox search their own memory
+    (freed heap included) for the expected value: a worker or spare forked from a process that
+    once held the tests would find it."""
+    tests = CallTests(entry_point="add", cases=[CallCase(args=[1, 2], expected=SECRET)])
+    for _ in range(2):  # the second grade runs where the first one's tests passed through
+        r = await grade(sandbox, tests, SELF_SNOOP, test_timeout_s=10.0)
+        assert r.passed == 0 and r.outcomes[0].error == "wrong answer", r
+    later = await sandbox.run_python(textwrap.dedent(SELF_SNOOP) + "print(len(found))")
+    assert later.status == "ok" and later.stdout.strip() == "0", later
+    # the probe works: a value this program holds itself is found
+    probe = textwrap.dedent(SELF_SNOOP).replace("def add", "keep = b'918273699'\ndef add", 1)
+    assert (
+        await grade(sandbox, CallTests(entry_point="add", cases=[CallCase(args=[1, 2], expected=918273699)]), probe)
+    ).passed == 1
+
+
 async def test_partial_credit_and_per_test_timeouts(sandbox):
     tests = CallTests(entry_point="f", cases=[CallCase(args=[n], expected=n) for n in range(4)])
     code = "import os\ndef f(n):\n    if n == 1: os._exit(3)\n    while n == 2: pass\n    return n"

@@ -15,12 +15,13 @@ TIMEOUT_S = 2.0
 SLACK_S = 3.0  # kill + sweep + transport; a fork bomb starves the executor in its own cgroup
 MARK = f"agentrl-hostile-{uuid.uuid4().hex[:8]}"  # argv marker to look for on the host
 
-# Count processes in the container besides init, the executor and the probe itself.
+# Count processes in the container besides the executor (pid 1), its zygote (the programs'
+# template, see executor.py) and the probe itself.
 PROBE = (
     "import os\n"
     "me = os.getpid()\n"
     "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me, os.getppid())]\n"
-    "print(len(others))"
+    "print(sum(b'--zygote' not in open(f'/proc/{p}/cmdline', 'rb').read() for p in others))"
 )
 
 CASES = {
