@@ -66,6 +66,15 @@ def demos(
             "this probability; its wrong episodes are kept."
         ),
     ] = 0.0,
+    holdout: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.99,
+            help="Leave this share of the env's tasks (by its seeded split: statements, for "
+            "generated tasks) out of the demonstrations, for RL to meet unseen.",
+        ),
+    ] = 0.0,
     set_: Annotated[list[str], typer.Option("--set", help="An env setting: --set max_turns=3.")] = [],  # noqa: B006
 ) -> None:
     """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
@@ -89,6 +98,7 @@ def demos(
                 concurrency=concurrency,
                 misread=misread,
                 min_return=None if misread else 1.0,
+                holdout=holdout,
             ):
                 f.write(json.dumps({"messages": d.messages, "tools": d.tools, "task_id": d.task_id}) + "\n")
                 made += 1

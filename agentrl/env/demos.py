@@ -84,8 +84,13 @@ async def play(env: TextEnv, task_id: str, actions: list[str]) -> Demonstration 
 
 async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = None, seed: int = 0,
                  concurrency: int = 4, misread: float = 0.0, min_return: float | None = 1.0,
+                 holdout: float = 0.0, holdout_seed: int = 1,
                  sandbox: Literal["docker", "local"] = "docker") -> AsyncIterator[Demonstration]:  # fmt: skip
     """n demonstrations on tasks drawn from the env's task set (its train split by default).
+
+    `holdout` > 0 leaves that share of the set out, by the set's own seeded split (for
+    generated tasks: by statement), so a policy fine-tuned on the demonstrations meets, when
+    RL trains on the whole split, statements it has never seen, as its evaluation does.
 
     Tasks are drawn with a generator seeded by `seed`; episodes that fail the checks above
     are replaced by new draws (after 10·n draws in all it gives up with an error). With
@@ -97,6 +102,9 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
     sandboxes = TrustedSandboxes(concurrency, sandbox)
     await sandboxes.start()
     envs = [agentrl.make(env_name, sandboxes=sandboxes, **(env_kwargs or {})) for _ in range(concurrency)]
+    tasks = envs[0].task_set
+    if holdout:
+        tasks = tasks.split("train", seed=holdout_seed, test_fraction=holdout)
     rng = np.random.default_rng(seed)
     expert_rng = random.Random(seed)
     draws = 0
@@ -104,7 +112,7 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
     async def one(env: TextEnv) -> Demonstration | None:
         nonlocal draws
         draws += 1
-        task = env.task_set.sample(rng)
+        task = tasks.sample(rng)
         return await play(env, task.id, env.demonstration(task, expert_rng, misread=misread))
 
     try:

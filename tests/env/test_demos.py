@@ -33,6 +33,15 @@ async def test_recorded_demonstrations_replay_to_full_reward_in_fresh_sandboxes(
         await env.aclose()
 
 
+@pytest.mark.docker
+async def test_a_holdout_keeps_its_share_of_statements_out_of_the_demonstrations():
+    demos = [d async for d in record("code_sandbox", 8, seed=5, concurrency=4, holdout=0.5)]
+    held_out = agentrl.make("code_sandbox").task_set.split("test", seed=1, test_fraction=0.5)
+    for d in demos:  # 8 draws all on the kept half by chance: 1 in 256
+        with pytest.raises(KeyError, match="other side"):
+            held_out.get(d.task_id)
+
+
 async def test_an_env_without_an_expert_says_so():
     with pytest.raises(NotImplementedError, match="ToolUseEnv has no scripted expert"):
         async for _ in record("tool_use", 1, sandbox="local"):
