@@ -9,6 +9,7 @@ same held-out tasks. Prints one JSON object and writes a plot of held-out succes
     python benchmarks/default_run_bench.py                                    # 3 seeds x 2 losses, ~80 min on 2 cores
     python benchmarks/default_run_bench.py --seeds 0 --losses gspo_token      # one run
     python benchmarks/default_run_bench.py --out /tmp/runs --summarize-only   # runs made earlier
+    python benchmarks/default_run_bench.py --set model.path=DIR               # another starting policy
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ import matplotlib.pyplot as plt
 from agentrl.train.tracking import read_jsonl
 
 
-def run(out: Path, loss: str, seed: int) -> float:
+def run(out: Path, loss: str, seed: int, sets: list[str]) -> float:
     """One default run; returns its wall time (the sandbox image is built beforehand, not timed)."""
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox", "--set", f"seed={seed}",
-           "--set", f"algo.loss={loss}", "--set", f"out={out}"]  # fmt: skip
+           "--set", f"algo.loss={loss}", "--set", f"out={out}", *(a for s in sets for a in ("--set", s))]  # fmt: skip
     with open(f"{out}.log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, "COLUMNS": "200"})
     return time.monotonic() - t0
@@ -58,6 +59,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--losses", nargs="+", default=["gspo_token", "grpo"])
     p.add_argument("--out", type=Path, default=Path("runs/default_run_bench"))
+    p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
     p.add_argument("--summarize-only", action="store_true", help="read the runs under --out, start none")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +67,7 @@ def main() -> None:
     for loss in args.losses:
         for seed in args.seeds:
             out = args.out / f"{loss}_s{seed}"
-            wall = None if args.summarize_only else run(out, loss, seed)
+            wall = None if args.summarize_only else run(out, loss, seed, args.sets)
             results.append(summarize(out, loss, seed, wall))
 
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -25,9 +25,11 @@ uid are refused by peer credentials). Otherwise an agent could kill its own
 sandbox and turn a wrong answer into an "infrastructure failure", which the
 trainer leaves out of the loss.
 
-Python source (`code`) runs in a spare fork of this already-started
-interpreter (see Spare), not in a new python3: that start-up would cost more
-than the rest of the call.
+Python source (`code`) runs in a spare fork of an already-started interpreter
+(see Spare), not in a new python3: that start-up would cost more than the rest
+of the call. The spares are forked from a zygote, this file started afresh,
+which never serves a request: so no program inherits what the executor's
+memory kept of earlier calls (see Zygote).
 
 Every call ends with a sweep: all descendants of the executor except the
 persistent interpreter are SIGKILLed until none is left. The executor is a
