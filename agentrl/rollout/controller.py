@@ -163,6 +163,7 @@ class RolloutController:
         self._counts = _Counts()
         self._partial = cfg.partial
         self._background: set[asyncio.Task] = set()  # aborts and reaps, referenced until done
+        self._replaced_workers = 0
         self._started_ray = False
 
     async def start(self) -> RolloutController:
@@ -426,6 +427,7 @@ class RolloutController:
             if w is dead:
                 log.warning("env worker %d died; starting a replacement", i)
                 self.workers[i] = self._new_worker()
+                self._replaced_workers += 1
                 task = asyncio.ensure_future(asyncio.to_thread(_reap_orphans))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -449,3 +451,8 @@ class RolloutController:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+        if self._replaced_workers:
+            # Reap again: the reap at a worker's death can run before its killed process is gone (its
+            # containers still look owned), and that worker's sandboxes must not outlive the run.
+            await asyncio.gather(*self._background, return_exceptions=True)
+            await asyncio.to_thread(_reap_orphans)

@@ -110,5 +110,8 @@ class EnvWorker:
 
 
 # Actors cost no CPU reservation: they wait on sandboxes, and the machine's cores belong to
-# the engine and the trainer.
-RemoteEnvWorker = ray.remote(num_cpus=0, max_restarts=0)(EnvWorker)
+# the engine and the trainer. Concurrency is unbounded in effect (Ray's default for an async
+# actor is 1000 calls): a step can wait for a sandbox, and once the waiters fill every slot, the
+# calls of the episodes holding the sandboxes (their next step, their close) could never run.
+MAX_CALLS = 1 << 20
+RemoteEnvWorker = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=MAX_CALLS)(EnvWorker)

@@ -10,7 +10,11 @@ container start costs a few hundred ms of CPU, a recycle a few ms: on a small
 machine running many short episodes, starts are most of the rollout time.
 With reuse the pool holds `size` containers: an acquire waits for one to come back,
 and only when none has for `patience_s` (they are held for long) starts another,
-discarded on its return. Idle sandboxes are probed periodically and dead ones replaced. Starts and
+discarded on its return unless a waiter needs it. Never more than `max_size` are alive
+(2 x `size` by default): past that, waiters wait for a return however long it takes, since
+each container costs memory (~30 MB) and an evaluation with thousands of episodes in flight,
+each holding its sandbox while the engine writes its next turn, would otherwise start one
+per waiter until the machine runs out. Idle sandboxes are probed periodically and dead ones replaced. Starts and
 removals together are bounded (`max_docker_ops`) so a large pool does not
 flood the daemon.
 """
@@ -47,11 +51,17 @@ class SandboxPool:
         health_interval_s: float = 5.0,
         reuse: int = 0,
         patience_s: float = 2.0,
+        max_size: int | None = None,
     ):
-        if size < 1 or reuse < 0:
-            raise ValueError(f"pool size must be >= 1 and reuse >= 0, got size={size}, reuse={reuse}")
+        max_size = 2 * size if max_size is None else max_size
+        if size < 1 or reuse < 0 or max_size < size:
+            raise ValueError(
+                f"pool size must be >= 1, reuse >= 0 and max_size >= size, got size={size}, reuse={reuse}, "
+                f"max_size={max_size}"
+            )
         self.factory = factory
         self.size = size
+        self.max_size = max_size
         self.reuse = reuse
         self.patience_s = patience_s
         self._starved = 0  # waiters past patience_s
@@ -67,7 +77,8 @@ class SandboxPool:
         self._health: asyncio.Task | None = None
         self._last_error: BaseException | None = None
         self._closed = False
-        self.stats = {"started": 0, "discarded": 0, "recycled": 0, "replaced_dead": 0, "start_failures": 0}
+        self.stats = {"started": 0, "discarded": 0, "recycled": 0, "replaced_dead": 0, "start_failures": 0,
+                      "peak": 0}  # fmt: skip
 
     async def start(self) -> None:
         """Fill the pool and wait until every sandbox is up (raises if none could start)."""
@@ -102,7 +113,7 @@ class SandboxPool:
                                 continue
                             self._starved += not starved
                             starved = True
-                            for _ in range(self._starved - self._starting):
+                            for _ in range(min(self._starved - self._starting, self.max_size - self._alive())):
                                 self._starting += 1
                                 self._spawn(self._start_one())
                 finally:
@@ -134,8 +145,9 @@ class SandboxPool:
         """Give back a leased sandbox: recycled in the background while it may be reused, else closed."""
         self._leased.discard(sandbox)
         self._uses[sandbox] = self._uses.get(sandbox, 0) + 1
-        held = len(self._idle) + len(self._leased) + self._starting  # this one aside
-        if self._uses[sandbox] <= self.reuse and held < self.size and not self._closed:
+        held = self._alive()  # this one aside
+        wanted = held < self.size or (self._starved > 0 and held < self.max_size)  # a waiter takes the surplus
+        if self._uses[sandbox] <= self.reuse and wanted and not self._closed:
             self._starting += 1  # on its way back to idle, as a start is
             self._spawn(self._recycle(sandbox))
         else:
@@ -172,6 +184,10 @@ class SandboxPool:
         await self.close()
 
     # ---------------------------------------------------------------- internals
+
+    def _alive(self) -> int:
+        """Containers idle, leased, or on their way to idle (starting or being recycled)."""
+        return len(self._idle) + len(self._leased) + self._starting
 
     def _failing(self) -> bool:
         # Nothing idle, nothing on the way, and the last start failed: waiting would hang.
@@ -241,6 +257,7 @@ class SandboxPool:
                     self._fill()
 
     def _spawn(self, coro) -> None:
+        self.stats["peak"] = max(self.stats["peak"], self._alive())
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -126,3 +126,21 @@ async def test_a_busy_pool_does_not_grow_a_sandbox_per_waiter(sandbox_image):
 
         assert await asyncio.wait_for(asyncio.gather(*(episode() for _ in range(12))), 120) == ["1\n"] * 12
         assert pool.stats["started"] == 2 and pool.stats["discarded"] == 0
+
+
+async def test_a_starved_pool_grows_no_further_than_max_size(sandbox_image):
+    """Six episodes that each hold their sandbox far past the waiters' patience (an engine slow to write
+    the next turn): the pool starts extra containers, but never has more than `max_size` alive; the
+    waiters past it wait for a return, and every episode still runs."""
+    import asyncio
+
+    async with SandboxPool(DockerSandbox.create, size=1, reuse=100, patience_s=0.3, max_size=2) as pool:
+
+        async def episode() -> str:
+            async with pool.sandbox() as sb:
+                await asyncio.sleep(1.5)
+                return (await sb.run_python("print(1)")).stdout
+
+        assert await asyncio.wait_for(asyncio.gather(*(episode() for _ in range(6))), 120) == ["1\n"] * 6
+        assert pool.stats["started"] >= 2, "a starved waiter gets a container past size"
+        assert pool.stats["peak"] == 2, pool.stats
