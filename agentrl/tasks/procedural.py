@@ -24,7 +24,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from agentrl.tasks._generated import GeneratedTaskSet, task_rng
 from agentrl.tasks.base import CallCase, CallTests, Task
@@ -1079,3 +1079,14 @@ def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
     left, truncating for floor division, `>=` for "greater than", ...) is misread with probability `misread`.
     The hidden tests tell every such misreading apart where some input can."""
     return _program(task).sloppy_source(rng, misread)
+
+
+def reading(task: Task, code: str) -> Literal["reference", "misread", "other"]:
+    """How a solution relates to its task, by source (whitespace aside): the reference solution, the
+    reference with one or more steps misread as `sloppy_solution` writes them, or something else (a
+    wrong constant, another operation: an error of capability rather than of reading)."""
+    program, squash = _program(task), (lambda s: "".join(s.split()))
+    if squash(code) == squash(program.source()):
+        return "reference"
+    variants = itertools.product(*program.misread_bodies)
+    return "misread" if squash(code) in {squash(program.source(v)) for v in variants} else "other"
