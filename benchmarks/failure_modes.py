@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentrl.env.grading import extract_code
 from agentrl.env.parsers import HermesParser
+from agentrl.eval.bench import success
 from agentrl.rollout import Trajectory
 from agentrl.tasks.procedural import reading, reference_solution
 from agentrl.tasks.registry import load_tasks
@@ -49,7 +50,7 @@ def main() -> None:
         task = tasks.get(traj.task_id)
         kind = "no_code" if code is None else reading(task, code)
         counts[kind] += 1
-        passed[kind] += traj.terminated and traj.turns[-1].info.get("outcome") == 1.0
+        passed[kind] += success(traj)
         if kind == "other" and len(examples) < args.examples:
             examples.append({"task_id": task.id, "reference": reference_solution(task), "submitted": code})
     print(json.dumps({"episodes": sum(counts.values()),

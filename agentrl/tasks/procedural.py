@@ -1086,7 +1086,8 @@ def reading(task: Task, code: str) -> Literal["reference", "misread", "other"]:
     reference with one or more steps misread as `sloppy_solution` writes them, or something else (a
     wrong constant, another operation: an error of capability rather than of reading)."""
     program, squash = _program(task), (lambda s: "".join(s.split()))
-    if squash(code) == squash(program.source()):
+    mine = squash(code)
+    if mine == squash(program.source()):
         return "reference"
     variants = itertools.product(*program.misread_bodies)
-    return "misread" if squash(code) in {squash(program.source(v)) for v in variants} else "other"
+    return "misread" if mine in {squash(program.source(v)) for v in variants} else "other"

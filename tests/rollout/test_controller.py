@@ -32,13 +32,6 @@ class RecordingEngine(HFEngine):
         return gen
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def config(**kw) -> RolloutConfig:
     base = dict(
         env="code_sandbox", env_kwargs={"max_turns": 3}, group_size=2, groups_per_iteration=2, num_workers=2,

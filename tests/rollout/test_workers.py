@@ -3,19 +3,11 @@
 import asyncio
 import time
 
-import pytest
 import ray
 
 from agentrl.rollout.workers import RemoteEnvWorker
 
 RUN = '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(1)"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 async def test_waiters_for_a_sandbox_never_crowd_out_the_episodes_holding_one(ray_local, sandbox_image):
