@@ -5,9 +5,9 @@ read against the task (`agentrl.tasks.procedural.reading`).
         --set "env_kwargs.tasks=procedural:levels=1,2;families=strings,lists,numbers,counting"
     python benchmarks/failure_modes.py DIR
 
-Prints one JSON object: per reading ("reference", "misread", "other", "no_code"), the episodes that
-submitted it and how many of those passed every hidden test (a misreading passes where the hidden
-tests cannot tell it apart), then a few "other" submissions beside their reference solution.
+Prints one JSON object: per reading ("reference", "misread", "printed", "other", "no_code"), the
+episodes that submitted it and how many of those passed every hidden test (a misreading passes where
+the hidden tests cannot tell it apart), then a few "other" submissions beside their reference solution.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from agentrl.env.base import Message
 from agentrl.env.grading import assemble_solution, extract_code, grade, run_tests
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.tasks import Task
-from agentrl.tasks.solutions import reference_solution, sloppy_solution
+from agentrl.tasks.solutions import PERFECT, Expert
 from envs._format import run_output
 
 SYSTEM = """You are solving a Python programming task in a sandbox. You have {turns} turns.
@@ -120,10 +120,10 @@ class CodeSandboxEnv(ToolEnv):
             info={"outcome": outcome, "tests_passed": r.passed, "tests_total": r.total},
         )
 
-    def demonstration(self, task: Task, rng: random.Random, *, misread: float = 0.0) -> list[str]:
-        """Submit the task's reference solution (each step misread with probability `misread`, where the task set
-        knows how); half the time run it on the examples first."""
-        code = sloppy_solution(task, rng, misread) if misread else reference_solution(task)
+    def demonstration(self, task: Task, rng: random.Random, *, expert: Expert = PERFECT) -> list[str]:
+        """Submit the expert's solution (the reference one, or with the imperfect expert's mistakes); half the
+        time run it on the examples first. Either way it submits what it wrote, whatever the examples said."""
+        code = expert.solution(task, rng)
         submit = self.parser.format(ToolCall(name="submit", arguments={"code": code}))
         if task.public_tests is not None and self.cfg.max_turns > 1 and rng.random() < 0.5:
             return [self.parser.format(ToolCall(name="run_tests", arguments={"code": code})), submit]

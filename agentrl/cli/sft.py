@@ -66,6 +66,13 @@ def demos(
             "this probability; its wrong episodes are kept."
         ),
     ] = 0.0,
+    prints: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert's habit: with this probability a solution prints its "
+            "result instead of returning it; its wrong episodes are kept.",
+        ),
+    ] = 0.0,
     holdout: Annotated[
         float,
         typer.Option(
@@ -78,11 +85,13 @@ def demos(
     set_: Annotated[list[str], typer.Option("--set", help="An env setting: --set max_turns=3.")] = [],  # noqa: B006
 ) -> None:
     """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
-    from agentrl.config import ConfigError, parse_sets
+    from agentrl.config import ConfigError, load, parse_sets
     from agentrl.env.demos import record
+    from agentrl.tasks.solutions import Expert
 
     try:
         env_kwargs = parse_sets(set_)
+        expert = load(Expert, {"misread": misread, "prints": prints}, source="expert")
     except ConfigError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
@@ -96,8 +105,8 @@ def demos(
                 env_kwargs=env_kwargs,
                 seed=seed,
                 concurrency=concurrency,
-                misread=misread,
-                min_return=None if misread else 1.0,
+                expert=expert,
+                min_return=1.0 if expert.perfect else None,
                 holdout=holdout,
             ):
                 f.write(json.dumps({"messages": d.messages, "tools": d.tools, "task_id": d.task_id}) + "\n")

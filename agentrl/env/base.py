@@ -21,6 +21,7 @@ from agentrl.env.sandboxes import DEFAULT_POOL_SIZE, SandboxSource
 from agentrl.sandbox import Sandbox, SandboxError
 from agentrl.tasks import Task, TaskSet
 from agentrl.tasks.registry import load_tasks
+from agentrl.tasks.solutions import PERFECT, Expert
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -214,11 +215,11 @@ class TextEnv(gymnasium.Env[list[Message], str]):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return []
 
-    def demonstration(self, task: Task, rng: random.Random, *, misread: float = 0.0) -> list[str]:
+    def demonstration(self, task: Task, rng: random.Random, *, expert: Expert = PERFECT) -> list[str]:
         """A scripted expert's messages for `task`, played in order from reset (supervised
         fine-tuning data, `agentrl.env.demos`). Override it where the env has an expert; the
-        recorder keeps an episode only if the env terminates it without a failure. `misread`:
-        an imperfect expert's rate of plausible mistakes, where the env can make them."""
+        recorder keeps an episode only if the env terminates it without a failure. `expert`:
+        how an imperfect expert errs, where the env can make its mistakes."""
         raise NotImplementedError(f"{type(self).__name__} has no scripted expert to demonstrate with")
 
     # ---- async API

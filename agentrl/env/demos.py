@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from agentrl.env.base import FailureClass, TextEnv
 from agentrl.sandbox import DockerSandbox, LocalSandbox, Sandbox
+from agentrl.tasks.solutions import PERFECT, Expert
 
 
 class Demonstration(BaseModel):
@@ -83,7 +84,7 @@ async def play(env: TextEnv, task_id: str, actions: list[str]) -> Demonstration 
 
 
 async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = None, seed: int = 0,
-                 concurrency: int = 4, misread: float = 0.0, min_return: float | None = 1.0,
+                 concurrency: int = 4, expert: Expert = PERFECT, min_return: float | None = 1.0,
                  holdout: float = 0.0, holdout_seed: int = 1,
                  sandbox: Literal["docker", "local"] = "docker") -> AsyncIterator[Demonstration]:  # fmt: skip
     """n demonstrations on tasks drawn from the env's task set (its train split by default).
@@ -93,9 +94,9 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
     RL trains on the whole split, statements it has never seen, as its evaluation does.
 
     Tasks are drawn with a generator seeded by `seed`; episodes that fail the checks above
-    are replaced by new draws (after 10·n draws in all it gives up with an error). With
-    `misread` > 0 the expert is imperfect (`TextEnv.demonstration`): its wrong episodes are
-    kept too, so pass `min_return=None`.
+    are replaced by new draws (after 10·n draws in all it gives up with an error). An
+    imperfect `expert` (`TextEnv.demonstration`) writes wrong episodes too: to keep them, pass
+    `min_return=None`.
     """
     import agentrl
 
@@ -113,7 +114,7 @@ async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = N
         nonlocal draws
         draws += 1
         task = tasks.sample(rng)
-        return await play(env, task.id, env.demonstration(task, expert_rng, misread=misread))
+        return await play(env, task.id, env.demonstration(task, expert_rng, expert=expert))
 
     try:
         made = 0

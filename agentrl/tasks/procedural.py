@@ -1081,13 +1081,18 @@ def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
     return _program(task).sloppy_source(rng, misread)
 
 
-def reading(task: Task, code: str) -> Literal["reference", "misread", "other"]:
+def reading(task: Task, code: str) -> Literal["reference", "misread", "printed", "other"]:
     """How a solution relates to its task, by source (whitespace aside): the reference solution, the
-    reference with one or more steps misread as `sloppy_solution` writes them, or something else (a
-    wrong constant, another operation: an error of capability rather than of reading)."""
+    reference with one or more steps misread as `sloppy_solution` writes them, either of those with its
+    result printed instead of returned (`solutions.printing`), or something else (a wrong constant,
+    another operation: an error of capability rather than of reading)."""
+    from agentrl.tasks.solutions import printing
+
     program, squash = _program(task), (lambda s: "".join(s.split()))
     mine = squash(code)
     if mine == squash(program.source()):
         return "reference"
-    variants = itertools.product(*program.misread_bodies)
-    return "misread" if mine in {squash(program.source(v)) for v in variants} else "other"
+    sources = [program.source(v) for v in itertools.product(*program.misread_bodies)]  # the reference among them
+    if mine in {squash(s) for s in sources}:
+        return "misread"
+    return "printed" if mine in {squash(printing(s)) for s in sources} else "other"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import random
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.tasks.base import Task
 
@@ -29,3 +32,46 @@ def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
 
         return procedural(task, rng, misread)
     return reference_solution(task)
+
+
+def printing(code: str) -> str:
+    """`code` with every `return EXPR` written `print(EXPR)`: a beginner's habit (the function then returns
+    None, and an early return no longer leaves it). The rest of the source is kept as it was written."""
+    lines = code.splitlines(keepends=True)
+    returns = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Return) and n.value is not None]
+    # From the last return up, so earlier positions stay valid; a return spans its own lines only.
+    for node in sorted(returns, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        first, last = node.lineno - 1, node.end_lineno - 1
+        text = "".join(lines[first : last + 1])
+        end = len(text) - len(lines[last]) + node.end_col_offset
+        value = ast.get_source_segment(code, node.value)
+        lines[first : last + 1] = [text[: node.col_offset] + f"print({value})" + text[end:]]
+    return "".join(lines)
+
+
+class Expert(BaseModel):
+    """How a scripted expert errs when it writes a task's solution; all zero: the reference solution.
+
+    An imperfect expert's demonstrations give a starting policy something for RL to remove:
+    misreadings are per step and statement, the printing habit is one decision shared by every task.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    misread: float = Field(0.0, ge=0, le=1)
+    """each step it can misread (procedural tasks), it misreads with this probability"""
+    prints: float = Field(0.0, ge=0, le=1)
+    """with this probability a solution prints its result instead of returning it (`printing`)"""
+
+    @property
+    def perfect(self) -> bool:
+        return self.misread == 0 and self.prints == 0
+
+    def solution(self, task: Task, rng: random.Random) -> str:
+        """This expert's solution of `task`: random choices from `rng`, none drawn for a flaw at rate 0."""
+        code = sloppy_solution(task, rng, self.misread) if self.misread else reference_solution(task)
+        return printing(code) if self.prints and rng.random() < self.prints else code
+
+
+PERFECT = Expert()
+"""the expert that writes the reference solution"""

@@ -1,11 +1,15 @@
 """Demonstrations: a scripted expert's episodes, played through the real env and sandboxes."""
 
+import contextlib
+import io
+
 import pytest
 
 import agentrl
 from agentrl.env.demos import play, record
 from agentrl.env.parsers import HermesParser
 from agentrl.env.tools import ToolCall
+from agentrl.tasks.solutions import Expert, printing, reference_solution
 
 
 def test_a_formatted_call_parses_back():
@@ -40,6 +44,44 @@ async def test_a_holdout_keeps_its_share_of_statements_out_of_the_demonstrations
     for d in demos:  # 8 draws all on the kept half by chance: 1 in 256
         with pytest.raises(KeyError, match="other side"):
             held_out.get(d.task_id)
+
+
+@pytest.mark.docker
+async def test_the_printing_habit_prints_every_result_and_earns_nothing():
+    """An expert with the habit always (prints=1) submits its solution with `return` written `print`:
+    the hidden tests then see None and pay nothing, and an example run shows what it printed."""
+    demos = [d async for d in record("code_sandbox", 6, seed=3, concurrency=3, expert=Expert(prints=1.0),
+                                     min_return=None)]  # fmt: skip
+    assert len(demos) == 6
+    for d in demos:
+        task = agentrl.make("code_sandbox").task_set.get(d.task_id)
+        code = HermesParser().parse(d.messages[-1]["content"]).calls[0].arguments["code"]
+        assert code == printing(reference_solution(task)) and "return" not in code and "print(" in code
+        assert d.episode_return == 0.0
+        if len(d.messages) > 3:
+            assert d.messages[3]["content"].startswith("0/2 example tests passed.")
+            assert "your code printed:" in d.messages[3]["content"]
+
+
+def test_printing_keeps_the_value_and_the_layout():
+    code = (
+        "def f(xs):\n"
+        "    # twice\n"
+        "    if not xs:\n"
+        "        return (0 +\n"
+        "                0)\n"
+        "    return [\n"
+        "        2 * x for x in xs]\n"
+    )
+    printed = printing(code)
+    # the value's own parentheses become print's
+    assert printed == code.replace("return (0 +", "print(0 +").replace("return [", "print([").replace("xs]", "xs])")
+    ns: dict = {}
+    exec(printed, ns)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ns["f"]([1, 2]) is None and ns["f"]([]) is None
+    assert out.getvalue() == "[2, 4]\n0\n[]\n"  # no early return any more: f([]) goes on to the end
 
 
 async def test_an_env_without_an_expert_says_so():

@@ -221,10 +221,11 @@ def test_misreadings_are_code_for_the_near_misses_and_the_hidden_tests_catch_the
 
 def test_a_solution_is_read_as_the_reference_a_misreading_or_neither(code_tasks: list[Task]):
     """`reading` (what benchmarks/failure_modes.py counts): the reference however it is spaced, any mix of
-    misread steps, and anything else, such as another task's solution, as "other"."""
+    misread steps, either with its result printed, and anything else, such as another task's solution, as "other"."""
     import random
 
     from agentrl.tasks.procedural import _program, reading, sloppy_solution
+    from agentrl.tasks.solutions import printing
 
     misreadable = [t for t in code_tasks if _program(t).misread_bodies and any(
         len(lines) > 1 for lines in _program(t).misread_bodies)]  # fmt: skip
@@ -237,6 +238,7 @@ def test_a_solution_is_read_as_the_reference_a_misreading_or_neither(code_tasks:
         other = reference_solution(misreadable[i - 1])
         assert reading(t, other) == ("reference" if other == ref else "other")
         assert reading(t, ref.replace("return", "return 1 +", 1)) == "other"
+        assert reading(t, printing(ref)) == reading(t, printing(sloppy_solution(t, random.Random(i), 1.0))) == "printed"
 
 
 def test_another_tasks_solution_fails(code_tasks: list[Task]):
