@@ -37,16 +37,16 @@ def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
 def printing(code: str) -> str:
     """`code` with every `return EXPR` written `print(EXPR)`: a beginner's habit (the function then returns
     None, and an early return no longer leaves it). The rest of the source is kept as it was written."""
-    lines = code.splitlines(keepends=True)
+    lines = [line.encode() for line in code.splitlines(keepends=True)]  # AST columns count UTF-8 bytes
     returns = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Return) and n.value is not None]
     # From the last return up, so earlier positions stay valid; a return spans its own lines only.
     for node in sorted(returns, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         first, last = node.lineno - 1, node.end_lineno - 1
-        text = "".join(lines[first : last + 1])
+        text = b"".join(lines[first : last + 1])
         end = len(text) - len(lines[last]) + node.end_col_offset
         value = ast.get_source_segment(code, node.value)
-        lines[first : last + 1] = [text[: node.col_offset] + f"print({value})" + text[end:]]
-    return "".join(lines)
+        lines[first : last + 1] = [text[: node.col_offset] + f"print({value})".encode() + text[end:]]
+    return b"".join(lines).decode()
 
 
 class Expert(BaseModel):

@@ -66,16 +66,16 @@ async def test_the_printing_habit_prints_every_result_and_earns_nothing():
 def test_printing_keeps_the_value_and_the_layout():
     code = (
         "def f(xs):\n"
-        "    # twice\n"
+        "    # twice, für jedes x\n"
         "    if not xs:\n"
-        "        return (0 +\n"
+        "        é = 0; return (é +\n"
         "                0)\n"
         "    return [\n"
         "        2 * x for x in xs]\n"
     )
     printed = printing(code)
     # the value's own parentheses become print's
-    assert printed == code.replace("return (0 +", "print(0 +").replace("return [", "print([").replace("xs]", "xs])")
+    assert printed == code.replace("return (é +", "print(é +").replace("return [", "print([").replace("xs]", "xs])")
     ns: dict = {}
     exec(printed, ns)
     out = io.StringIO()
