@@ -4,8 +4,9 @@
 (no download): a random-init model of `ARCHITECTURE` with the project tokenizer
 (`agentrl models init`), fine-tuned with `agentrl sft` on demonstrations that the
 procedural task generator's reference solutions play through the real `code_sandbox` env
-(`agentrl envs demos`). `scripts/build_default_policy.sh` runs the three steps; its SFT is
-deliberately short, so the policy starts with a low but non-zero success rate for RL to raise.
+(`agentrl envs demos`). `scripts/build_default_policy.sh` runs the three steps. The expert
+it imitates has a habit (it mostly prints its result instead of returning it), so the policy
+starts with a low success rate for RL to raise.
 """
 
 from __future__ import annotations
