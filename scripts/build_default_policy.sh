@@ -4,7 +4,7 @@
 #      with a habit: 7 times in 10 it prints the function's result instead of returning it. Played
 #      through the real code_sandbox env and Docker sandboxes (about 10 min for 15000 on 2 cores);
 #   2. a random-init Qwen3-MoE of the default shapes with the project tokenizer;
-#   3. agentrl sft on the demonstrations (configs/sft/default_policy.yaml; about 67 min on 2 cores).
+#   3. agentrl sft on the demonstrations (configs/sft/default_policy.yaml; 80 min on 2 cores, measured with other work beside it).
 # Usage: bash scripts/build_default_policy.sh [WORK_DIR]   (after bash scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."

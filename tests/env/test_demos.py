@@ -53,8 +53,9 @@ async def test_the_printing_habit_prints_every_result_and_earns_nothing():
     demos = [d async for d in record("code_sandbox", 6, seed=3, concurrency=3, expert=Expert(prints=1.0),
                                      min_return=None)]  # fmt: skip
     assert len(demos) == 6
+    tasks = agentrl.make("code_sandbox").task_set
     for d in demos:
-        task = agentrl.make("code_sandbox").task_set.get(d.task_id)
+        task = tasks.get(d.task_id)
         code = HermesParser().parse(d.messages[-1]["content"]).calls[0].arguments["code"]
         assert code == printing(reference_solution(task)) and "return" not in code and "print(" in code
         assert d.episode_return == 0.0
