@@ -150,7 +150,8 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
 
 FLIP_RATE_ROWS = 8
 """the expert flip rate is measured on this many sequences: one more forward of them after the update
-(8 sequences of a code_sandbox batch: ~2k generated tokens x layers expert sets; 16 cost 13% of the default update)"""
+(in a code_sandbox batch, 8 sequences hold ~2k generated tokens, an expert set per token and layer; 16 took 13% of
+the default recipe's update)"""
 
 
 def _expert_sets(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
