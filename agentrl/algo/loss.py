@@ -158,7 +158,8 @@ class _Inputs:
         if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
             raise ValueError(f"logprobs, old_logprobs and mask must all be (B, T); got {logprobs.shape}, "
                              f"{old_logprobs.shape}, {mask.shape}")  # fmt: skip
-        m = mask.to(logprobs.dtype)
+        # bf16 cannot resolve a ratio of 1 ± 4e-4 (its spacing above 1 is 2^-7): compute in fp32 at least
+        m = mask.to(torch.promote_types(logprobs.dtype, torch.float32))
         x = cls(objective, eps_low, eps_high, m, m.bool(), logprobs, old_logprobs, advantages)
         x.lp, x.lp_b = x.masked(logprobs), x.masked(old_logprobs)
         if advantages.dim() == 1:
@@ -213,6 +214,8 @@ def policy_loss(
     (mean |lp_θ − lp_b| over generated tokens), seq_kl (k3 estimate of KL(π_b ‖ π_θ) per token,
     averaged per sequence then over sequences: the engine/trainer mismatch when lp_θ is scored
     before any update), sequences (B'); with the extras, kl_ref and tis_weight_mean.
+
+    Computed in float32 at least whatever the inputs' dtype; the gradient reaches `logprobs` in its own.
     """
     if (ref_logprobs is None) != (kl_coef == 0):
         raise ValueError("the KL penalty needs both ref_logprobs and kl_coef > 0")

@@ -26,11 +26,16 @@ def batch(seed: int, noise: float):
     return lp, lp_b, mask, A_tok, A_seq
 
 
-def reference(lp, lp_b, A, mask, mode, eps_low, eps_high):
-    """DESIGN.md §3, one sequence and one token at a time; A is (B, T)."""
+def reference(lp, lp_b, A, mask, mode, eps_low, eps_high, lp_e=None, cap=None):
+    """DESIGN.md §3, one sequence and one token at a time; A is (B, T). With engine logprobs
+    lp_e and a cap, each sequence's (GSPO modes) or token's (GRPO) term is weighted by the
+    truncated importance weight min(exp(lp_b − lp_e), cap), at the ratio's level."""
 
     def clip(x):
         return x.clamp(1 - eps_low, 1 + eps_high)
+
+    def tis(log_w):
+        return 1.0 if lp_e is None else min(math.exp(float(log_w)), cap)
 
     J, n = 0.0, 0
     for i in range(lp.shape[0]):
@@ -39,22 +44,32 @@ def reference(lp, lp_b, A, mask, mode, eps_low, eps_high):
             continue
         n += 1
         s_i = torch.exp(sum(lp[i, t] - lp_b[i, t] for t in T_i) / len(T_i))
+        w_i = tis(sum(lp_b[i, t] - lp_e[i, t] for t in T_i) / len(T_i)) if lp_e is not None else 1.0
         if mode == "gspo":
             A_i = A[i, T_i[0]]
-            J = J + torch.minimum(s_i * A_i, clip(s_i) * A_i)
+            J = J + w_i * torch.minimum(s_i * A_i, clip(s_i) * A_i)
         elif mode == "gspo_token":
             terms = []
             for t in T_i:
                 s_it = s_i.detach() * torch.exp(lp[i, t] - lp[i, t].detach())
                 terms.append(torch.minimum(s_it * A[i, t], clip(s_it) * A[i, t]))
-            J = J + sum(terms) / len(T_i)
+            J = J + w_i * sum(terms) / len(T_i)
         else:
             terms = []
             for t in T_i:
                 w = torch.exp(lp[i, t] - lp_b[i, t])
-                terms.append(torch.minimum(w * A[i, t], clip(w) * A[i, t]))
+                w_t = tis(lp_b[i, t] - lp_e[i, t]) if lp_e is not None else 1.0
+                terms.append(w_t * torch.minimum(w * A[i, t], clip(w) * A[i, t]))
             J = J + sum(terms) / len(T_i)
     return -J / n
+
+
+def reference_ratios(lp, lp_b, mask, mode):
+    """The ratios the metrics' quantiles are over: s_i per sequence, or w_{i,t} per token for GRPO."""
+    rows = [[t for t in range(lp.shape[1]) if mask[i, t]] for i in range(lp.shape[0])]
+    if mode == "grpo":
+        return [math.exp(lp[i, t] - lp_b[i, t]) for i, T_i in enumerate(rows) for t in T_i]
+    return [math.exp(sum(lp[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) for i, T_i in enumerate(rows) if T_i]
 
 
 def loss_and_grad(fn, lp):
@@ -62,23 +77,33 @@ def loss_and_grad(fn, lp):
     out = fn(lp)
     loss = out[0] if isinstance(out, tuple) else out
     loss.backward()
-    return loss.detach(), torch.nan_to_num(lp.grad, nan=0.0), out[1] if isinstance(out, tuple) else None
+    return loss.detach(), lp.grad, out[1] if isinstance(out, tuple) else None
 
 
-@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+# the paper's bounds, and decoupled ones (clip_low ≠ clip_high, either way round)
+BOUNDS = {"gspo": [None, (5e-4, 1e-4)], "gspo_token": [None, (5e-4, 1e-4)], "grpo": [None, (0.1, 0.35)]}
+
+
+@pytest.mark.parametrize("mode,bounds", [(m, b) for m, bs in BOUNDS.items() for b in bs])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_loss_and_gradient_match_the_equations(mode, seed):
-    eps_low, eps_high = OBJECTIVES[mode].default_clip
+def test_loss_gradient_and_metrics_match_the_equations(mode, bounds, seed):
+    eps_low, eps_high = bounds or OBJECTIVES[mode].default_clip
+    clip = {} if bounds is None else {"clip_low": eps_low, "clip_high": eps_high}
     # noise sized so that some sequences (tokens, for GRPO) are clipped and some are not
     lp, lp_b, mask, A_tok, A_seq = batch(seed, noise=2e-3 if mode != "grpo" else 0.4)
     A = A_seq[:, None].expand(B, T) if mode == "gspo" else A_tok
-    ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
+    ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode, **clip), lp)
     ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_b, A, mask, mode, eps_low, eps_high), lp)
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
     torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-6, rtol=0)
     assert (g_ours[mask == 0] == 0).all(), "gradient leaked into prompt or padding positions"
     assert 0 < metrics["clip_fraction"] < 1, "the batch should exercise both branches"
     assert metrics["sequences"] == B - 1  # the empty row takes no part
+    ratios = torch.tensor(reference_ratios(lp, lp_b, mask, mode), dtype=torch.float64)
+    for name, q in (("ratio_p05", 0.05), ("ratio_p50", 0.5), ("ratio_p95", 0.95)):
+        assert metrics[name] == pytest.approx(float(torch.quantile(ratios, q)), abs=1e-12)
+    on = [(i, t) for i in range(B) for t in range(T) if mask[i, t]]
+    assert metrics["abs_logprob_diff"] == pytest.approx(sum(abs(lp[i, t] - lp_b[i, t]) for i, t in on) / len(on))
 
 
 def test_gspo_token_with_constant_advantages_is_gspo():
@@ -154,14 +179,39 @@ def test_kl_penalty_to_a_reference_policy():
     assert float(g_kl[i, t] - g_base[i, t]) == pytest.approx(expected, abs=1e-9)
 
 
-@pytest.mark.parametrize("mode", ["gspo_token", "grpo"])
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
 def test_truncated_importance_sampling(mode):
-    lp, lp_b, mask, A_tok, _ = batch(8, noise=0.05)
-    plain, _ = policy_loss(lp, lp_b, A_tok, mask, mode=mode)
-    same, metrics = policy_loss(lp, lp_b, A_tok, mask, mode=mode, behaviour_logprobs=lp_b, tis_cap=2.0)
+    lp, lp_b, mask, A_tok, A_seq = batch(8, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq[:, None].expand(B, T) if mode == "gspo" else A_tok
+    plain, _ = policy_loss(lp, lp_b, A, mask, mode=mode)
+    same, metrics = policy_loss(lp, lp_b, A, mask, mode=mode, behaviour_logprobs=lp_b, tis_cap=2.0)
     torch.testing.assert_close(plain, same)  # engine == trainer: every weight is 1
     assert metrics["tis_weight_mean"] == pytest.approx(1.0)
-    engine = lp_b - 1.0  # the engine found every token less likely: exp(1) > the cap of 2
-    capped, metrics = policy_loss(lp, lp_b, A_tok, mask, mode=mode, behaviour_logprobs=engine, tis_cap=2.0)
-    torch.testing.assert_close(capped, 2.0 * plain)
-    assert metrics["tis_weight_mean"] == pytest.approx(2.0)
+    # the engine's logprobs differ by token, ragged: some weights above the cap, most below it
+    g = torch.Generator().manual_seed(9)
+    engine = lp_b + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    cap = 1.5
+    ours, g_ours, metrics = loss_and_grad(
+        lambda x: policy_loss(x, lp_b, A, mask, mode=mode, behaviour_logprobs=engine, tis_cap=cap), lp
+    )
+    eps_low, eps_high = OBJECTIVES[mode].default_clip
+    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_b, A, mask, mode, eps_low, eps_high, engine, cap), lp)
+    torch.testing.assert_close(ours, ref, atol=1e-9, rtol=0)
+    torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-9, rtol=0)
+    assert not torch.isclose(ours, plain), "the weights should change the loss"
+    assert 0.5 < metrics["tis_weight_mean"] < cap
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+def test_bf16_inputs_are_computed_in_fp32(mode):
+    """bf16 logprobs (as a bf16 model gives) must be clipped like fp32 ones: the ratio is 1 ± 1e-4."""
+    lp, lp_b, mask, A_tok, A_seq = batch(10, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq if mode == "gspo" else A_tok
+    lp16 = torch.where(mask.bool(), lp, lp_b).to(torch.bfloat16)
+    old = lp_b.to(torch.bfloat16)
+    want, want_m = policy_loss(lp16.double(), old.double(), A, mask, mode=mode)
+    got, got_m = policy_loss(lp16.clone().requires_grad_(True), old, A, mask, mode=mode)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
+    assert got_m["clip_fraction"] == pytest.approx(want_m["clip_fraction"])
+    assert 0 < want_m["clip_fraction"] < 1
