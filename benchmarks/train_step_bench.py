@@ -5,8 +5,13 @@ sequence), `Trainer.update` with M minibatches (chunked logprobs, loss, router a
 the extra no-grad pass for the expert flip rate) against `model(ids, labels=ids).loss`
 forward and backward on the same minibatches, timed in the same run:
 
-    python benchmarks/train_step_bench.py                          # CPU, a small MoE (14M parameters, 5M active)
-    python benchmarks/train_step_bench.py --device cuda --size 1b  # GPU, bf16, a 1B+ MoE, with MFU
+    python benchmarks/train_step_bench.py                          # CPU, fp32, a small MoE (14M parameters, 5M active)
+    python benchmarks/train_step_bench.py --device cuda --size 1b  # GPU, bf16 FSDP2, a 1B+ MoE, with MFU
+    python benchmarks/train_step_bench.py --dtype bfloat16         # the GPU path's code on the CPU (gloo)
+
+bfloat16 is FSDP2's mixed precision (bf16 compute, fp32 master weights and reduction) over a
+process group of one, exactly as `agentrl train` runs a single GPU; the plain baseline is the same
+model wrapped the same way. Under torchrun every rank runs it and the figures are per GPU.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import platform
 import time
 
 import torch
+import torch.distributed as dist
 
 from agentrl.engine.base import SamplingParams
 from agentrl.models.tiny import tiny_config
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.policy import init_distributed, prepare
 from agentrl.train.trainer import Trainer
 
 SIZES = {  # Qwen3-MoE shapes
@@ -58,7 +65,8 @@ def active_params(cfg) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=SIZES, default="small")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=512)
     p.add_argument("--minibatches", type=int, default=4)
@@ -66,19 +74,29 @@ def main() -> None:
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
+    cuda = args.device == "cuda"
+    if cuda != torch.cuda.is_available():
+        p.error(f"--device {args.device}, but torch.cuda.is_available() is {torch.cuda.is_available()}")
+    model_cfg = ModelConfig(dtype=args.dtype or ("bfloat16" if cuda else "float32"))
+    lead = init_distributed(model_cfg)  # bfloat16: FSDP2 over a group of one (or torchrun's ranks)
+    world = dist.get_world_size() if dist.is_initialized() else 1
     cfg = tiny_config("qwen3_moe", **SIZES[args.size])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).to(args.device)
-    bf16 = args.device.startswith("cuda")
-    if bf16:
-        model = model.to(torch.bfloat16)
-    trainer = Trainer(TrainerConfig(model=ModelConfig(dtype="bfloat16" if bf16 else "float32"),
-                                    optim=OptimConfig(lr=1e-6, minibatches=args.minibatches)), model)  # fmt: skip
-    batch = synthetic_batch(args.batch, args.length, cfg.vocab_size, args.device)
-    tokens = int(batch.attention_mask.sum())
+
+    def fresh_model() -> torch.nn.Module:  # fp32 master weights, identical each time
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(cfg)
+
+    model = fresh_model()
+    n_params = sum(p.numel() for p in model.parameters())
+    trainer = Trainer(TrainerConfig(model=model_cfg, optim=OptimConfig(lr=1e-6, minibatches=args.minibatches)), model)
+    plain_model = fresh_model()
+    prepare(plain_model, model_cfg, trainer.device)
+    batch = synthetic_batch(args.batch, args.length, cfg.vocab_size, trainer.device)
+    tokens = int(batch.attention_mask.sum())  # over all ranks: each scores its share of every minibatch
+    rank = dist.get_rank() if dist.is_initialized() else 0
 
     def sync() -> None:
-        if bf16:
+        if cuda:
             torch.cuda.synchronize()
 
     def timed(fn) -> float:
@@ -92,28 +110,34 @@ def main() -> None:
 
     def plain() -> None:
         for rows in torch.arange(args.batch).chunk(args.minibatches):
-            ids = batch.input_ids[rows]
-            model(input_ids=ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
+            ids = batch.input_ids[rows[rank::world]]
+            plain_model(input_ids=ids, labels=ids).loss.backward()
+            plain_model.zero_grad(set_to_none=True)
 
     update_s = timed(lambda: trainer.update(batch))
     plain_s = timed(plain)
-    n_params = sum(p.numel() for p in model.parameters())
+    fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-                   + (f", {torch.cuda.get_device_name()}" if bf16 else ""),
+                   + (f", {torch.cuda.get_device_name()}" if cuda else ""),
         "model": f"qwen3_moe {args.size}: {n_params / 1e6:.1f}M parameters, {active_params(cfg) / 1e6:.1f}M active",
+        "setup": f"{model_cfg.dtype}, {fsdp}",
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
-        "gspo_token_update": {"s": update_s, "tokens_per_s": tokens / update_s},
-        "plain_forward_backward": {"s": plain_s, "tokens_per_s": tokens / plain_s},
+        "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
+        "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},
         "update_vs_plain": plain_s / update_s,
     }  # fmt: skip
-    if bf16:
+    if cuda:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
-        for key, s in (("gspo_token_update", update_s), ("plain_forward_backward", plain_s)):
-            flops = 6 * active_params(cfg) * tokens / s  # fwd + bwd, attention scores left out (PaLM's estimate)
+        for key in ("gspo_token_update", "plain_forward_backward"):
+            # fwd + bwd, attention scores left out (PaLM's estimate)
+            flops = 6 * active_params(cfg) * result[key]["tokens_per_s_per_device"]
             result[key]["mfu"] = flops / peak if peak else None
-    print(json.dumps(result, indent=2))
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if lead:
+        print(json.dumps(result, indent=2))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ def sft(
         raise typer.Exit(2) from None
     from transformers.utils import logging as transformers_logging
 
+    from agentrl.train.policy import init_distributed
+
+    init_distributed(cfg.model)
+
     transformers_logging.disable_progress_bar()
     t0 = time.perf_counter()  # metrics go out as plain JSON lines, never wrapped or marked up
     try:

@@ -71,14 +71,15 @@ def train(
     """
     from agentrl.config import ConfigError
     from agentrl.train.loop import broadcast
+    from agentrl.train.policy import init_distributed
     from agentrl.train.tracking import RunDir
 
-    lead = _init_distributed()
     try:
         cfg = resolve_config(env, config, set_, resume)
     except (ConfigError, ValueError) as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    lead = init_distributed(cfg.model)
     ready = True
     if lead:  # checks and the run folder: once, on rank 0
         ready = _prepare(cfg, resume, build_image)
@@ -95,18 +96,6 @@ def train(
         plots, summary = make_report(run.path)
         out.print(summary)
         out.print(f"plots: {plots}")
-
-
-def _init_distributed() -> bool:
-    """Under torchrun (WORLD_SIZE > 1) join the process group (nccl on GPU, gloo on CPU); True on rank 0."""
-    import torch
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _prepare(cfg: Any, resume: Path | None, build_image: bool) -> bool:

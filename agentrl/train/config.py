@@ -74,13 +74,14 @@ class ModelConfig(_Strict):
     path: str = ""
     """a local Hugging Face folder or a hub id (when online)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """parameter dtype; with bfloat16 under FSDP2 gradients are reduced in float32"""
+    """compute dtype: bfloat16 is FSDP2's mixed precision (bf16 parameters in forward and backward,
+    float32 master weights and gradient reduction; `agentrl train` shards a single process too)"""
     lora: LoraSettings | None = None
     """None: full fine-tuning"""
     activation_checkpointing: bool = False
     """recompute each decoder layer's activations in backward"""
     cpu_offload: bool = False
-    """FSDP2 keeps parameters and optimizer state on the CPU"""
+    """FSDP2 keeps parameters and optimizer state on the CPU (a single process is sharded too)"""
     router_aux_loss: bool = True
     """MoE models: add the router's load-balancing loss (times the config's router_aux_loss_coef)"""
 

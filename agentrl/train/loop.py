@@ -165,8 +165,9 @@ def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> Inference
     if e.kind == "hf":
         from agentrl.engine.hf import HFEngine
 
-        # Sharded weights cannot be sampled in place: rank 0 keeps a full copy that sync_weights refreshes.
-        model = trainer.policy if trainer.world == 1 else load_policy(cfg.model).to(trainer.device)
+        # Sharded weights (FSDP2, one rank included) cannot be sampled in place: rank 0 keeps a full
+        # copy that sync_weights refreshes.
+        model = load_policy(cfg.model).to(trainer.device) if dist.is_initialized() else trainer.policy
         return HFEngine(model.eval(), max_batch_size=e.max_batch_size, prefix_cache_tokens=e.prefix_cache_tokens,
                         seed=cfg.seed, version=version)  # fmt: skip
     if e.kind == "vllm":

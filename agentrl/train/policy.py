@@ -8,7 +8,10 @@ The trainer never calls `fully_shard` itself.
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -63,11 +66,20 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return base.layers
 
 
+def checkpoint_activations(model: nn.Module) -> None:
+    """Each decoder layer's activations are recomputed in backward instead of kept."""
+    lm = causal_lm(model)
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # transformers 4.x
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: nn.Module | None = None) -> nn.Module:
     """Activation checkpointing, FSDP2 per decoder layer of `model` and at `root` (a module holding
-    `model`; default the model itself), mixed precision on GPU. Returns the root."""
+    `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
     if cfg.activation_checkpointing:
-        causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(model)
     mp = MixedPrecisionPolicy()
     if cfg.dtype == "bfloat16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -77,3 +89,36 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: n
     root = root or model
     fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return root
+
+
+def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: nn.Module | None = None) -> None:
+    """Ready `model` (held by `root`) for training: FSDP2 over every rank when torch.distributed is
+    initialised, a group of one included; otherwise the plain module on `device`. There only activation
+    checkpointing applies: FSDP2's own policies (bf16 mixed precision, CPU offload) are refused rather
+    than silently left out."""
+    if dist.is_initialized():
+        from torch.distributed.device_mesh import init_device_mesh
+
+        parallelize(model, init_device_mesh(device.type, (dist.get_world_size(),)), cfg, root=root)
+        return
+    if cfg.dtype != "float32" or cfg.cpu_offload:
+        raise ValueError("model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
+                         "torch.distributed first (one rank is enough; `agentrl train` does)")  # fmt: skip
+    if cfg.activation_checkpointing:
+        checkpoint_activations(model)
+    (root or model).to(device)
+
+
+def init_distributed(cfg: ModelConfig) -> bool:
+    """Join the process group (nccl on GPU, gloo on CPU) under torchrun with several ranks, or as a
+    group of one when `cfg` asks for FSDP2's policies (bf16 mixed precision, CPU offload). True on rank 0."""
+    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.dtype != "float32" or cfg.cpu_offload) \
+            and not dist.is_initialized():  # fmt: skip
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "WORLD_SIZE" in os.environ:  # torchrun's rendezvous
+            dist.init_process_group(backend)
+        else:  # a plain process: a group of one needs no rendezvous
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return not dist.is_initialized() or dist.get_rank() == 0

@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.train.config import ModelConfig, _Strict, lr_factor
 from agentrl.train.logprobs import PLAIN_SOFTMAX
-from agentrl.train.policy import causal_lm, load_policy, parallelize
+from agentrl.train.policy import causal_lm, load_policy, prepare
 from agentrl.train.trainer import Scorer, clip_grad_norm, router_aux_loss
 
 
@@ -122,11 +122,9 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
 
     policy = load_policy(cfg.model)
     scorer = Scorer(policy)
-    if dist.is_initialized():
-        from torch.distributed.device_mesh import init_device_mesh
-
-        parallelize(policy, init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,)), cfg.model,
-                    root=scorer)  # fmt: skip
+    # batches are collated on the CPU: only FSDP2's collectives run on the GPU
+    prepare(policy, cfg.model, torch.device("cuda" if dist.is_initialized() and torch.cuda.is_available() else "cpu"),
+            root=scorer)  # fmt: skip
     config = causal_lm(policy).config
     top_k = getattr(config, "num_experts_per_tok", 0)
     aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss and top_k else 0.0

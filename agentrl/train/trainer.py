@@ -22,7 +22,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig, TrainerConfig, lr_factor
 from agentrl.train.logprobs import target_logprobs
-from agentrl.train.policy import causal_lm, parallelize
+from agentrl.train.policy import causal_lm, prepare
 
 
 class Scorer(nn.Module):
@@ -210,18 +210,10 @@ class Trainer:
             raise ValueError("algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
                              "starting weights); with LoRA the base model is the reference")  # fmt: skip
         self.reference = Scorer(reference.requires_grad_(False).eval()) if cfg.algo.kl_coef and not lora else None
-        if dist.is_initialized():
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh = init_device_mesh(self.device.type, (self.world,))
-            parallelize(policy, mesh, cfg.model, root=self.scorer)
-            if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
-                parallelize(reference, mesh, cfg.model.model_copy(update={"activation_checkpointing": False}),
-                            root=self.reference)  # fmt: skip
-        else:
-            policy.to(self.device)
-            if self.reference is not None:
-                self.reference.to(self.device)
+        prepare(policy, cfg.model, self.device, root=self.scorer)
+        if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
+            prepare(reference, cfg.model.model_copy(update={"activation_checkpointing": False}), self.device,
+                    root=self.reference)  # fmt: skip
         config = causal_lm(policy).config
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))

@@ -2,6 +2,7 @@
 
 python tests/train/fsdp_worker.py OUT {moe|lora}           # reference, no torch.distributed
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora}
+python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16 mixed precision
 """
 
 import sys
@@ -14,7 +15,7 @@ from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import with_lora
+from agentrl.train.policy import decoder_layers, init_distributed, with_lora
 from agentrl.train.trainer import Trainer, full_state_dict
 
 
@@ -42,15 +43,21 @@ def second_batch() -> TrainBatch:
 
 
 def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
-    if "WORLD_SIZE" in __import__("os").environ:
-        dist.init_process_group("gloo")
+    model = ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None)
+    if kind == "bf16":
+        model = ModelConfig(dtype="bfloat16", activation_checkpointing=True)
+    init_distributed(model)
     torch.manual_seed(0)
     policy = tiny_model("qwen3_moe", seed=0)
     if kind == "lora":
         policy = with_lora(policy, LoraSettings(rank=4, experts=True))
-    cfg = TrainerConfig(model=ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None),
-                        optim=OptimConfig(lr=1e-3, minibatches=2))  # fmt: skip
-    trainer = Trainer(cfg, policy)
+    seen: set[torch.dtype] = set()  # the dtype the decoder layers compute in
+
+    def note_dtype(_, args, kwargs):
+        seen.add((args[0] if args else kwargs["hidden_states"]).dtype)
+
+    decoder_layers(policy)[0].register_forward_pre_hook(note_dtype, with_kwargs=True)
+    trainer = Trainer(TrainerConfig(model=model, optim=OptimConfig(lr=1e-3, minibatches=2)), policy)
     if phase == "save":
         trainer.update(fixed_batch())
         checkpoint.save(ckpt, trainer, {"step": 1})
@@ -62,7 +69,8 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         metrics = trainer.update(fixed_batch())
     state = full_state_dict(trainer.scorer)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()}}, out)
+        torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()},
+                    "world": dist.get_world_size() if dist.is_initialized() else 0, "compute": seen}, out)  # fmt: skip
     if dist.is_initialized():
         dist.destroy_process_group()
 

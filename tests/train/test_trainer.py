@@ -190,3 +190,35 @@ def test_shared_prefix_and_length_buckets_score_as_plain(arch):
         if moe:
             for a, b in zip(router, plain[2], strict=True):
                 torch.testing.assert_close(a[on.reshape(-1)], b[on.reshape(-1)], atol=1e-5, rtol=0)
+
+
+def test_one_process_keeps_checkpointing_and_refuses_fsdp_only_settings():
+    """Without torch.distributed, activation checkpointing still applies (and changes no number);
+    bf16 mixed precision and CPU offload, FSDP2's policies, are refused instead of silently dropped."""
+    from agentrl.train.policy import causal_lm
+
+    results = []
+    for checkpointing in (False, True):
+        policy = tiny_model("qwen3_moe", seed=0)
+        cfg = TrainerConfig(model=ModelConfig(activation_checkpointing=checkpointing), optim=OptimConfig(minibatches=1))
+        metrics = Trainer(cfg, policy).update(fixed_batch())
+        assert causal_lm(policy).is_gradient_checkpointing == checkpointing
+        results.append((metrics, {n: p.grad for n, p in policy.named_parameters()}))  # the one step's gradients
+    (plain, plain_grads), (ckpt, ckpt_grads) = results
+    assert ckpt["loss"] == pytest.approx(plain["loss"], abs=1e-7)
+    assert ckpt["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(ckpt_grads[name], grad, atol=1e-7, rtol=1e-5, msg=name)
+    for setting in ({"dtype": "bfloat16"}, {"cpu_offload": True}):
+        with pytest.raises(ValueError, match=r"initialise torch\.distributed"):
+            Trainer(TrainerConfig(model=ModelConfig(**setting)), tiny_model("qwen3_moe", seed=0))
+
+
+def test_expert_flip_rate_counts_changed_expert_choices():
+    """No flips when the weights barely move; many when a large step reshapes the routers."""
+    rates = {}
+    for lr in (1e-9, 1e-1):
+        trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=lr, minibatches=2)), tiny_model("qwen3_moe", seed=0))
+        rates[lr] = trainer.update(fixed_batch())["expert_flip_rate"]
+    assert rates[1e-9] == 0
+    assert 0.05 < rates[1e-1] <= 1
