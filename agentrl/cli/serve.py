@@ -33,15 +33,26 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).")] = 8000,
     dtype: Annotated[str, typer.Option(help="Weight dtype (torch name).")] = "float32",
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
+    lora_rank: Annotated[int, typer.Option(help="Take LoRA adapter updates of this rank (hf engine; 0: none).")] = 0,
+    lora_alpha: Annotated[float, typer.Option(help="The adapters' alpha (the run's model.lora.alpha).")] = 32.0,
+    lora_targets: Annotated[
+        str, typer.Option(help="Comma-separated modules with adapters (the run's model.lora.target_modules).")
+    ] = "q_proj,k_proj,v_proj,o_proj",
+    lora_experts: Annotated[bool, typer.Option(help="Adapters on the MoE expert projections too.")] = False,
 ) -> None:
     """Serve a model over HTTP (OpenAI completions, token ids in and out) until SIGINT or SIGTERM.
 
     Prints `agentrl serve: NAME on http://HOST:PORT` once it is listening.
 
-    It takes weight updates too (POST /agentrl/weights): `OpenAIEngine` drives it as a policy.
+    It takes weight updates too (POST /agentrl/weights): `OpenAIEngine` drives it as a policy. For
+    a LoRA run, start it with the run's adapter shape (--lora-rank, --lora-alpha, --lora-targets,
+    --lora-experts): it serves the base model until the first adapter arrives.
     """
     if (model is None) == (tiny is None):
         err.print("[red]pass exactly one of --model DIR and --tiny ARCH[/red]")
+        raise typer.Exit(2)
+    if lora_rank and engine != "hf":
+        err.print("[red]--lora-rank needs --engine hf (vLLM's own server takes adapters: --enable-lora)[/red]")
         raise typer.Exit(2)
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -58,8 +69,19 @@ def serve(
             err.print(f"[red]{e}[/red]")
             raise typer.Exit(2) from None
         name = str(model) if model is not None else f"tiny-{tiny}"
-        # Both engines load a checkpoint directory the same way (HFEngine / VLLMEngine.from_pretrained).
-        eng = engine_class(engine).from_pretrained(path, dtype=dtype, max_batch_size=max_batch_size)
+        if lora_rank:  # zero-initialised adapters (peft's B = 0): the base model until an update
+            import torch
+
+            from agentrl.engine.hf import HFEngine
+            from agentrl.train.config import LoraSettings, ModelConfig
+            from agentrl.train.policy import load_policy
+
+            lora = LoraSettings(rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","),
+                                experts=lora_experts)  # fmt: skip
+            policy = load_policy(ModelConfig(path=str(path), lora=lora)).to(getattr(torch, dtype))
+            eng = HFEngine(policy.eval(), max_batch_size=max_batch_size)
+        else:  # both engines load a checkpoint directory the same way (HFEngine / VLLMEngine.from_pretrained)
+            eng = engine_class(engine).from_pretrained(path, dtype=dtype, max_batch_size=max_batch_size)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):  # no tokenizer files: replies carry ids only, no `text`

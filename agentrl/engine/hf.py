@@ -133,7 +133,10 @@ class HFEngine(ThreadedEngine):
                 from peft import PeftModel, set_peft_model_state_dict
 
                 if not isinstance(self.model, PeftModel):
-                    raise ValueError("a LoRA update needs the engine's model to be a peft PeftModel")
+                    raise ValueError(
+                        "a LoRA update needs the engine's model to be a peft PeftModel "
+                        "(agentrl serve: start it with --lora-rank)"
+                    )
                 result = set_peft_model_state_dict(self.model, dict(lora))
                 if result.unexpected_keys:
                     raise ValueError(f"LoRA update has keys the adapter lacks: {result.unexpected_keys[:5]}")

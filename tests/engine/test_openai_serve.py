@@ -43,8 +43,8 @@ def unblock_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def start_server(model_dir, port: int = 0) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentrl", "serve", "--model", str(model_dir), "--port", str(port)]
+def start_server(model_dir, port: int = 0, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentrl", "serve", "--model", str(model_dir), "--port", str(port), *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=unblock_signals)
 
 
@@ -289,15 +289,17 @@ def test_serve_needs_a_model():
     assert result.exit_code == 2 and "--model DIR" in result.output
 
 
-async def test_trainer_weights_reach_agentrl_serve(model_dir):
-    """A GSPO-token update, synced over HTTP: the server then samples with the trained weights."""
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
+    """A GSPO-token update, synced over HTTP (full weights, or a LoRA adapter on attention and
+    experts): the server then samples with the trained weights."""
     from agentrl.train.batch import TrainBatch
-    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import load_policy
     from agentrl.train.trainer import Trainer, sync_weights
 
-    trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=1e-2, minibatches=1)),
-                      load_policy(ModelConfig(path=str(model_dir))))  # fmt: skip
+    model = ModelConfig(path=str(model_dir), lora=LoraSettings(rank=4, alpha=8, experts=True) if lora else None)
+    trainer = Trainer(TrainerConfig(model=model, optim=OptimConfig(lr=1e-2, minibatches=1)), load_policy(model))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 2000, (4, 24), generator=g)
     mask = torch.ones_like(ids)
@@ -307,7 +309,8 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir):
                               sampling=SamplingParams()))  # fmt: skip
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     prompt = ids[0, :8].tolist()
-    proc = start_server(model_dir)  # its own server: the module's shared one keeps the original weights
+    # its own server: the module's shared one keeps the original weights
+    proc = start_server(model_dir, 0, *(["--lora-rank", "4", "--lora-alpha", "8", "--lora-experts"] if lora else []))
     try:
         async with OpenAIEngine(wait_for_url(proc)) as remote:
             before = await remote.generate(prompt, greedy)
