@@ -16,8 +16,8 @@ default, so no request reuses KV computed under older weights.
 
 Weights (vLLM >= 0.10.2):
 - full: the state dict goes to each worker's `model.load_weights` through `LLM.collective_rpc`
-  and the worker extension `WeightLoader`. Names are the checkpoint's (what `save_pretrained`
-  writes); vLLM's loader maps them onto its fused layers.
+  and the worker extension `WeightLoader`, laid out as the checkpoint is (`checkpoint_layout`:
+  transformers 5 fuses MoE experts in memory, vLLM's loaders read per-expert checkpoint names).
 - LoRA (`VLLMEngine(..., lora=peft.LoraConfig)`): the adapter is written to a temporary
   directory and served as a new `LoRARequest` per version. vLLM binds a request to its adapter
   when it is added, so requests in flight are re-added (prompt + tokens so far) with the new one.
@@ -93,6 +93,7 @@ class VLLMEngine(ThreadedEngine):
         self.llm = LLM(**{**kwargs, **llm_kwargs})
         self._engine = self.llm.llm_engine
         super().__init__(int(self._engine.model_config.max_model_len), version=version)
+        self._model_path = model  # its config gives the checkpoint layout of full weight updates
         self._lora_config = lora
         self._lora_dir = Path(tempfile.mkdtemp(prefix="agentrl-vllm-lora-")) if lora is not None else None
         self._lora_request = None  # the adapter of the current version; None: the base weights
@@ -122,7 +123,8 @@ class VLLMEngine(ThreadedEngine):
             if lora is not None:
                 self._install_lora(lora, version)
             else:
-                self.llm.collective_rpc("agentrl_load_weights", args=(list(state_dict.items()),))
+                weights = checkpoint_layout(self._model_path, state_dict)
+                self.llm.collective_rpc("agentrl_load_weights", args=(list(weights.items()),))
             self.llm.reset_prefix_cache()  # if the caller turned prefix caching on: drop KV of the old weights
             self._version = version
             return version
@@ -204,3 +206,18 @@ class VLLMEngine(ThreadedEngine):
         prompt = TokensPrompt(prompt_token_ids=req.prompt + req.tokens)
         self._engine.add_request(req.vllm_id, prompt, params, lora_request=self._lora_request)
         self._running[req.vllm_id] = req
+
+
+def checkpoint_layout(path: str | Path, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers module's state dict under the names and shapes of its checkpoint at `path` (what
+    `save_pretrained` writes): transformers 5 fuses some weights on load (MoE experts into 3D
+    `gate_up_proj` / `down_proj`) and its own `revert_weight_conversion` splits them back."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: in memory as on disk
+        return dict(state_dict)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):  # only the class and its conversions are needed, no weights
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return revert_weight_conversion(model, dict(state_dict))

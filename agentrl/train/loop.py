@@ -169,7 +169,7 @@ def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> Inference
         # copy that sync_weights refreshes.
         model = load_policy(cfg.model).to(trainer.device) if dist.is_initialized() else trainer.policy
         return HFEngine(model.eval(), max_batch_size=e.max_batch_size, prefix_cache_tokens=e.prefix_cache_tokens,
-                        seed=cfg.seed, version=version)  # fmt: skip
+                        record_routing=e.record_routing, seed=cfg.seed, version=version)  # fmt: skip
     if e.kind == "vllm":
         from agentrl.engine.vllm import VLLMEngine
 

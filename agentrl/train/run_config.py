@@ -25,6 +25,8 @@ class EngineConfig(_Strict):
     """requests decoded together (hf, vllm)"""
     prefix_cache_tokens: int = Field(65536, ge=0)
     """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
+    record_routing: bool = False
+    """hf, MoE: record each generated token's top-k experts per layer in its trajectory (`routed_experts`)"""
     base_url: str | None = None
     """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
     vllm: dict[str, Any] = Field(default_factory=dict)
@@ -34,6 +36,8 @@ class EngineConfig(_Strict):
     def _check(self) -> EngineConfig:
         if (self.kind == "openai") != (self.base_url is not None):
             raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
+        if self.record_routing and self.kind != "hf":
+            raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
         if self.vllm and self.kind != "vllm":
             raise ValueError("engine.vllm settings need engine.kind=vllm")
         return self

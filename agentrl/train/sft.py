@@ -122,7 +122,8 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
 
     policy = load_policy(cfg.model)
     scorer = Scorer(policy)
-    # batches are collated on the CPU: only FSDP2's collectives run on the GPU
+    # a plain process stays on the CPU, where batches are collated; under torch.distributed the mesh
+    # is the GPU's when there is one, as before (SFT on a GPU has not been run)
     prepare(policy, cfg.model, torch.device("cuda" if dist.is_initialized() and torch.cuda.is_available() else "cpu"),
             root=scorer)  # fmt: skip
     config = causal_lm(policy).config

@@ -37,6 +37,7 @@ def test_wrong_types_and_choices_are_refused_with_the_choices():
         (["algo.loss=gspo", "algo.advantage=turn"], "one advantage per sequence"),
         (["rollout.sampling.temperature=0"], "greedy"),
         (["engine.kind=openai"], "base_url is required"),
+        (["engine.kind=vllm", "engine.record_routing=true"], "record_routing needs engine.kind=hf"),
         (["rollout.partial=false", "rollout.iteration_token_budget=100"], "need partial=true"),
         (["algo.tis_cap=2"], "old_logprobs='recompute'"),
     ],

@@ -195,14 +195,14 @@ def test_shared_prefix_and_length_buckets_score_as_plain(arch):
 def test_one_process_keeps_checkpointing_and_refuses_fsdp_only_settings():
     """Without torch.distributed, activation checkpointing still applies (and changes no number);
     bf16 mixed precision and CPU offload, FSDP2's policies, are refused instead of silently dropped."""
-    from agentrl.train.policy import causal_lm
+    from agentrl.train.policy import decoder_layers
 
     results = []
     for checkpointing in (False, True):
         policy = tiny_model("qwen3_moe", seed=0)
         cfg = TrainerConfig(model=ModelConfig(activation_checkpointing=checkpointing), optim=OptimConfig(minibatches=1))
         metrics = Trainer(cfg, policy).update(fixed_batch())
-        assert causal_lm(policy).is_gradient_checkpointing == checkpointing
+        assert all(layer.gradient_checkpointing == checkpointing for layer in decoder_layers(policy))
         results.append((metrics, {n: p.grad for n, p in policy.named_parameters()}))  # the one step's gradients
     (plain, plain_grads), (ckpt, ckpt_grads) = results
     assert ckpt["loss"] == pytest.approx(plain["loss"], abs=1e-7)
@@ -222,3 +222,53 @@ def test_expert_flip_rate_counts_changed_expert_choices():
         rates[lr] = trainer.update(fixed_batch())["expert_flip_rate"]
     assert rates[1e-9] == 0
     assert 0.05 < rates[1e-1] <= 1
+
+
+def test_router_aux_loss_is_transformers_load_balancing_loss():
+    """The trainer's router aux loss over the real tokens equals transformers' own, padding masked."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from agentrl.train.trainer import router_aux_loss
+
+    model = tiny_model("qwen3_moe", seed=0)
+    batch = fixed_batch()  # right-padded rows of different lengths
+    with torch.no_grad():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_router_logits=True)
+    cfg = model.config
+    ours = router_aux_loss(out.router_logits, cfg.num_experts_per_tok, batch.attention_mask)
+    theirs = load_balancing_loss_func(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok,
+                                      batch.attention_mask)  # fmt: skip
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-6, rtol=1e-6)
+    unmasked = router_aux_loss(out.router_logits, cfg.num_experts_per_tok, torch.ones_like(batch.attention_mask))
+    assert not torch.isclose(unmasked, ours), "padding should not count"
+
+
+def test_gradients_are_clipped_to_max_grad_norm():
+    """grad_norm reports the norm before clipping; the step uses gradients of norm max_grad_norm."""
+    policy = tiny_model("qwen3_moe", seed=0)
+    cfg = TrainerConfig(optim=OptimConfig(minibatches=1, max_grad_norm=1e-4))
+    metrics = Trainer(cfg, policy).update(fixed_batch())
+    after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in policy.parameters() if p.grad is not None]))
+    assert metrics["grad_norm"] > 1e-3
+    assert float(after) == pytest.approx(1e-4, rel=1e-3)
+
+
+async def test_the_run_config_turns_routing_records_on(tmp_path):
+    """engine.record_routing: the run's hf engine returns each generated token's experts per layer."""
+    from agentrl.config import load
+    from agentrl.models.tiny import save_tiny
+    from agentrl.train.loop import build_engine
+    from agentrl.train.policy import load_policy
+    from agentrl.train.run_config import RunConfig
+
+    for record in (False, True):
+        cfg = load(RunConfig, {"model": {"path": str(save_tiny(tmp_path / "m", "qwen3_moe"))},
+                               "engine": {"record_routing": record}})  # fmt: skip
+        trainer = Trainer(cfg.trainer(), load_policy(cfg.model))
+        async with build_engine(cfg, trainer, version=0) as engine:
+            gen = await engine.generate([5, 6, 7], SamplingParams(max_tokens=3))
+        if record:
+            layers, top_k = trainer.policy.config.num_hidden_layers, trainer.policy.config.num_experts_per_tok
+            assert [[len(e) for e in token] for token in gen.routed_experts] == [[top_k] * layers] * 3
+        else:
+            assert gen.routed_experts is None
