@@ -76,7 +76,10 @@ def main() -> None:
 
     cuda = args.device == "cuda"
     if cuda != torch.cuda.is_available():
-        p.error(f"--device {args.device}, but torch.cuda.is_available() is {torch.cuda.is_available()}")
+        p.error(
+            f"--device {args.device}, but torch.cuda.is_available() is {torch.cuda.is_available()} "
+            "(the trainer takes the GPU when there is one: CUDA_VISIBLE_DEVICES= hides it)"
+        )
     model_cfg = ModelConfig(dtype=args.dtype or ("bfloat16" if cuda else "float32"))
     lead = init_distributed(model_cfg)  # bfloat16: FSDP2 over a group of one (or torchrun's ranks)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -100,6 +103,8 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def timed(fn) -> float:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         fn()  # warm-up
         sync()
         t0 = time.perf_counter()
@@ -110,12 +115,15 @@ def main() -> None:
 
     def plain() -> None:
         for rows in torch.arange(args.batch).chunk(args.minibatches):
-            ids = batch.input_ids[rows[rank::world]]
+            mine = rows[rank::world]
+            ids = batch.input_ids[mine if len(mine) else rows[:1]]  # more ranks than rows: a stand-in, as the trainer
             plain_model(input_ids=ids, labels=ids).loss.backward()
             plain_model.zero_grad(set_to_none=True)
 
     update_s = timed(lambda: trainer.update(batch))
+    peak_gib = {"gspo_token_update": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
     plain_s = timed(plain)
+    peak_gib["plain_forward_backward"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
@@ -133,7 +141,7 @@ def main() -> None:
             # fwd + bwd, attention scores left out (PaLM's estimate)
             flops = 6 * active_params(cfg) * result[key]["tokens_per_s_per_device"]
             result[key]["mfu"] = flops / peak if peak else None
-        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            result[key]["peak_memory_gib"] = peak_gib[key]  # both models are resident: the later peak holds both
     if lead:
         print(json.dumps(result, indent=2))
     if dist.is_initialized():

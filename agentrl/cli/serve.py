@@ -13,7 +13,10 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from agentrl.train.config import LoraSettings
+
 err = Console(stderr=True)
+_LORA = LoraSettings()  # the run's defaults, so that a plain --lora-rank matches a plain model.lora
 
 # Requests still running this long after SIGINT/SIGTERM are cut off (`_Server.shutdown` aborted
 # them already, so this only bounds an engine that does not honour aborts).
@@ -34,10 +37,10 @@ def serve(
     dtype: Annotated[str, typer.Option(help="Weight dtype (torch name).")] = "float32",
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
     lora_rank: Annotated[int, typer.Option(help="Take LoRA adapter updates of this rank (hf engine; 0: none).")] = 0,
-    lora_alpha: Annotated[float, typer.Option(help="The adapters' alpha (the run's model.lora.alpha).")] = 32.0,
+    lora_alpha: Annotated[float, typer.Option(help="The adapters' alpha (the run's model.lora.alpha).")] = _LORA.alpha,
     lora_targets: Annotated[
         str, typer.Option(help="Comma-separated modules with adapters (the run's model.lora.target_modules).")
-    ] = "q_proj,k_proj,v_proj,o_proj",
+    ] = ",".join(_LORA.target_modules),
     lora_experts: Annotated[bool, typer.Option(help="Adapters on the MoE expert projections too.")] = False,
 ) -> None:
     """Serve a model over HTTP (OpenAI completions, token ids in and out) until SIGINT or SIGTERM.
@@ -73,12 +76,16 @@ def serve(
             import torch
 
             from agentrl.engine.hf import HFEngine
-            from agentrl.train.config import LoraSettings, ModelConfig
+            from agentrl.train.config import ModelConfig
             from agentrl.train.policy import load_policy
 
-            lora = LoraSettings(rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","),
-                                experts=lora_experts)  # fmt: skip
-            policy = load_policy(ModelConfig(path=str(path), lora=lora)).to(getattr(torch, dtype))
+            try:  # a bad rank, or --lora-experts on a dense model: one line, not a traceback
+                lora = LoraSettings(rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","),
+                                    experts=lora_experts)  # fmt: skip
+                policy = load_policy(ModelConfig(path=str(path), lora=lora)).to(getattr(torch, dtype))
+            except ValueError as e:  # pydantic's ValidationError is one too
+                err.print(f"[red]--lora-*: {e}[/red]")
+                raise typer.Exit(2) from None
             eng = HFEngine(policy.eval(), max_batch_size=max_batch_size)
         else:  # both engines load a checkpoint directory the same way (HFEngine / VLLMEngine.from_pretrained)
             eng = engine_class(engine).from_pretrained(path, dtype=dtype, max_batch_size=max_batch_size)

@@ -43,10 +43,9 @@ def sft(
         raise typer.Exit(2) from None
     from transformers.utils import logging as transformers_logging
 
-    from agentrl.train.policy import init_distributed
+    from agentrl.train.policy import init_distributed, shutdown_distributed
 
-    init_distributed(cfg.model)
-
+    lead = init_distributed(cfg.model)
     transformers_logging.disable_progress_bar()
     t0 = time.perf_counter()  # metrics go out as plain JSON lines, never wrapped or marked up
     try:
@@ -54,7 +53,10 @@ def sft(
     except (ValueError, FileNotFoundError) as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None
-    out.print(f"saved {cfg.out} (loss {final.get('loss', float('nan')):.4f})")
+    finally:
+        shutdown_distributed()
+    if lead:
+        out.print(f"saved {cfg.out} (loss {final.get('loss', float('nan')):.4f})")
 
 
 def demos(

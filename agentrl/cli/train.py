@@ -71,7 +71,7 @@ def train(
     """
     from agentrl.config import ConfigError
     from agentrl.train.loop import broadcast
-    from agentrl.train.policy import init_distributed
+    from agentrl.train.policy import init_distributed, shutdown_distributed
     from agentrl.train.tracking import RunDir
 
     try:
@@ -80,22 +80,25 @@ def train(
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
     lead = init_distributed(cfg.model)
-    ready = True
-    if lead:  # checks and the run folder: once, on rank 0
-        ready = _prepare(cfg, resume, build_image)
-    ready, cfg.out = broadcast((ready, cfg.out))
-    if not ready:
-        raise typer.Exit(2)
-    run = RunDir(cfg.out)
-    state = asyncio.run(_run(cfg, run, resume is not None, lead))
-    if state.iteration < cfg.iterations:  # stopped early (Ctrl-C), checkpointed: 130, as an interrupted command
-        raise typer.Exit(130)
-    if lead:
-        from agentrl.train.report import report as make_report
+    try:
+        ready = True
+        if lead:  # checks and the run folder: once, on rank 0
+            ready = _prepare(cfg, resume, build_image)
+        ready, cfg.out = broadcast((ready, cfg.out))
+        if not ready:
+            raise typer.Exit(2)
+        run = RunDir(cfg.out)
+        state = asyncio.run(_run(cfg, run, resume is not None, lead))
+        if state.iteration < cfg.iterations:  # stopped early (Ctrl-C), checkpointed: 130, as an interrupted command
+            raise typer.Exit(130)
+        if lead:
+            from agentrl.train.report import report as make_report
 
-        plots, summary = make_report(run.path)
-        out.print(summary)
-        out.print(f"plots: {plots}")
+            plots, summary = make_report(run.path)
+            out.print(summary)
+            out.print(f"plots: {plots}")
+    finally:
+        shutdown_distributed()
 
 
 def _prepare(cfg: Any, resume: Path | None, build_image: bool) -> bool:

@@ -26,6 +26,7 @@ Weights (vLLM >= 0.10.2):
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import shutil
@@ -216,8 +217,13 @@ def checkpoint_layout(path: str | Path, state_dict: Mapping[str, torch.Tensor]) 
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers 4: in memory as on disk
         return dict(state_dict)
+    return revert_weight_conversion(_meta_model(str(path)), dict(state_dict))
+
+
+@functools.cache
+def _meta_model(path: str) -> torch.nn.Module:
+    """The model class at `path` without weights: its weight conversions are all `checkpoint_layout` needs."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    with torch.device("meta"):  # only the class and its conversions are needed, no weights
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    return revert_weight_conversion(model, dict(state_dict))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))

@@ -160,7 +160,8 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
 
 
 def build_engine(cfg: RunConfig, trainer: Trainer, *, version: int) -> InferenceEngine:
-    """The engine of `cfg.engine`, starting at `version`. On one process, `hf` shares the trainer's module."""
+    """The engine of `cfg.engine`, starting at `version`. Without torch.distributed, `hf` shares the
+    trainer's module; with it (a group of one included) rank 0's engine holds an fp32 copy."""
     e = cfg.engine
     if e.kind == "hf":
         from agentrl.engine.hf import HFEngine

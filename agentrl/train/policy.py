@@ -1,9 +1,9 @@
 """The policy: any Hugging Face causal LM, optionally with LoRA, sharded with FSDP2.
 
-`parallelize` is the one place that decides how the model is wrapped, in this order:
-activation checkpointing, then `fully_shard` per decoder layer (the MoE experts' 3D weights
-are sharded along their first dimension, the experts, like any parameter), then the root.
-The trainer never calls `fully_shard` itself.
+`prepare` is the one place that decides how the model is placed: under torch.distributed
+`parallelize` wraps it, in this order: activation checkpointing, then `fully_shard` per decoder
+layer (the MoE experts' 3D weights are sharded along their first dimension, the experts, like
+any parameter), then the root. The trainer never calls `fully_shard` itself.
 """
 
 from __future__ import annotations
@@ -83,12 +83,18 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: n
     mp = MixedPrecisionPolicy()
     if cfg.dtype == "bfloat16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    # pinned host memory needs an accelerator: without one, offload is plain CPU memory
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
     root = root or model
     fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return root
+
+
+def needs_fsdp(cfg: ModelConfig) -> bool:
+    """bf16 mixed precision and CPU offload are FSDP2's policies: a single process runs them as a group of one."""
+    return cfg.dtype != "float32" or cfg.cpu_offload
 
 
 def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: nn.Module | None = None) -> None:
@@ -101,7 +107,7 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
 
         parallelize(model, init_device_mesh(device.type, (dist.get_world_size(),)), cfg, root=root)
         return
-    if cfg.dtype != "float32" or cfg.cpu_offload:
+    if needs_fsdp(cfg):
         raise ValueError("model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
                          "torch.distributed first (one rank is enough; `agentrl train` does)")  # fmt: skip
     if cfg.activation_checkpointing:
@@ -112,8 +118,7 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
 def init_distributed(cfg: ModelConfig) -> bool:
     """Join the process group (nccl on GPU, gloo on CPU) under torchrun with several ranks, or as a
     group of one when `cfg` asks for FSDP2's policies (bf16 mixed precision, CPU offload). True on rank 0."""
-    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.dtype != "float32" or cfg.cpu_offload) \
-            and not dist.is_initialized():  # fmt: skip
+    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or needs_fsdp(cfg)) and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -122,3 +127,9 @@ def init_distributed(cfg: ModelConfig) -> bool:
         else:  # a plain process: a group of one needs no rendezvous
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group `init_distributed` joined (if any)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -122,10 +122,8 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
 
     policy = load_policy(cfg.model)
     scorer = Scorer(policy)
-    # a plain process stays on the CPU, where batches are collated; under torch.distributed the mesh
-    # is the GPU's when there is one, as before (SFT on a GPU has not been run)
-    prepare(policy, cfg.model, torch.device("cuda" if dist.is_initialized() and torch.cuda.is_available() else "cpu"),
-            root=scorer)  # fmt: skip
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    prepare(policy, cfg.model, device, root=scorer)
     config = causal_lm(policy).config
     top_k = getattr(config, "num_experts_per_tok", 0)
     aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss and top_k else 0.0
@@ -139,7 +137,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         """This rank's share of the batch: (loss to backpropagate, summed −lp over its assistant tokens)."""
         n_tokens = sum(sum(e.mask) for e in batch)
         mine = batch[rank::world] or batch[:1]  # a rank without rows still joins FSDP's collectives
-        ids, attn, mask = _collate(mine)
+        ids, attn, mask = (t.to(device) for t in _collate(mine))
         if not batch[rank::world]:
             mask = torch.zeros_like(mask)
         lp, _, router = scorer(ids, attn, PLAIN_SOFTMAX, router=bool(aux_coef) and train)
@@ -156,7 +154,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
             nll = sum(loss_of(held_out[i : i + cfg.batch_size], train=False)[1]
                       for i in range(0, len(held_out), cfg.batch_size))  # fmt: skip
         scorer.train()
-        return _all_sum(nll) / max(total, 1)
+        return _all_sum(nll, device) / max(total, 1)
 
     def save(path: Path) -> None:
         export_hf(scorer, path, dtype=cfg.save_dtype)
@@ -181,7 +179,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         optimizer.step()
         schedule.step()
         n_tokens = sum(sum(e.mask) for e in batch)
-        metrics = {"step": step + 1, "loss": _all_sum(nll) / n_tokens, "lr": schedule.get_last_lr()[0],
+        metrics = {"step": step + 1, "loss": _all_sum(nll, device) / n_tokens, "lr": schedule.get_last_lr()[0],
                    "grad_norm": grad_norm}  # fmt: skip
         if held_out and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
             metrics["eval_loss"] = evaluate()
@@ -193,9 +191,9 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
     return metrics
 
 
-def _all_sum(x: float) -> float:
+def _all_sum(x: float, device: torch.device) -> float:
     if not dist.is_initialized():
         return x
-    t = torch.tensor([x], dtype=torch.float64)
+    t = torch.tensor([x], dtype=torch.float64, device=device)  # nccl reduces GPU tensors only
     dist.all_reduce(t)
     return float(t)

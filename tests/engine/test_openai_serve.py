@@ -289,6 +289,19 @@ def test_serve_needs_a_model():
     assert result.exit_code == 2 and "--model DIR" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--tiny", "llama", "--lora-rank", "4", "--lora-experts"], "no fused expert parameters"),
+        (["--tiny", "qwen3_moe", "--lora-rank", "-1"], "greater than or equal to 1"),
+        (["--tiny", "qwen3_moe", "--lora-rank", "4", "--engine", "vllm"], "--lora-rank needs --engine hf"),
+    ],
+)
+def test_serve_refuses_a_bad_lora_shape_in_one_line(args, says):
+    result = CliRunner().invoke(cli, ["serve", *args])
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     """A GSPO-token update, synced over HTTP (full weights, or a LoRA adapter on attention and

@@ -2,21 +2,23 @@
 
 python tests/train/fsdp_worker.py OUT {moe|lora}           # reference, no torch.distributed
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora}
-python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16 mixed precision
+python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16, checkpointing, offload
 """
 
+import asyncio
 import sys
 
 import torch
 import torch.distributed as dist
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.hf import HFEngine
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.policy import decoder_layers, init_distributed, with_lora
-from agentrl.train.trainer import Trainer, full_state_dict
+from agentrl.train.trainer import Trainer, full_state_dict, sync_weights
 
 
 def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:
@@ -42,10 +44,16 @@ def second_batch() -> TrainBatch:
     return b
 
 
+async def synced_engine_state(trainer: Trainer) -> tuple[int, dict[str, torch.Tensor]]:
+    """What `agentrl train` does next under torch.distributed: rank 0's engine copy takes the weights."""
+    async with HFEngine(tiny_model("qwen3_moe", seed=0)) as engine:
+        version = await sync_weights(trainer, engine)
+        return version, {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+
 def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
-    model = ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None)
-    if kind == "bf16":
-        model = ModelConfig(dtype="bfloat16", activation_checkpointing=True)
+    model = (ModelConfig(dtype="bfloat16", activation_checkpointing=True, cpu_offload=True) if kind == "bf16"
+             else ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None))  # fmt: skip
     init_distributed(model)
     torch.manual_seed(0)
     policy = tiny_model("qwen3_moe", seed=0)
@@ -68,9 +76,12 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
     else:
         metrics = trainer.update(fixed_batch())
     state = full_state_dict(trainer.scorer)
+    engine_state = asyncio.run(synced_engine_state(trainer)) if kind == "bf16" else None
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()},
-                    "world": dist.get_world_size() if dist.is_initialized() else 0, "compute": seen}, out)  # fmt: skip
+                    "world": dist.get_world_size() if dist.is_initialized() else 0, "compute": seen,
+                    "checkpointing": [layer.gradient_checkpointing for layer in decoder_layers(policy)],
+                    "engine": engine_state}, out)  # fmt: skip
     if dist.is_initialized():
         dist.destroy_process_group()
 

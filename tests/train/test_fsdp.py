@@ -25,9 +25,16 @@ def run(out: Path, kind: str, ranks: int, *phase: str) -> dict:
     return torch.load(out)
 
 
+@pytest.fixture(scope="module")
+def plain_moe(tmp_path_factory) -> dict:
+    """The MoE update in one plain process, fp32: the reference of more than one test."""
+    return run(tmp_path_factory.mktemp("plain") / "one.pt", "moe", 1)
+
+
 @pytest.mark.parametrize("kind", ["moe", "lora"])
-def test_two_ranks_match_one_process(tmp_path, kind):
-    one, two = run(tmp_path / "one.pt", kind, 1), run(tmp_path / "two.pt", kind, 2)
+def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
+    one = plain_moe if kind == "moe" else run(tmp_path / "one.pt", kind, 1)
+    two = run(tmp_path / "two.pt", kind, 2)
     assert one["state"].keys() == two["state"].keys()
     for name, value in one["state"].items():
         torch.testing.assert_close(two["state"][name], value, atol=ATOL, rtol=0, msg=name)
@@ -45,12 +52,13 @@ def test_two_ranks_match_one_process(tmp_path, kind):
         assert changed
 
 
-def test_bf16_mixed_precision_on_a_group_of_one(tmp_path):
+def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
     """model.dtype bfloat16 in a plain process: a process group of one, FSDP2 computing in bf16 with
-    float32 master weights, activation checkpointing on; the update agrees with fp32 to bf16 precision."""
-    fp32, bf16 = run(tmp_path / "fp32.pt", "moe", 1), run(tmp_path / "bf16.pt", "bf16", 1)
-    assert (fp32["world"], fp32["compute"]) == (0, {torch.float32})
-    assert (bf16["world"], bf16["compute"]) == (1, {torch.bfloat16})
+    float32 master weights, activation checkpointing and CPU offload on; the update agrees with fp32
+    to bf16 precision, and the engine's copy takes the new weights."""
+    fp32, bf16 = plain_moe, run(tmp_path / "bf16.pt", "bf16", 1)
+    assert (fp32["world"], fp32["compute"], any(fp32["checkpointing"])) == (0, {torch.float32}, False)
+    assert (bf16["world"], bf16["compute"], all(bf16["checkpointing"])) == (1, {torch.bfloat16}, True)
     assert all(v.dtype == torch.float32 for v in bf16["state"].values())
     for key in ("loss", "grad_norm", "router_aux_loss"):
         assert bf16["metrics"][key] == pytest.approx(fp32["metrics"][key], rel=2e-2), key
@@ -58,6 +66,10 @@ def test_bf16_mixed_precision_on_a_group_of_one(tmp_path):
     step = {k: torch.cat([(r["state"][n] - initial[n]).flatten() for n in initial]) for k, r in
             (("fp32", fp32), ("bf16", bf16))}  # fmt: skip
     assert torch.cosine_similarity(step["fp32"], step["bf16"], dim=0) > 0.9  # the same update, in direction
+    version, engine = bf16["engine"]
+    assert version == 1 and engine.keys() == bf16["state"].keys()
+    for name, value in bf16["state"].items():
+        assert torch.equal(engine[name], value), name
 
 
 def test_a_sharded_checkpoint_resumes_on_two_ranks_and_on_one(tmp_path):

@@ -1,5 +1,7 @@
 """The trainer in one process: batches from trajectories, updates, and weight sync to a real hf engine."""
 
+from collections import Counter
+
 import pytest
 import torch
 from fsdp_worker import fixed_batch  # the same fixed batch the FSDP test uses (this directory is on sys.path)
@@ -197,12 +199,18 @@ def test_one_process_keeps_checkpointing_and_refuses_fsdp_only_settings():
     bf16 mixed precision and CPU offload, FSDP2's policies, are refused instead of silently dropped."""
     from agentrl.train.policy import decoder_layers
 
+    def count(calls: Counter, key: str):
+        return lambda *_: calls.update([key])
+
     results = []
     for checkpointing in (False, True):
         policy = tiny_model("qwen3_moe", seed=0)
+        layer, calls = decoder_layers(policy)[0], Counter()  # a recompute in backward runs the layer's insides only
+        layer.register_forward_hook(count(calls, "layer"))
+        layer.self_attn.register_forward_hook(count(calls, "attention"))
         cfg = TrainerConfig(model=ModelConfig(activation_checkpointing=checkpointing), optim=OptimConfig(minibatches=1))
         metrics = Trainer(cfg, policy).update(fixed_batch())
-        assert all(layer.gradient_checkpointing == checkpointing for layer in decoder_layers(policy))
+        assert (calls["attention"] > calls["layer"]) == checkpointing, calls
         results.append((metrics, {n: p.grad for n, p in policy.named_parameters()}))  # the one step's gradients
     (plain, plain_grads), (ckpt, ckpt_grads) = results
     assert ckpt["loss"] == pytest.approx(plain["loss"], abs=1e-7)
@@ -261,9 +269,9 @@ async def test_the_run_config_turns_routing_records_on(tmp_path):
     from agentrl.train.policy import load_policy
     from agentrl.train.run_config import RunConfig
 
+    path = str(save_tiny(tmp_path / "m", "qwen3_moe"))
     for record in (False, True):
-        cfg = load(RunConfig, {"model": {"path": str(save_tiny(tmp_path / "m", "qwen3_moe"))},
-                               "engine": {"record_routing": record}})  # fmt: skip
+        cfg = load(RunConfig, {"model": {"path": path}, "engine": {"record_routing": record}})
         trainer = Trainer(cfg.trainer(), load_policy(cfg.model))
         async with build_engine(cfg, trainer, version=0) as engine:
             gen = await engine.generate([5, 6, 7], SamplingParams(max_tokens=3))
