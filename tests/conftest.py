@@ -27,6 +27,14 @@ def sandbox_image(docker_client) -> str:
     return ensure_image(docker_client)
 
 
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory):
+    """One real 2-iteration `agentrl train` (short_run.two_iterations), shared: read it, or copy it to change it."""
+    from short_run import two_iterations
+
+    return two_iterations(tmp_path_factory.mktemp("short-run"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_container_left_behind():
     """After the suite (before any atexit cleanup), no agentrl container it made may exist."""

@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -12,6 +14,24 @@ import pytest
 SMALL = ["rollout.group_size=4", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=6",
          "rollout.num_workers=2", "rollout.sandboxes_per_worker=4", "eval.tasks=4", "eval.every=0",
          "eval.sandboxes_per_worker=2", "log.tensorboard=true"]  # fmt: skip
+
+
+# A benchmark (HumanEval's first 2 problems, pass@1 and pass@2) evaluated beside the held-out tasks.
+BENCH = "eval.benchmarks=[{env: humaneval, tasks: 2, samples: 2, k: [1, 2], temperature: 1.0, max_tokens: 48}]"
+
+
+class ShortRun(NamedTuple):
+    folder: Path
+    stdout: str
+    seconds: float
+
+
+def two_iterations(tmp: Path) -> ShortRun:
+    """2 iterations of the SMALL run with the benchmark: the one run the pipeline and viewer tests share
+    (tests/conftest.py's `short_run`, session-scoped). Tests that change it work on a copy."""
+    t0 = time.monotonic()
+    out = agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL, BENCH), cwd=tmp)
+    return ShortRun(tmp / "run", out.stdout, time.monotonic() - t0)
 
 
 def agentrl_train(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:

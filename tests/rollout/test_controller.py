@@ -121,13 +121,24 @@ def tool_caller():
         return task_ids, out
 
     task_ids, examples = asyncio.run(contexts())
-    L = max(len(c) + len(a) for c, a in examples)
-    ids = torch.zeros(len(examples), L, dtype=torch.long)
+    # A task's contexts nest (each is the one before, its action and the env's reply), so each task is one
+    # row with every action labelled: the same (context, target) pairs and loss as a row per turn, a third
+    # of the compute (a causal model's prediction at a position sees only what precedes it).
+    rows: list[tuple[list[int], list[tuple[int, list[int]]]]] = []
+    for c, a in examples:
+        if rows and c[: len(rows[-1][0])] == rows[-1][0]:
+            rows[-1] = (c + a, [*rows[-1][1], (len(c), a)])
+        else:
+            rows.append((c + a, [(len(c), a)]))
+    assert len(rows) == len(task_ids)
+    L = max(len(seq) for seq, _ in rows)
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
     labels, attention = torch.full_like(ids, -100), torch.zeros_like(ids)
-    for i, (c, a) in enumerate(examples):
-        ids[i, : len(c) + len(a)] = torch.tensor(c + a)
-        labels[i, len(c) : len(c) + len(a)] = torch.tensor(a)
-        attention[i, : len(c) + len(a)] = 1
+    for i, (seq, targets) in enumerate(rows):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        for start, a in targets:
+            labels[i, start : start + len(a)] = torch.tensor(a)
+        attention[i, : len(seq)] = 1
     model = tiny_model("qwen3_moe", seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(300):

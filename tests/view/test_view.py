@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from short_run import SMALL, agentrl_train, sets
 
 from agentrl.rollout import Trajectory
 from agentrl.train.tracking import TrainedView, write_trajectories
@@ -25,13 +24,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def run(short_run) -> Path:
     """2 iterations of the default recipe, shrunk: whole groups saved, partial rollouts among them, and
-    a benchmark (HumanEval's first 2 problems, pass@1 and pass@2) evaluated beside the held-out tasks."""
-    tmp = tmp_path_factory.mktemp("view")
-    bench = "eval.benchmarks=[{env: humaneval, tasks: 2, samples: 2, k: [1, 2], temperature: 1.0, max_tokens: 48}]"
-    agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL, bench), cwd=tmp)
-    return tmp / "run"
+    a benchmark (HumanEval's first 2 problems, pass@1 and pass@2) evaluated beside the held-out tasks.
+    The session's shared run (tests/train/test_pipeline.py checks the same run): read here, never written."""
+    return short_run.folder
 
 
 def test_a_benchmark_is_evaluated_inside_training_and_logged_apart(run):
