@@ -29,7 +29,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.models.tiny import tiny_config
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import init_distributed, prepare
+from agentrl.train.policy import init_distributed, prepare, shutdown_distributed
 from agentrl.train.trainer import Trainer
 
 SIZES = {  # Qwen3-MoE shapes
@@ -102,7 +102,8 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    def timed(fn) -> float:
+    def timed(fn) -> tuple[float, float | None]:
+        """Seconds per call, and the GPU's peak memory (GiB) over its calls."""
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         fn()  # warm-up
@@ -111,7 +112,7 @@ def main() -> None:
         for _ in range(args.repeats):
             fn()
         sync()
-        return (time.perf_counter() - t0) / args.repeats
+        return (time.perf_counter() - t0) / args.repeats, torch.cuda.max_memory_allocated() / 2**30 if cuda else None
 
     def plain() -> None:
         for rows in torch.arange(args.batch).chunk(args.minibatches):
@@ -120,10 +121,8 @@ def main() -> None:
             plain_model(input_ids=ids, labels=ids).loss.backward()
             plain_model.zero_grad(set_to_none=True)
 
-    update_s = timed(lambda: trainer.update(batch))
-    peak_gib = {"gspo_token_update": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
-    plain_s = timed(plain)
-    peak_gib["plain_forward_backward"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    update_s, update_gib = timed(lambda: trainer.update(batch))
+    plain_s, plain_gib = timed(plain)
     fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
@@ -137,15 +136,14 @@ def main() -> None:
     }  # fmt: skip
     if cuda:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
-        for key in ("gspo_token_update", "plain_forward_backward"):
+        for key, gib in (("gspo_token_update", update_gib), ("plain_forward_backward", plain_gib)):
             # fwd + bwd, attention scores left out (PaLM's estimate)
             flops = 6 * active_params(cfg) * result[key]["tokens_per_s_per_device"]
             result[key]["mfu"] = flops / peak if peak else None
-            result[key]["peak_memory_gib"] = peak_gib[key]  # both models are resident: the later peak holds both
+            result[key]["peak_memory_gib"] = gib  # both models' weights are resident in either path
     if lead:
         print(json.dumps(result, indent=2))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

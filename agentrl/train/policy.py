@@ -92,6 +92,11 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: n
     return root
 
 
+def train_device() -> torch.device:
+    """Where this process trains: its GPU (torchrun's LOCAL_RANK, set by `init_distributed`), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def needs_fsdp(cfg: ModelConfig) -> bool:
     """bf16 mixed precision and CPU offload are FSDP2's policies: a single process runs them as a group of one."""
     return cfg.dtype != "float32" or cfg.cpu_offload

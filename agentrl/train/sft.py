@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.train.config import ModelConfig, _Strict, lr_factor
 from agentrl.train.logprobs import PLAIN_SOFTMAX
-from agentrl.train.policy import causal_lm, load_policy, prepare
+from agentrl.train.policy import causal_lm, load_policy, prepare, train_device
 from agentrl.train.trainer import Scorer, clip_grad_norm, router_aux_loss
 
 
@@ -122,7 +122,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
 
     policy = load_policy(cfg.model)
     scorer = Scorer(policy)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = train_device()
     prepare(policy, cfg.model, device, root=scorer)
     config = causal_lm(policy).config
     top_k = getattr(config, "num_experts_per_tok", 0)

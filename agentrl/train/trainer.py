@@ -22,7 +22,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig, TrainerConfig, lr_factor
 from agentrl.train.logprobs import target_logprobs
-from agentrl.train.policy import causal_lm, prepare
+from agentrl.train.policy import causal_lm, prepare, train_device
 
 
 class Scorer(nn.Module):
@@ -203,8 +203,7 @@ class Trainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.policy = policy
         self.scorer = Scorer(policy)
-        cuda = torch.cuda.is_available()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.device = train_device()
         lora = hasattr(policy, "disable_adapter")
         if cfg.algo.kl_coef and not lora and reference is None:
             raise ValueError("algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
