@@ -31,10 +31,10 @@ import torch
 import agentrl
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.hf import HFEngine
+from agentrl.envs.code_sandbox import CodeSandboxEnv
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController
-from envs.code_sandbox import CodeSandboxEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """Environment registry: Gymnasium's, under the `agentrl/` namespace, fed by three sources.
 
-- built-ins (`envs/`), registered when agentrl is imported;
+- built-ins (`agentrl/envs/`), registered when agentrl is imported;
 - `agentrl.register(...)` calls at runtime;
 - other installed packages, through the entry-point group `agentrl.envs`
   (`my_env = "my_pkg.env:MyEnv"` in their pyproject's `[project.entry-points."agentrl.envs"]`).
@@ -26,9 +26,9 @@ ENTRY_POINT_GROUP = "agentrl.envs"
 BUILTIN_SOURCE = "agentrl (built-in)"
 
 BUILTINS = {
-    "code_sandbox": "envs.code_sandbox:CodeSandboxEnv",
-    "tool_use": "envs.tool_use:ToolUseEnv",
-    "humaneval": "envs.humaneval:HumanEvalEnv",
+    "code_sandbox": "agentrl.envs.code_sandbox:CodeSandboxEnv",
+    "tool_use": "agentrl.envs.tool_use:ToolUseEnv",
+    "humaneval": "agentrl.envs.humaneval:HumanEvalEnv",
 }
 
 _sources: dict[str, str] = {}  # env id -> where it came from

@@ -11,9 +11,9 @@ from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
 from agentrl.env.base import Message
 from agentrl.env.grading import assemble_solution, extract_code, grade, run_tests
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
+from agentrl.envs._format import run_output
 from agentrl.tasks import Task
 from agentrl.tasks.solutions import PERFECT, Expert
-from envs._format import run_output
 
 SYSTEM = """You are solving a Python programming task in a sandbox. You have {turns} turns.
 Each turn, call one or more tools:

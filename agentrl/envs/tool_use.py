@@ -14,8 +14,8 @@ from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
 from agentrl.env.base import Message
 from agentrl.env.grading import check_answer
 from agentrl.env.tools import ToolError, ToolOutput, tool
+from agentrl.envs._format import run_output
 from agentrl.tasks import Task
-from envs._format import run_output
 
 SYSTEM = """Answer the question exactly. You have {turns} turns and two tools:
 - calculator(expression): exact arithmetic on integers and fractions;
