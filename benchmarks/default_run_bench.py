@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from agentrl.train.tracking import read_jsonl
+from agentrl.runs import read_jsonl
 
 
 def run(out: Path, loss: str, seed: int, sets: list[str]) -> float:

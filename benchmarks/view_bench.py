@@ -26,7 +26,7 @@ import yaml
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.rollout import Status, Trajectory
-from agentrl.train.tracking import TrainedView, write_trajectories
+from agentrl.runs import TrainedView, write_trajectories
 
 
 def trajectory(rng: random.Random) -> tuple[Trajectory, TrainedView]:

@@ -75,8 +75,8 @@ def _run_agent(cfg, model: str, engine: str, base_url: str | None, out_dir: Path
     from transformers import AutoTokenizer
 
     from agentrl.eval.bench import run_bench
+    from agentrl.models.default import resolve_path
     from agentrl.rollout import ChatFormat
-    from agentrl.train.policy import resolve_path
 
     if engine == "openai" and base_url is None:
         err.print("[red]--engine openai needs --base-url[/red]")
@@ -90,7 +90,7 @@ def _run_agent(cfg, model: str, engine: str, base_url: str | None, out_dir: Path
 
     result = asyncio.run(go())
     if out_dir is not None:  # the transcripts, as a run folder keeps them (agentrl view reads both)
-        from agentrl.train.tracking import write_trajectories
+        from agentrl.runs import write_trajectories
 
         (out_dir / "trajectories" / "index.jsonl").unlink(missing_ok=True)
         write_trajectories(out_dir / "trajectories", "eval.jsonl", result.trajectories, None, {})

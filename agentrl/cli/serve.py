@@ -13,7 +13,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from agentrl.train.config import LoraSettings
+from agentrl.models.lora import LoraSettings
 
 err = Console(stderr=True)
 _LORA = LoraSettings()  # the run's defaults, so that a plain --lora-rank matches a plain model.lora

@@ -70,9 +70,9 @@ def train(
     checkpoint, and `--resume RUN_DIR` continues.
     """
     from agentrl.config import ConfigError
+    from agentrl.runs import RunDir
     from agentrl.train.loop import broadcast
     from agentrl.train.policy import init_distributed, shutdown_distributed
-    from agentrl.train.tracking import RunDir
 
     try:
         cfg = resolve_config(env, config, set_, resume)
@@ -104,7 +104,7 @@ def train(
 def _prepare(cfg: Any, resume: Path | None, build_image: bool) -> bool:
     """Rank 0, before anything starts: the env and its settings, Docker and the image, Ray, the model, the
     run folder. Prints what is wrong and returns False."""
-    from agentrl.train.tracking import RunDir
+    from agentrl.runs import RunDir
 
     try:
         _check_env(cfg)
@@ -256,7 +256,7 @@ def preflight(cfg: Any, *, build_image: bool) -> list[str]:
 
 
 def _check_model(cfg: Any) -> list[str]:
-    from agentrl.train.policy import resolve_path
+    from agentrl.models.default import resolve_path
 
     try:
         path = resolve_path(cfg.model.path)

@@ -29,3 +29,12 @@ def default_policy() -> Path:
             f"the default policy is missing from {DEFAULT_POLICY}; rebuild it with scripts/build_default_policy.sh"
         )
     return DEFAULT_POLICY
+
+
+def resolve_path(path: str) -> str:
+    """A model path as from_pretrained takes it: "default" is the embedded default policy's folder."""
+    if path == "default":
+        return str(default_policy())
+    if not path:
+        raise ValueError('model.path is empty: give a Hugging Face folder, a hub id, or "default"')
+    return path

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.models.lora import LoraSettings
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -56,18 +58,6 @@ class AlgoConfig(_Strict):
                 "tis_cap corrects the engine against the trainer's recomputed lp_b: set old_logprobs='recompute'"
             )
         return self
-
-
-class LoraSettings(_Strict):
-    rank: int = Field(16, ge=1)
-    """r of the low-rank update"""
-    alpha: float = 32.0
-    """the update is scaled by alpha / rank"""
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """module names that get adapters (attention by default)"""
-    experts: bool = False
-    """also adapt the MoE expert projections (3D expert parameters)"""
 
 
 class ModelConfig(_Strict):

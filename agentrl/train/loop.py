@@ -34,12 +34,14 @@ from transformers import AutoTokenizer
 from agentrl.engine.base import InferenceEngine
 from agentrl.eval import EvalResult, HeldOutEval, success
 from agentrl.eval.bench import run_bench
+from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat, ControllerState, RolloutBatch, RolloutController
+from agentrl.runs import RunDir
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch, build_batch
-from agentrl.train.policy import load_policy, resolve_path
+from agentrl.train.policy import load_policy
 from agentrl.train.run_config import RunConfig
-from agentrl.train.tracking import RunDir, Tracker, TrainedView
+from agentrl.train.tracking import Tracker, trained_views
 from agentrl.train.trainer import Record, Trainer, sync_weights
 
 T = TypeVar("T")
@@ -138,7 +140,7 @@ async def train(cfg: RunConfig, run: RunDir, *, resume: bool = False, display: D
                 metrics |= {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/elapsed_s": state.elapsed_s,
                             "time/left_s": left}  # fmt: skip
                 tracker.log(metrics)
-                tracker.save_trajectories(it, saved, TrainedView.of(train_batch, record.stats) if record else {})
+                tracker.save_trajectories(it, saved, trained_views(train_batch, record.stats) if record else {})
                 display.iteration(metrics)
                 if state.iteration == cfg.iterations:
                     _evaluate(tracker, display, await held_out.run(state.iteration))

@@ -17,41 +17,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentrl.train.config import LoraSettings, ModelConfig
-
-EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' fused MoE experts
-
-
-def resolve_path(path: str) -> str:
-    """A model path as from_pretrained takes it: "default" is the embedded default policy's folder."""
-    if path == "default":
-        from agentrl.models.default import default_policy
-
-        return str(default_policy())
-    if not path:
-        raise ValueError('model.path is empty: give a Hugging Face folder, a hub id, or "default"')
-    return path
+from agentrl.models.default import resolve_path
+from agentrl.models.lora import with_lora
+from agentrl.train.config import ModelConfig
 
 
 def load_policy(cfg: ModelConfig) -> PreTrainedModel:
     """From a local folder or a hub id, in float32 (the master weights: bf16 is FSDP2's compute dtype)."""
     model = AutoModelForCausalLM.from_pretrained(resolve_path(cfg.path), dtype=torch.float32)
     return with_lora(model, cfg.lora) if cfg.lora else model
-
-
-def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
-    """A peft model whose only trainable parameters are the adapters."""
-    from peft import LoraConfig, get_peft_model
-
-    target_parameters = None
-    if lora.experts:
-        names = {n for n, _ in model.named_parameters()}
-        target_parameters = [p for p in EXPERT_PARAMETERS if any(n.endswith(p) for n in names)]
-        if not target_parameters:
-            raise ValueError(f"lora.experts: the model has no fused expert parameters ({', '.join(EXPERT_PARAMETERS)})")
-    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip
-    return get_peft_model(model, cfg)
 
 
 def causal_lm(model: nn.Module) -> PreTrainedModel:

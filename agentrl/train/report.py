@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.train.tracking import RunDir, read_jsonl
+from agentrl.runs import RunDir, read_jsonl
 
 # (file, title, y label, [(source, key, label)])
 PLOTS = [

@@ -19,72 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tokenizers import Tokenizer
 
-from agentrl.rollout import Segment, Trajectory
-from agentrl.train.tracking import RunDir, TrainedView, summary
+from agentrl.models.default import resolve_path
+from agentrl.runs import PROMPT, JsonlTail, RunDir, read_trajectory, summary
 
 MAX_PAGE = 200
-
-
-class JsonlTail:
-    """A JSONL file read incrementally: `rows()` returns every readable line, re-reading only what was appended.
-
-    A last line without its newline is left for the next read (the writer may be mid-line); if it
-    is still there later it is reported. A file that shrank (a resume truncating its logs) is read anew.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()  # the server answers requests from a thread pool
-        self._reset()
-
-    def _reset(self) -> None:
-        self._rows: list[dict[str, Any]] = []
-        self._offset = 0
-        self._line = 0
-        self._bad: list[str] = []
-        self._torn: str | None = None
-
-    def rows(self) -> list[dict[str, Any]]:
-        self._read()
-        return self._rows
-
-    @property
-    def warnings(self) -> list[str]:
-        self._read()
-        return self._bad + ([self._torn] if self._torn else [])
-
-    def _read(self) -> None:
-        with self._lock:
-            self._read_new()
-
-    def _read_new(self) -> None:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return
-        if size < self._offset:  # rewritten shorter
-            self._reset()
-        if size == self._offset:
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read(size - self._offset)
-        end = data.rfind(b"\n") + 1
-        for raw in data[:end].splitlines():
-            self._line += 1
-            if not raw.strip():
-                continue
-            try:
-                self._rows.append(json.loads(raw))
-            except ValueError:
-                self._bad.append(f"{self.path.name} line {self._line}: unreadable, skipped ({raw[:60]!r})")
-        self._offset += end
-        rest = data[end:]
-        self._torn = (
-            f"{self.path.name}: the last line is incomplete ({len(rest)} bytes; the run is writing it, or was "
-            "killed mid-write)" if rest.strip() else None
-        )  # fmt: skip
 
 
 @dataclass
@@ -122,7 +62,7 @@ class Folder:
     run: RunDir = field(init=False)
     _tails: dict[str, JsonlTail] = field(init=False, default_factory=dict)
     _scanned: tuple[list[dict[str, Any]], list[str]] | None = field(init=False, default=None)
-    _tokenizer: Any = field(init=False, default=None)
+    _tokenizer: Tokenizer | None = field(init=False, default=None)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -182,12 +122,9 @@ class Folder:
             with open(path, "rb") as f:
                 for n, line in enumerate(f, 1):
                     try:
-                        row = json.loads(line)
-                        t = Trajectory.model_validate(row)
-                        view = TrainedView.model_validate(row["trained"]) if row.get("trained") else None
-                        rows.append(summary(t, row.get("iteration"), view)
-                                    | {"file": path.name, "offset": offset, "length": len(line)})  # fmt: skip
-                    except ValueError:
+                        rows.append(summary(json.loads(line)) | {"file": path.name, "offset": offset,
+                                                                 "length": len(line)})  # fmt: skip
+                    except (ValueError, KeyError, TypeError):
                         warnings.append(f"{path.name} line {n}: unreadable, skipped")
                     offset += len(line)
         return rows, warnings
@@ -218,10 +155,7 @@ class Folder:
     def trajectory(self, episode_id: str) -> dict[str, Any]:
         """One trajectory, turn by turn, its tokens as text with their per-token values."""
         entry = self._find(episode_id)
-        with open(self.run.trajectories / entry["file"], "rb") as f:
-            f.seek(entry["offset"])
-            row = json.loads(f.read(entry["length"]))
-        return render(row, self.tokenizer()) | {"summary": entry}
+        return render(read_trajectory(self.run.trajectories, entry), self.tokenizer()) | {"summary": entry}
 
     def group(self, group_id: str, iteration: int | None) -> list[dict[str, Any]]:
         rows, _ = self._index()
@@ -248,20 +182,19 @@ class Folder:
 
     # -- tokens -----------------------------------------------------------------------------
 
-    def tokenizer(self):
-        """The folder's own tokenizer (saved by the run), else the run's model's."""
+    def tokenizer(self) -> Tokenizer:
+        """The folder's own tokenizer (saved by the run), else the run's model's. The `tokenizers` library
+        decodes: the viewer needs no transformers (nor torch) for it."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            from agentrl.train.policy import resolve_path
-
             source = self.run.tokenizer
             if not source.exists():
                 model = (self.overview().get("settings") or {}).get("model", {}).get("path")
                 if model is None:
                     raise FileNotFoundError(f"{self.path} has no tokenizer/ folder and names no model")
-                source = resolve_path(model)
-            self._tokenizer = AutoTokenizer.from_pretrained(source)
+                source = Path(resolve_path(model))
+            if not (source / "tokenizer.json").exists():
+                raise FileNotFoundError(f"{source} holds no tokenizer.json (a fast tokenizer) to read token ids with")
+            self._tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
         return self._tokenizer
 
 
@@ -269,33 +202,33 @@ def _passed(row: dict[str, Any]) -> bool:
     return bool(row["passed"]) if "passed" in row else row.get("correct", 0) > 0
 
 
-def render(row: dict[str, Any], tokenizer) -> dict[str, Any]:
+def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """A saved trajectory as the page shows it: the prompt's text, then per turn its generated tokens
     (text piece, engine logprob, policy version, advantage, trainer logprob) and the env's reply."""
-    t = Trajectory.model_validate(row)
-    trained = row.get("trained")
-    pieces = [tokenizer.decode([i]) for i in t.token_ids]
+    ids, trained = row["token_ids"], row.get("trained")
+    pieces = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
 
     def text(lo: int, hi: int) -> str:
-        return tokenizer.decode(t.token_ids[lo:hi])
+        return tokenizer.decode(ids[lo:hi], skip_special_tokens=False)
 
-    prompt_end = next((k for k, s in enumerate(t.segments) if s is not Segment.PROMPT), len(t.token_ids))
+    prompt_end = next((k for k, s in enumerate(row["segments"]) if s != PROMPT), len(ids))
     turns = []
-    for k, turn in enumerate(t.turns):
-        obs_end = t.turns[k + 1].start if k + 1 < len(t.turns) else len(t.token_ids)
-        span = range(turn.start, turn.end)
+    for k, turn in enumerate(row["turns"]):
+        obs_end = row["turns"][k + 1]["start"] if k + 1 < len(row["turns"]) else len(ids)
+        span = range(turn["start"], turn["end"])
         turns.append({
-            "index": turn.index, "reward": turn.reward, "finish_reason": turn.finish_reason, "info": turn.info,
-            "tokens": [pieces[j] for j in span], "logprob": [t.logprobs[j] for j in span],
-            "version": [t.versions[j] for j in span],
+            "index": turn["index"], "reward": turn["reward"], "finish_reason": turn["finish_reason"],
+            "info": turn["info"], "tokens": [pieces[j] for j in span], "logprob": [row["logprobs"][j] for j in span],
+            "version": [row["versions"][j] for j in span],
             "advantage": [trained["advantages"][j] for j in span] if trained else None,
             "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
-            "observation": text(turn.end, obs_end),
+            "observation": text(turn["end"], obs_end),
         })  # fmt: skip
+    versions = sorted({v for v in row["versions"] if v >= 0})
     return {
-        "episode_id": t.episode_id, "group_id": t.group_id, "task_id": t.task_id, "iteration": row.get("iteration"),
-        "status": t.status.value, "failure": t.failure.value, "error": t.error, "truncation": t.truncation,
-        "reward": t.outcome_reward, "sampling": t.sampling.model_dump(), "versions": t.policy_versions,
-        "prompt": text(0, prompt_end), "turns": turns,
+        "episode_id": row["episode_id"], "group_id": row["group_id"], "task_id": row["task_id"],
+        "iteration": row.get("iteration"), "status": row["status"], "failure": row["failure"], "error": row["error"],
+        "truncation": row["truncation"], "reward": row["outcome_reward"], "sampling": row["sampling"],
+        "versions": versions, "prompt": text(0, prompt_end), "turns": turns,
         "trained": {k: trained[k] for k in ("ratio", "clipped", "minibatch")} if trained else None,
     }  # fmt: skip

@@ -11,9 +11,10 @@ from transformers import AutoTokenizer
 from agentrl.engine.hf import HFEngine
 from agentrl.eval.bench import BenchConfig, run_bench
 from agentrl.eval.passk import pass_at_k
+from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat
 from agentrl.train.config import ModelConfig
-from agentrl.train.policy import load_policy, resolve_path
+from agentrl.train.policy import load_policy
 
 ENV = {"env": "code_sandbox", "env_kwargs": {"tasks": "procedural:levels=1;families=strings,numbers"}}
 

@@ -13,11 +13,12 @@ import torch.distributed as dist
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.hf import HFEngine
+from agentrl.models.lora import with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import decoder_layers, init_distributed, with_lora
+from agentrl.train.policy import decoder_layers, init_distributed
 from agentrl.train.trainer import Trainer, full_state_dict, sync_weights
 
 

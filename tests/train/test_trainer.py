@@ -9,11 +9,11 @@ from pydantic import ValidationError
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.engine.hf import HFEngine
+from agentrl.models.lora import with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import build_batch
 from agentrl.train.config import AlgoConfig, LoraSettings, ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import with_lora
 from agentrl.train.trainer import Trainer, sync_weights
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

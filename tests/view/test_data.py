@@ -1,6 +1,6 @@
 """The viewer's reading of JSONL files that are being written, torn or rewritten (no server needed)."""
 
-from agentrl.view import JsonlTail
+from agentrl.runs import JsonlTail
 
 
 def test_a_tail_follows_a_file_being_written(tmp_path):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from agentrl.rollout import Trajectory
-from agentrl.train.tracking import TrainedView, write_trajectories
+from agentrl.runs import TrainedView, write_trajectories
 
 pytestmark = pytest.mark.docker
 

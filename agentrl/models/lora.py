@@ -1,0 +1,46 @@
+"""LoRA as agentrl trains it: the settings (`model.lora`) and the peft wrapping they describe.
+
+Shared by the learner (`agentrl train`) and the engines that must hold the same adapters
+(`agentrl serve --lora-rank`, an engine's own copy of the policy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedModel
+
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' fused MoE experts
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(16, ge=1)
+    """r of the low-rank update"""
+    alpha: float = 32.0
+    """the update is scaled by alpha / rank"""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """module names that get adapters (attention by default)"""
+    experts: bool = False
+    """also adapt the MoE expert projections (3D expert parameters)"""
+
+
+def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
+    """A peft model whose only trainable parameters are the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    target_parameters = None
+    if lora.experts:
+        names = {n for n, _ in model.named_parameters()}
+        target_parameters = [p for p in EXPERT_PARAMETERS if any(n.endswith(p) for n in names)]
+        if not target_parameters:
+            raise ValueError(f"lora.experts: the model has no fused expert parameters ({', '.join(EXPERT_PARAMETERS)})")
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                     target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip
+    return get_peft_model(model, cfg)

@@ -1,0 +1,45 @@
+"""`RunDir`: the paths of a run folder (the layout is in `agentrl.runs`), and the edits a resume makes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrl.runs.jsonl import read_jsonl
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metrics = self.path / "metrics.jsonl"
+        self.eval = self.path / "eval.jsonl"
+        self.bench = self.path / "bench.jsonl"
+        self.trajectories = self.path / "trajectories"
+        self.checkpoints = self.path / "checkpoints"
+        self.final = self.path / "final"
+        self.plots = self.path / "plots"
+        self.config = self.path / "config.yaml"
+        self.tokenizer = self.path / "tokenizer"
+
+    def create(self, config: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def checkpoint(self, iteration: int) -> Path:
+        return self.checkpoints / f"iter-{iteration:05d}"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest finished checkpoint (one with state.json: a save cut short has none)."""
+        done = sorted(p for p in self.checkpoints.glob("iter-*") if (p / "state.json").exists())
+        return done[-1] if done else None
+
+    def truncate_logs(self, iteration: int) -> None:
+        """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines
+        (the index too: those iterations' trajectory files will be written anew)."""
+        for path in (self.metrics, self.eval, self.bench, self.trajectories / "index.jsonl"):
+            if path.exists():
+                rows = read_jsonl(path)
+                path.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
