@@ -30,7 +30,6 @@ from agentrl.env import SandboxSource
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
 from agentrl.sandbox.docker_sandbox import docker_client
 from agentrl.sandbox.image import image_exists, image_tag
-from agentrl.tasks.procedural import reference_solution
 
 CODE = "print(sum(range(10)))"
 ACTION = '<tool_call>{"name": "run_python", "arguments": {"code": "print(sum(range(10)))"}}</tool_call>'
@@ -87,7 +86,7 @@ async def concurrent(episodes: int, pool_size: int) -> dict:
     async def episode(i: int, source: SandboxSource) -> None:
         env = agentrl.make("code_sandbox", sandboxes=source)
         await env.areset(seed=i)
-        submit = json.dumps({"name": "submit", "arguments": {"code": reference_solution(env.task)}})
+        submit = json.dumps({"name": "submit", "arguments": {"code": env.task_set.reference_solution(env.task)}})
         for action in (ACTION, f"<tool_call>{submit}</tool_call>"):
             t0 = time.perf_counter()
             _, reward, *_ = await env.astep(action)

@@ -21,7 +21,7 @@ from agentrl.env.grading import extract_code
 from agentrl.env.parsers import HermesParser
 from agentrl.eval.bench import success
 from agentrl.rollout import Trajectory
-from agentrl.tasks.procedural import reading, reference_solution
+from agentrl.tasks.procedural import reading
 from agentrl.tasks.registry import load_tasks
 from agentrl.view.data import Folder
 
@@ -52,7 +52,7 @@ def main() -> None:
         counts[kind] += 1
         passed[kind] += success(traj)
         if kind == "other" and len(examples) < args.examples:
-            examples.append({"task_id": task.id, "reference": reference_solution(task), "submitted": code})
+            examples.append({"task_id": task.id, "reference": tasks.reference_solution(task), "submitted": code})
     print(json.dumps({"episodes": sum(counts.values()),
                       "readings": {k: {"episodes": counts[k], "passed": passed[k]} for k in sorted(counts)},
                       "examples": examples}, indent=1))  # fmt: skip

@@ -121,9 +121,9 @@ class CodeSandboxEnv(ToolEnv):
         )
 
     def demonstration(self, task: Task, rng: random.Random, *, expert: Expert = PERFECT) -> list[str]:
-        """Submit the expert's solution (the reference one, or with the imperfect expert's mistakes); half the
-        time run it on the examples first. Either way it submits what it wrote, whatever the examples said."""
-        code = expert.solution(task, rng)
+        """Submit the expert's solution (the task set's reference one, or with the imperfect expert's mistakes); half
+        the time run it on the examples first. Either way it submits what it wrote, whatever the examples said."""
+        code = expert.solution(self.task_set, task, rng)
         submit = self.parser.format(ToolCall(name="submit", arguments={"code": code}))
         if task.public_tests is not None and self.cfg.max_turns > 1 and rng.random() < 0.5:
             return [self.parser.format(ToolCall(name="run_tests", arguments={"code": code})), submit]

