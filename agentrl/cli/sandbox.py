@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from agentrl.cli.console import err, error, fail
 from agentrl.sandbox import DockerSandbox, ExecResult, LocalSandbox, SandboxError, SandboxPool, reaper
 from agentrl.sandbox import image as sandbox_image
 from agentrl.sandbox.docker_sandbox import docker_client
 
 app = typer.Typer(help="Build, use and clean up code sandboxes.", no_args_is_help=True)
-err = Console(stderr=True)
 
 # How `exec` runs a file, by suffix; anything else is executed directly.
 INTERPRETERS = {".py": ["python3", "-u"], ".sh": ["sh"]}
@@ -26,8 +25,7 @@ def _client():
     try:
         return docker_client()
     except SandboxError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
 
 
 @app.command()
@@ -76,7 +74,7 @@ def exec_(
     try:
         result = asyncio.run(_exec(factory, file, timeout))
     except SandboxError as e:
-        err.print(f"[red]sandbox failure:[/red] {e}")
+        error(f"sandbox failure: {e}")
         raise typer.Exit(3) from None
     if as_json:
         print(json.dumps(result.model_dump(mode="json")))

@@ -7,15 +7,19 @@ import signal
 import socket
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
-from rich.console import Console
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from agentrl.engine import InferenceEngine
+
+from agentrl.cli.console import err, fail
 from agentrl.models.lora import LoraSettings
 
-err = Console(stderr=True)
 _LORA = LoraSettings()  # the run's defaults, so that a plain --lora-rank matches a plain model.lora
 
 # Requests still running this long after SIGINT/SIGTERM are cut off (`_Server.shutdown` aborted
@@ -31,12 +35,12 @@ def serve(
         str | None, typer.Option(help="Serve a fresh random-init tiny model of this architecture, e.g. qwen3_moe.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Weight seed of the --tiny model.")] = 0,
-    engine: Annotated[Literal["hf", "vllm"], typer.Option(help="Inference engine (vllm needs a GPU).")] = "hf",
+    engine: Annotated[str, typer.Option(help="Inference engine: hf, vllm (a GPU), or one a package registers.")] = "hf",
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).")] = 8000,
-    dtype: Annotated[str, typer.Option(help="Weight dtype (torch name).")] = "float32",
+    dtype: Annotated[str, typer.Option(help="Weight dtype: float32, bfloat16, float16 or auto.")] = "float32",
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
-    lora_rank: Annotated[int, typer.Option(help="Take LoRA adapter updates of this rank (hf engine; 0: none).")] = 0,
+    lora_rank: Annotated[int, typer.Option(help="Take LoRA adapter updates of this rank (0: none).")] = 0,
     lora_alpha: Annotated[float, typer.Option(help="The adapters' alpha (the run's model.lora.alpha).")] = _LORA.alpha,
     lora_targets: Annotated[
         str, typer.Option(help="Comma-separated modules with adapters (the run's model.lora.target_modules).")
@@ -52,15 +56,12 @@ def serve(
     --lora-experts): it serves the base model until the first adapter arrives.
     """
     if (model is None) == (tiny is None):
-        err.print("[red]pass exactly one of --model DIR and --tiny ARCH[/red]")
-        raise typer.Exit(2)
-    if lora_rank and engine != "hf":
-        err.print("[red]--lora-rank needs --engine hf (vLLM's own server takes adapters: --enable-lora)[/red]")
-        raise typer.Exit(2)
+        fail("pass exactly one of --model DIR and --tiny ARCH")
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    from agentrl.engine import engine_class
+    from agentrl.config import ConfigError, load
+    from agentrl.engine import EngineConfig, EngineModel, build_engine
     from agentrl.engine.server import create_app
     from agentrl.models.tiny import save_tiny
 
@@ -69,26 +70,19 @@ def serve(
         try:
             path = model if model is not None else save_tiny(tmp, tiny, seed=seed)
         except ValueError as e:  # an unknown architecture; the message lists the known ones
-            err.print(f"[red]{e}[/red]")
-            raise typer.Exit(2) from None
+            fail(e)
         name = str(model) if model is not None else f"tiny-{tiny}"
-        if lora_rank:  # zero-initialised adapters (peft's B = 0): the base model until an update
-            import torch
-
-            from agentrl.engine.hf import HFEngine
-            from agentrl.train.config import ModelConfig
-            from agentrl.train.policy import load_policy
-
-            try:  # a bad rank, or --lora-experts on a dense model: one line, not a traceback
+        try:  # a bad setting, or --lora-experts on a dense model: one line, not a traceback
+            cfg = load(EngineConfig, {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype},
+                       source="--engine/--max-batch-size/--dtype")  # fmt: skip
+            # zero-initialised adapters (peft's B = 0): the base model until the first update
+            lora = None
+            if lora_rank:
                 lora = LoraSettings(rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","),
                                     experts=lora_experts)  # fmt: skip
-                policy = load_policy(ModelConfig(path=str(path), lora=lora)).to(getattr(torch, dtype))
-            except ValueError as e:  # pydantic's ValidationError is one too
-                err.print(f"[red]--lora-*: {e}[/red]")
-                raise typer.Exit(2) from None
-            eng = HFEngine(policy.eval(), max_batch_size=max_batch_size)
-        else:  # both engines load a checkpoint directory the same way (HFEngine / VLLMEngine.from_pretrained)
-            eng = engine_class(engine).from_pretrained(path, dtype=dtype, max_batch_size=max_batch_size)
+            eng = build_engine(cfg, EngineModel(str(path), lora=lora))
+        except (ConfigError, ValueError, ImportError) as e:  # pydantic's ValidationError is a ValueError too
+            fail(e)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):  # no tokenizer files: replies carry ids only, no `text`
@@ -107,7 +101,7 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-async def _serve(app, engine, name: str, host: str, port: int) -> None:
+async def _serve(app: FastAPI, engine: InferenceEngine, name: str, host: str, port: int) -> None:
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACE_S)  # fmt: skip
     server = _Server(config)
@@ -120,9 +114,9 @@ async def _serve(app, engine, name: str, host: str, port: int) -> None:
         try:  # bound here, so that a taken port is one clear line and the URL is printed once it listens
             sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         except OSError as e:
-            err.print(f"[red]cannot listen on {host}:{port}: {e.strerror}[/red]")
-            raise typer.Exit(1) from None
+            fail(f"cannot listen on {host}:{port}: {e.strerror}", 1)
         bound_host, bound_port = sock.getsockname()[:2]
+        await engine.start()
         print(f"agentrl serve: {name} on http://{bound_host}:{bound_port}", flush=True)
         await server.serve(sockets=[sock])
     finally:

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-out = Console()
-err = Console(stderr=True)
+from agentrl.cli.console import err, fail, out
 
 
 def sft(
@@ -39,8 +37,7 @@ def sft(
             SFTConfig, merge(merge(read_yaml(config) if config else {}, flags), parse_sets(set_)), source="sft config"
         )
     except ConfigError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
     from transformers.utils import logging as transformers_logging
 
     from agentrl.train.policy import init_distributed, shutdown_distributed
@@ -51,8 +48,7 @@ def sft(
     try:
         final = run_sft(cfg, log=lambda m: print(json.dumps({**m, "elapsed_s": round(time.perf_counter() - t0, 1)})))
     except (ValueError, FileNotFoundError) as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
+        fail(e, 1)
     finally:
         shutdown_distributed()
     if lead:
@@ -99,8 +95,7 @@ def demos(
         env_kwargs = parse_sets(set_)
         expert = load(Expert, {"misread": misread, "prints": prints}, source="expert")
     except ConfigError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
 
     async def go() -> int:
         made = 0
@@ -124,8 +119,7 @@ def demos(
     try:
         made = asyncio.run(go())
     except (NotImplementedError, RuntimeError, KeyError, ValueError) as e:
-        err.print(f"[red]{type(e).__name__}: {e}[/red]")
-        raise typer.Exit(1) from None
+        fail(f"{type(e).__name__}: {e}", 1)
     out.print(f"wrote {made} demonstrations to {out_file}")
 
 
@@ -146,7 +140,6 @@ def init(
 
     presets = {"default": ARCHITECTURE, "tiny": {}}
     if preset not in presets:
-        err.print(f"[red]unknown preset {preset!r}; choose one of {sorted(presets)}[/red]")
-        raise typer.Exit(2)
+        fail(f"unknown preset {preset!r}; choose one of {sorted(presets)}")
     save_tiny(path, "qwen3_moe", seed=seed, **presets[preset])
     out.print(f"wrote {path}")

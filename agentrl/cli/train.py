@@ -10,14 +10,18 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-out = Console()
-err = Console(stderr=True)
+from agentrl.cli.console import err, error, fail, out
+
+if TYPE_CHECKING:
+    from agentrl.eval import EvalResult
+    from agentrl.runs import RunDir
+    from agentrl.train.build import LoopState
+    from agentrl.train.run_config import RunConfig
 
 
 def configs_dir() -> Path:
@@ -31,7 +35,7 @@ def configs_dir() -> Path:
     raise FileNotFoundError(f"configs/ not found next to {pkg}: broken install?")
 
 
-def resolve_config(env: str | None, config: Path | None, sets: list[str], resume: Path | None):
+def resolve_config(env: str | None, config: Path | None, sets: list[str], resume: Path | None) -> RunConfig:
     """The run's config: a recipe (--config, else configs/ENV.yaml if there is one), --env, then --set on top.
     With --resume, the run folder's own config.yaml, with --set on top (e.g. more iterations)."""
     from agentrl.config import load, merge, parse_sets, read_yaml
@@ -71,19 +75,24 @@ def train(
     """
     from agentrl.config import ConfigError
     from agentrl.runs import RunDir
-    from agentrl.train.loop import broadcast
+    from agentrl.train.build import broadcast
     from agentrl.train.policy import init_distributed, shutdown_distributed
 
     try:
         cfg = resolve_config(env, config, set_, resume)
     except (ConfigError, ValueError) as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        fail(e)
+    # Before any process group or Ray actor: what this machine cannot run. Every rank checks alike
+    # (torchrun's RANK); rank 0 alone says so, and alone checks Docker and the image (and builds it).
+    rank0 = os.environ.get("RANK", "0") == "0"
+    problems = preflight(cfg, docker=rank0, build_image=build_image)
+    if problems:
+        for p in problems if rank0 else []:
+            error(f"✗ {p}")
+        raise typer.Exit(2)
     lead = init_distributed(cfg.model)
     try:
-        ready = True
-        if lead:  # checks and the run folder: once, on rank 0
-            ready = _prepare(cfg, resume, build_image)
+        ready = _create_run_folder(cfg, resume) if lead else True
         ready, cfg.out = broadcast((ready, cfg.out))
         if not ready:
             raise typer.Exit(2)
@@ -101,25 +110,14 @@ def train(
         shutdown_distributed()
 
 
-def _prepare(cfg: Any, resume: Path | None, build_image: bool) -> bool:
-    """Rank 0, before anything starts: the env and its settings, Docker and the image, Ray, the model, the
-    run folder. Prints what is wrong and returns False."""
+def _create_run_folder(cfg: RunConfig, resume: Path | None) -> bool:
+    """Rank 0: the run folder (runs/ENV-DATE-TIME unless `out` is set), with the resolved config."""
     from agentrl.runs import RunDir
 
-    try:
-        _check_env(cfg)
-    except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
-        err.print(f"[red]rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}[/red]")
-        return False
-    problems = preflight(cfg, build_image=build_image)
-    for p in problems:
-        err.print(f"[red]✗[/red] {p}")
-    if problems:
-        return False
     run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     cfg.out = str(run.path)
     if resume is None and run.path.exists() and any(run.path.iterdir()):
-        err.print(f"[red]{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...[/red]")
+        error(f"{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...")
         return False
     run.create(cfg.model_dump(mode="json"))
     out.print(f"run folder: {run.path}")
@@ -133,16 +131,15 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=
     try:
         plots, summary = make_report(run_dir)
     except FileNotFoundError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
+        fail(e, 1)
     out.print(summary)
     out.print(f"plots: {plots}")
 
 
-async def _run(cfg: Any, run: Any, resume: bool, lead: bool) -> Any:
+async def _run(cfg: RunConfig, run: RunDir, resume: bool, lead: bool) -> LoopState:
     from transformers.utils import logging as transformers_logging
 
-    from agentrl.train.loop import Quiet
+    from agentrl.train.build import Quiet
     from agentrl.train.loop import train as train_loop
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -199,7 +196,7 @@ class RichDisplay:
         self.progress.console.print(line)
         self.progress.update(self.task, completed=m["iteration"] + 1, last=f"v{m['policy_version']}")
 
-    def evaluation(self, r: Any) -> None:
+    def evaluation(self, r: EvalResult) -> None:
         self.progress.console.print(
             f"[bold cyan]held-out @ iteration {r.iteration}: success {r.success_rate:.1%} "
             f"({r.successes}/{r.scored}), mean return {r.mean_return:.3f}"
@@ -211,39 +208,12 @@ class RichDisplay:
         self.progress.console.print(f"[yellow]{text}[/yellow]")
 
 
-def _check_env(cfg: Any) -> None:
-    """The env exists and takes these env_kwargs (its own config validates them), before anything starts."""
-    import importlib
-
-    import agentrl
-
-    module, _, name = cfg.rollout.env.rpartition(":")
-    if module:  # "module:name": importing the module registers the env
-        importlib.import_module(module)
-    agentrl.make(name, **cfg.rollout.env_kwargs).close()
-
-
-def preflight(cfg: Any, *, build_image: bool) -> list[str]:
-    """What the run needs, checked up front: each problem comes back with what to do about it."""
-    problems = []
-    from agentrl.sandbox import SandboxError
-    from agentrl.sandbox import image as sandbox_image
-    from agentrl.sandbox.docker_sandbox import docker_client
-
-    try:
-        client = docker_client()
-    except SandboxError as e:
-        problems.append(f"Docker engine: {e}. Start it (sudo dockerd &, or systemctl start docker) "
-                        "or run bash scripts/setup.sh, which installs and starts one.")  # fmt: skip
-        client = None
-    if client is not None:
-        tag = sandbox_image.image_tag()
-        if not sandbox_image.image_exists(client, tag):
-            question = f"The sandbox image {tag} is missing. Build it now (about a minute, offline if need be)?"
-            if build_image or (sys.stdin.isatty() and typer.confirm(question, default=True)):
-                sandbox_image.ensure_image(client, log=lambda m: err.print(m))
-            else:
-                problems.append(f"sandbox image {tag} is missing: run `agentrl sandbox build` (or pass --build-image)")
+def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False) -> list[str]:
+    """What the run needs, checked before anything starts: each problem comes back with what to do about it.
+    `docker`: check the engine and the image too (building it if asked)."""
+    problems = _check_env(cfg) + _check_model(cfg) + _check_engine(cfg)
+    if docker:
+        problems += _check_docker(build_image)
     if cfg.rollout.ray_address:
         host, _, port = cfg.rollout.ray_address.removeprefix("ray://").rpartition(":")
         try:
@@ -251,11 +221,55 @@ def preflight(cfg: Any, *, build_image: bool) -> list[str]:
         except (OSError, ValueError) as e:
             problems.append(f"Ray cluster at {cfg.rollout.ray_address} does not answer ({e}): start it "
                             "(ray start --head) or drop rollout.ray_address to run Ray locally")  # fmt: skip
-    problems += _check_model(cfg)
     return problems
 
 
-def _check_model(cfg: Any) -> list[str]:
+def _check_env(cfg: RunConfig) -> list[str]:
+    """The env exists and takes these env_kwargs (its own config validates them)."""
+    import importlib
+
+    import agentrl
+
+    module, _, name = cfg.rollout.env.rpartition(":")
+    try:
+        if module:  # "module:name": importing the module registers the env
+            importlib.import_module(module)
+        agentrl.make(name, **cfg.rollout.env_kwargs).close()
+    except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
+        return [f"rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}"]
+    return []
+
+
+def _check_engine(cfg: RunConfig) -> list[str]:
+    """The engine can run here (vLLM installed and a GPU; a server answering)."""
+    from agentrl.engine import engine_class
+
+    why = engine_class(cfg.engine.kind).unavailable(cfg.engine)
+    return [f"engine.kind={cfg.engine.kind}: {why}"] if why else []
+
+
+def _check_docker(build_image: bool) -> list[str]:
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandbox import image as sandbox_image
+    from agentrl.sandbox.docker_sandbox import docker_client
+
+    try:
+        client = docker_client()
+    except SandboxError as e:
+        return [f"Docker engine: {e}. Start it (sudo dockerd &, or systemctl start docker) "
+                "or run bash scripts/setup.sh, which installs and starts one."]  # fmt: skip
+    tag = sandbox_image.image_tag()
+    if not sandbox_image.image_exists(client, tag):
+        question = f"The sandbox image {tag} is missing. Build it now (about a minute, offline if need be)?"
+        if build_image or (sys.stdin.isatty() and typer.confirm(question, default=True)):
+            sandbox_image.ensure_image(client, log=lambda m: err.print(m))
+        else:
+            return [f"sandbox image {tag} is missing: run `agentrl sandbox build` (or pass --build-image)"]
+    return []
+
+
+def _check_model(cfg: RunConfig) -> list[str]:
+    """A local Hugging Face folder, or a hub id this machine has cached or can download."""
     from agentrl.models.default import resolve_path
 
     try:
@@ -266,6 +280,21 @@ def _check_model(cfg: Any) -> list[str]:
         if (Path(path) / "config.json").exists():
             return []
         return [f"model: {path} has no config.json (not a Hugging Face folder)"]
-    if path.startswith((".", "/")) or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return [f"model: no folder {path} (and hub ids cannot be fetched offline)"]
-    return []  # a hub id: from_pretrained fetches it (needs network)
+    if path.startswith((".", "/")) or path.count("/") > 1:
+        return [f"model: no folder {path}"]
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return []  # downloaded before: from_pretrained reads the cache
+    fix = (f"download it where the hub is reachable (huggingface-cli download {path} --local-dir DIR), copy DIR "
+           "here and set model.path=DIR")  # fmt: skip
+    if constants.HF_HUB_OFFLINE:
+        return [f"model: {path} is a hub id, not a folder here, and HF_HUB_OFFLINE is set: {fix}"]
+    import httpx
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=5)
+    except httpx.HTTPError as e:
+        return [f"model: {path} is a hub id, not a folder here, and the hub ({constants.ENDPOINT}) does not "
+                f"answer ({type(e).__name__}): {fix}"]  # fmt: skip
+    return []

@@ -4,7 +4,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from agentrl.cli.console import fail, out
 
 
 def view(
@@ -24,7 +25,6 @@ def view(
     try:
         Folder(folder)
     except FileNotFoundError as e:
-        Console(stderr=True).print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
-    Console().print(f"agentrl view: http://127.0.0.1:{port}/  ({folder}; Ctrl-C to stop)")
+        fail(e)
+    out.print(f"agentrl view: http://127.0.0.1:{port}/  ({folder}; Ctrl-C to stop)")
     serve(folder, port=port)

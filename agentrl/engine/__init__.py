@@ -1,8 +1,11 @@
-"""Inference engines by name, imported only when asked for (as Gymnasium registers envs).
+"""Inference engines by name, imported only when asked for (as Gymnasium registers envs), and the one
+factory every command builds them with.
 
 Built in: `hf` (transformers, CPU or GPU), `vllm` (in-process vLLM, GPU, extra `agentrl[vllm]`),
 `openai` (any OpenAI-compatible server over HTTP, `agentrl serve` included). Other packages add
-engines through the entry-point group `agentrl.engines` (`name = "pkg.module:Class"`).
+engines through the entry-point group `agentrl.engines` (`name = "pkg.module:Class"`, a class
+implementing `InferenceEngine.from_config`); `agentrl train` (`engine.kind`) and `agentrl eval`
+(`--engine`) then build them like the built-in ones.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
-from typing import Any
 
-from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import Capabilities, ContextTooLong, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.config import EngineConfig, EngineModel
 
 ENTRY_POINT_GROUP = "agentrl.engines"
 
@@ -35,8 +38,9 @@ def register_engine(name: str, entry_point: str) -> None:
     ENGINES[name] = entry_point
 
 
-def engine_class(name: str) -> type[InferenceEngine]:
-    """The engine class registered under `name` (imported now)."""
+def engine_entry_point(name: str) -> str:
+    """`"package.module:Class"` of the engine registered under `name` (built in, registered, or from the
+    entry points of installed packages); an unknown name names the known ones and a close match."""
     if name not in ENGINES:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             ENGINES.setdefault(ep.name, ep.value)
@@ -44,23 +48,32 @@ def engine_class(name: str) -> type[InferenceEngine]:
         close = difflib.get_close_matches(name, ENGINES, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise EngineNotFound(f"no engine named {name!r}.{hint} Known engines: {', '.join(sorted(ENGINES))}")
-    module, _, attr = ENGINES[name].partition(":")
+    return ENGINES[name]
+
+
+def engine_class(name: str) -> type[InferenceEngine]:
+    """The engine class registered under `name` (imported now)."""
+    module, _, attr = engine_entry_point(name).partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def make_engine(name: str, **kwargs: Any) -> InferenceEngine:
-    """`make_engine("openai", base_url="http://127.0.0.1:8000")`: the engine's constructor gets `kwargs`."""
-    return engine_class(name)(**kwargs)
+def build_engine(cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> InferenceEngine:
+    """The engine `cfg` names, serving `model`, from policy `version` on (not started: `async with` it)."""
+    return engine_class(cfg.kind).from_config(cfg, model, version=version, seed=seed)
 
 
 __all__ = [
     "ENGINES",
+    "Capabilities",
     "ContextTooLong",
+    "EngineConfig",
+    "EngineModel",
     "EngineNotFound",
     "Generation",
     "InferenceEngine",
     "SamplingParams",
+    "build_engine",
     "engine_class",
-    "make_engine",
+    "engine_entry_point",
     "register_engine",
 ]

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.engine.config import EngineConfig, EngineModel
+
 FinishReason = Literal["stop", "length", "aborted"]
+WeightUpdate = Literal["full", "lora"]
 
 
 class SamplingParams(BaseModel):
@@ -64,6 +70,25 @@ class Generation:
         assert len(self.token_ids) == len(self.logprobs) == len(self.versions), "per-token lists differ in length"
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine declares about itself, so that callers (weight sync, the training loop) read a
+    field instead of probing the engine. Valid once the engine has started (`start()`)."""
+
+    weight_updates: frozenset[WeightUpdate] = frozenset({"full"})
+    """the tensors `update_weights` accepts: a full state dict, a LoRA adapter (empty: none, only the
+    version moves, e.g. a foreign server whose weights change by other means)"""
+    shares_module: bool = False
+    """it samples with the very module it was built with (the learner's own, in one process): an update
+    is made in place, inside `paused()`, and `update_weights()` with no tensors only moves the version"""
+    pausable: bool = False
+    """`paused()` holds the decode loop: no step runs inside it"""
+    dtype: str | None = None
+    """the dtype it samples with ("float32", "bfloat16", ...); None: not known here (a remote server)"""
+    records_routing: bool = False
+    """MoE models: each `Generation` carries `routed_experts`"""
+
+
 class ContextTooLong(ValueError):
     """The prompt plus `max_tokens` does not fit the model's context: refused before the model."""
 
@@ -72,6 +97,11 @@ class InferenceEngine(ABC):
     """Generates from token ids; takes weight updates; aborts requests.
 
     Contract for every engine (set `name` and `logprob_semantics` in ALL subclasses):
+    - `from_config(cfg, model, version=, seed=)` builds it from an `EngineConfig` (what `build_engine`,
+      and so `agentrl train`, `eval` and `serve`, call); `start()` readies it (connects, for a client)
+      and is safe to call again; `async with` starts it.
+    - `capabilities` declares the weight updates it takes, its dtype, whether it records routing
+      and whether it can pause; nothing outside the engine package inspects an engine otherwise.
     - `generate(prompt_ids, params, request_id=)` returns a `Generation`. Generated ids are
       never detokenised and re-encoded. A request whose prompt plus `max_tokens` exceeds
       `max_context` raises `ContextTooLong` without touching the model.
@@ -79,12 +109,40 @@ class InferenceEngine(ABC):
       far with finish reason "aborted". Unknown or finished ids are ignored.
     - `update_weights(state_dict=..., lora=...)` installs new weights between two decode
       steps and returns the new policy version (old version + 1). Requests in flight keep
-      going; their later tokens carry the new version.
+      going; their later tokens carry the new version. With neither (an engine that shares its
+      module, or whose weights changed by other means) only the version moves.
+    - `paused()`, where `capabilities.pausable`: no decode step runs inside the block.
     - `close()` releases the engine; safe to call twice. `async with` closes it too.
     """
 
     name: ClassVar[str]
     logprob_semantics: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0,
+                    seed: int = 0) -> InferenceEngine:  # fmt: skip
+        """The engine `cfg` describes, serving `model`, starting at policy `version`. An engine from another
+        package implements this to be usable from `agentrl train` and `agentrl eval` (its own settings
+        arrive in `cfg.options`)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from an EngineConfig: implement from_config")
+
+    @classmethod
+    def unavailable(cls, cfg: EngineConfig) -> str | None:
+        """Why this engine cannot run here with `cfg` (a missing package, no GPU, a server that does not
+        answer), with what to do; None when nothing is known to stop it. Cheap: checked before a run starts."""
+        return None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this engine takes and does (the defaults: full state dicts, nothing else)."""
+        return Capabilities()
+
+    async def start(self) -> None:  # noqa: B027 (optional hook: most engines are ready once built)
+        """Ready the engine (a client connects); later calls return at once. Nothing to do by default."""
+
+    def paused(self) -> AbstractContextManager[None]:
+        """No decode step runs inside this block (for an in-place update of a shared module)."""
+        raise NotImplementedError(f"the {self.name} engine cannot pause (capabilities.pausable is False)")
 
     @property
     @abstractmethod
@@ -122,6 +180,7 @@ class InferenceEngine(ABC):
             )
 
     async def __aenter__(self) -> InferenceEngine:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -21,18 +21,17 @@ version) and the futures are `agentrl.engine.threaded`'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.cache_utils import Cache
 
-from agentrl.engine.base import SamplingParams
+from agentrl.engine.base import Capabilities, SamplingParams
+from agentrl.engine.config import EngineConfig, EngineModel
 from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
@@ -49,11 +48,12 @@ class _Request(Request):
 
 
 class HFEngine(ThreadedEngine):
-    """The embedded engine. Pass the trainer's own module to share its weights (no copy).
+    """The embedded engine, sampling with the transformers module it is given.
 
-    With a shared module the trainer changes weights in place: it wraps the change in
-    `with engine.paused():` (no decode step runs meanwhile) and then calls
-    `await engine.update_weights()` with no arguments, which only bumps the version.
+    `shared=True`: the module is the trainer's own (no copy). The trainer changes its weights in
+    place, wrapped in `with engine.paused():` (no decode step runs meanwhile), and then calls
+    `await engine.update_weights()` with no arguments, which only moves the version. Otherwise the
+    engine owns its module and takes full state dicts, and LoRA adapters when it is a peft model.
     """
 
     name = "hf"
@@ -62,11 +62,13 @@ class HFEngine(ThreadedEngine):
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
                  prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0,
-                 version: int = 0) -> None:  # fmt: skip
+                 version: int = 0, shared: bool = False) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
         self.model = model
+        self.shared = shared
+        self._lora = hasattr(model, "peft_config")  # a peft model: its adapters take LoRA updates
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
@@ -102,9 +104,29 @@ class HFEngine(ThreadedEngine):
         return torch.stack(self._routers, 1)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs) -> HFEngine:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
-        return cls(model, **kwargs)
+    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> HFEngine:
+        """Samples with `model.module` when given (shared), else with its own copy loaded from `model.path`
+        (in `cfg.dtype`, auto: float32), with `model.lora`'s adapters when the policy trains LoRA."""
+        if model.module is not None:
+            module, shared = model.module, True
+        else:
+            from agentrl.models.lora import with_lora
+
+            dtype = torch.float32 if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+            module, shared = AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype), False
+            if model.lora is not None:
+                module = with_lora(module, model.lora)
+            module = module.to(model.device)
+        return cls(module.eval(), max_batch_size=cfg.max_batch_size, prefix_cache_tokens=cfg.prefix_cache_tokens,
+                   record_routing=cfg.record_routing, seed=seed, version=version, shared=shared)  # fmt: skip
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            weight_updates=frozenset({"full", "lora"} if self._lora else {"full"}), shares_module=self.shared,
+            pausable=True, dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            records_routing=self._routers is not None,
+        )  # fmt: skip
 
     # -- requests --------------------------------------------------------------------
 
@@ -115,12 +137,6 @@ class HFEngine(ThreadedEngine):
         return _Request(id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(),
                         generator=generator)  # fmt: skip
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No decode step runs inside this block (for in-place updates of a shared model)."""
-        with self._lock:
-            yield
-
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
                              lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
         return await asyncio.to_thread(self._install, state_dict, lora)
@@ -128,11 +144,13 @@ class HFEngine(ThreadedEngine):
     def _install(self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None) -> int:
         if state_dict is not None and lora is not None:
             raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
+        if state_dict is None and lora is None and not self.shared:
+            raise ValueError("this engine holds its own weights: pass the new state_dict or LoRA adapter")
         with self._lock, torch.no_grad():
             if lora is not None:
-                from peft import PeftModel, set_peft_model_state_dict
+                from peft import set_peft_model_state_dict
 
-                if not isinstance(self.model, PeftModel):
+                if not self._lora:
                     raise ValueError(
                         "a LoRA update needs the engine's model to be a peft PeftModel "
                         "(agentrl serve: start it with --lora-rank)"

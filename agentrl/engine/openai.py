@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 import httpx
 import torch
 
-from agentrl.engine.base import ContextTooLong, FinishReason, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import (
+    Capabilities,
+    ContextTooLong,
+    FinishReason,
+    Generation,
+    InferenceEngine,
+    SamplingParams,
+)
+from agentrl.engine.config import EngineConfig, EngineModel
 from agentrl.engine.protocol import Completion, CompletionChoice, CompletionRequest, ModelList, PolicyVersion
 
 MAX_BACKOFF_S = 8.0
@@ -117,6 +125,29 @@ class OpenAIEngine(InferenceEngine):
         self._agentrl: bool | None = None  # whether the server is agentrl serve; None until connected
         self._connecting = asyncio.Lock()
         self._inflight: dict[str, _Pending] = {}
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> OpenAIEngine:
+        """A client of `cfg.base_url`; the server holds the weights (and reports its own policy version)."""
+        return cls(cfg.base_url, cfg.served_model)
+
+    @classmethod
+    def unavailable(cls, cfg: EngineConfig) -> str | None:
+        url = f"{cfg.base_url.rstrip('/').removesuffix('/v1')}/v1/models"
+        try:
+            httpx.get(url, timeout=5).raise_for_status()
+        except httpx.HTTPError as e:
+            return f"{url} does not answer ({type(e).__name__}: {e}): start the server (agentrl serve --model DIR)"
+        return None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """agentrl serve takes full state dicts and LoRA adapters (if started with --lora-rank); another
+        server's weights change by other means: `update_weights()` with no tensors only moves the version."""
+        return Capabilities(weight_updates=frozenset({"full", "lora"} if self._agentrl else ()))
+
+    async def start(self) -> None:
+        await self.connect()
 
     @property
     def version(self) -> int:

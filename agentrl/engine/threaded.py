@@ -14,6 +14,7 @@ import threading
 import uuid
 from abc import abstractmethod
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -58,6 +59,12 @@ class ThreadedEngine(InferenceEngine):
     @property
     def max_context(self) -> int:
         return self._max_context
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No engine step runs inside this block (capabilities.pausable)."""
+        with self._lock:
+            yield
 
     # -- hooks (engine thread unless said otherwise) ---------------------------------
 

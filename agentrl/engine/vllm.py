@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import itertools
 import os
 import shutil
@@ -38,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.engine.base import FinishReason, SamplingParams
+from agentrl.engine.base import Capabilities, FinishReason, SamplingParams
+from agentrl.engine.config import EngineConfig, EngineModel
 from agentrl.engine.threaded import Request, ThreadedEngine
 
 if TYPE_CHECKING:
@@ -96,15 +98,37 @@ class VLLMEngine(ThreadedEngine):
         super().__init__(int(self._engine.model_config.max_model_len), version=version)
         self._model_path = model  # its config gives the checkpoint layout of full weight updates
         self._lora_config = lora
+        self._dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
         self._lora_dir = Path(tempfile.mkdtemp(prefix="agentrl-vllm-lora-")) if lora is not None else None
         self._lora_request = None  # the adapter of the current version; None: the base weights
         self._vllm_ids = itertools.count()
         self._running: dict[str, _Request] = {}  # by vllm_id: the requests vLLM holds
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "auto", max_batch_size: int = 256,
-                        **kwargs: Any) -> VLLMEngine:  # fmt: skip
-        return cls(path, dtype=dtype, max_batch_size=max_batch_size, **kwargs)
+    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> VLLMEngine:
+        """vLLM loads `model.path` itself (a shared module cannot be sampled by it); with `model.lora` it serves
+        the same adapters, so that it takes LoRA updates."""
+        _require_vllm()
+        lora = None
+        if model.lora is not None:
+            from agentrl.models.lora import peft_config
+
+            lora = peft_config(model.lora, _meta_model(model.path))
+        return cls(model.path, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, seed=seed, version=version,
+                   lora=lora, **cfg.vllm)  # fmt: skip
+
+    @classmethod
+    def unavailable(cls, cfg: EngineConfig) -> str | None:
+        if importlib.util.find_spec("vllm") is None:
+            return INSTALL_HINT
+        if not torch.cuda.is_available():
+            return "vLLM needs an NVIDIA GPU and none is visible here: use engine.kind=hf on this machine"
+        return None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        updates = {"full", "lora"} if self._lora_config is not None else {"full"}
+        return Capabilities(weight_updates=frozenset(updates), pausable=True, dtype=self._dtype)
 
     # -- requests --------------------------------------------------------------------
 

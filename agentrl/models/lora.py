@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
     from torch import nn
     from transformers import PreTrainedModel
 
@@ -33,7 +34,15 @@ class LoraSettings(BaseModel):
 
 def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
     """A peft model whose only trainable parameters are the adapters."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config(lora, model))
+
+
+def peft_config(lora: LoraSettings, model: nn.Module) -> LoraConfig:
+    """peft's `LoraConfig` of these settings on `model` (its parameter names say where the experts are;
+    a meta-device model is enough)."""
+    from peft import LoraConfig
 
     target_parameters = None
     if lora.experts:
@@ -41,6 +50,5 @@ def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
         target_parameters = [p for p in EXPERT_PARAMETERS if any(n.endswith(p) for n in names)]
         if not target_parameters:
             raise ValueError(f"lora.experts: the model has no fused expert parameters ({', '.join(EXPERT_PARAMETERS)})")
-    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip
-    return get_peft_model(model, cfg)
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip

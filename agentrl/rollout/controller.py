@@ -167,6 +167,7 @@ class RolloutController:
         self._started_ray = False
 
     async def start(self) -> RolloutController:
+        await self.engine.start()  # a client learns its server's context length (idempotent)
         if not ray.is_initialized():
             ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
             self._started_ray = True

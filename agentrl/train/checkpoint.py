@@ -21,8 +21,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoModelForCausalLM
 
-from agentrl.train.policy import causal_lm
-from agentrl.train.trainer import Scorer, Trainer, full_state_dict
+from agentrl.train.policy import causal_lm, full_state_dict, is_lora
+from agentrl.train.scoring import Scorer
+from agentrl.train.trainer import Trainer
 
 
 def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
@@ -70,7 +71,7 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
     if not dist.is_initialized() or dist.get_rank() == 0:
         config = causal_lm(scorer.policy).config
         model = AutoModelForCausalLM.from_config(config)
-        if hasattr(scorer.policy, "peft_config"):
+        if is_lora(scorer.policy):
             from peft import get_peft_model
 
             model = get_peft_model(model, scorer.policy.peft_config["default"])

@@ -8,39 +8,14 @@ resolved config is saved in the run folder as `config.yaml`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
+from agentrl.engine.config import EngineConfig
 from agentrl.eval import EvalConfig
 from agentrl.rollout import RolloutConfig
 from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig, _Strict
-
-
-class EngineConfig(_Strict):
-    kind: Literal["hf", "vllm", "openai"] = "hf"
-    """hf: transformers in this process (on one process it samples with the trainer's own weights, no copy);
-    vllm: in-process vLLM (GPU, pip install agentrl[vllm]); openai: an OpenAI-compatible server at base_url"""
-    max_batch_size: int = Field(64, ge=1)
-    """requests decoded together (hf, vllm)"""
-    prefix_cache_tokens: int = Field(65536, ge=0)
-    """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
-    record_routing: bool = False
-    """hf, MoE: record each generated token's top-k experts per layer in its trajectory (`routed_experts`)"""
-    base_url: str | None = None
-    """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
-    vllm: dict[str, Any] = Field(default_factory=dict)
-    """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
-
-    @model_validator(mode="after")
-    def _check(self) -> EngineConfig:
-        if (self.kind == "openai") != (self.base_url is not None):
-            raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
-        if self.record_routing and self.kind != "hf":
-            raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
-        if self.vllm and self.kind != "vllm":
-            raise ValueError("engine.vllm settings need engine.kind=vllm")
-        return self
 
 
 class CheckpointConfig(_Strict):

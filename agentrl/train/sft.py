@@ -32,7 +32,8 @@ from agentrl.rollout.chat import ChatFormat
 from agentrl.train.config import ModelConfig, _Strict, lr_factor
 from agentrl.train.logprobs import PLAIN_SOFTMAX
 from agentrl.train.policy import causal_lm, load_policy, prepare, train_device
-from agentrl.train.trainer import Scorer, clip_grad_norm, router_aux_loss
+from agentrl.train.scoring import Scorer
+from agentrl.train.trainer import clip_grad_norm, router_aux_loss
 
 
 class SFTConfig(_Strict):

@@ -9,23 +9,7 @@ from typing import Any
 
 from agentrl.rollout import Group, Trajectory
 from agentrl.runs import RunDir, TrainedView, append_jsonl, write_trajectories
-from agentrl.train.batch import TrainBatch
 from agentrl.train.run_config import LogConfig
-from agentrl.train.trainer import RowStats
-
-
-def trained_views(batch: TrainBatch, rows: dict[int, RowStats]) -> dict[str, TrainedView]:
-    """By episode id, what the update saw of every row of `batch` that `Trainer.update` recorded
-    (`Record.stats`), per token aligned with the trajectory's ids and rounded (a record)."""
-    views = {}
-    for i, r in rows.items():
-        n = len(r.logprobs)
-        views[batch.episode_ids[i]] = TrainedView(
-            advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
-            trainer_logprobs=[round(x, 4) for x in r.logprobs], ratio=r.ratio, clipped=r.clipped,
-            minibatch=r.minibatch,
-        )  # fmt: skip
-    return views
 
 
 class Tracker:

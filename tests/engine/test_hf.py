@@ -116,7 +116,7 @@ async def test_prefix_cache_reuses_earlier_turns_and_keeps_parity(arch):
             *(eng.generate(p, params.model_copy(update={"seed": i})) for i, p in enumerate(prompts))
         )
 
-    async with HFEngine(model) as eng, HFEngine(model, prefix_cache_tokens=0) as ref:
+    async with HFEngine(model, shared=True) as eng, HFEngine(model, prefix_cache_tokens=0) as ref:
         prompts = [system + tok.encode(f" task {i}") for i in range(3) for _ in range(2)]  # 3 groups of 2
         gens = await turn(eng, prompts)
         # however the requests fell into batches, the shared system prompt is prefilled once (same batch:
@@ -215,7 +215,7 @@ async def test_lora_update_and_shared_weights():
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     prompt = load_tokenizer().encode("print(")
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
-    async with HFEngine(model) as eng:
+    async with HFEngine(model, shared=True) as eng:
         before = await eng.generate(prompt, greedy)
         adapter = {k: torch.randn_like(v) * 0.5 for k, v in get_peft_model_state_dict(model).items()}
         assert await eng.update_weights(lora=adapter) == 1

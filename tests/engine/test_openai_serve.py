@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from agentrl.cli import app as cli
-from agentrl.engine import ContextTooLong, SamplingParams
+from agentrl.engine import ContextTooLong, EngineConfig, EngineModel, SamplingParams, build_engine
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.openai import OpenAIEngine, RequestRejected, ServerUnavailable
 from agentrl.models.tiny import save_tiny, tiny_model
@@ -87,7 +87,7 @@ def url(model_dir):
 @pytest.fixture(scope="module")
 async def local(model_dir):
     """The same checkpoint in process: the reference the HTTP path must match."""
-    engine = HFEngine.from_pretrained(model_dir)
+    engine = build_engine(EngineConfig(), EngineModel(str(model_dir)))
     yield engine
     await engine.close()
 
@@ -294,10 +294,11 @@ def test_serve_needs_a_model():
     [
         (["--tiny", "llama", "--lora-rank", "4", "--lora-experts"], "no fused expert parameters"),
         (["--tiny", "qwen3_moe", "--lora-rank", "-1"], "greater than or equal to 1"),
-        (["--tiny", "qwen3_moe", "--lora-rank", "4", "--engine", "vllm"], "--lora-rank needs --engine hf"),
+        (["--tiny", "qwen3_moe", "--lora-rank", "4", "--engine", "vllm"], "pip install 'agentrl[vllm]'"),
+        (["--tiny", "qwen3_moe", "--engine", "vlm"], "Did you mean 'vllm'?"),
     ],
 )
-def test_serve_refuses_a_bad_lora_shape_in_one_line(args, says):
+def test_serve_refuses_a_bad_setting_in_one_line(args, says):
     result = CliRunner().invoke(cli, ["serve", *args])
     assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
 
@@ -309,7 +310,8 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     from agentrl.train.batch import TrainBatch
     from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import load_policy
-    from agentrl.train.trainer import Trainer, sync_weights
+    from agentrl.train.trainer import Trainer
+    from agentrl.train.weight_sync import weight_sync
 
     model = ModelConfig(path=str(model_dir), lora=LoraSettings(rank=4, alpha=8, experts=True) if lora else None)
     trainer = Trainer(TrainerConfig(model=model, optim=OptimConfig(lr=1e-2, minibatches=1)), load_policy(model))
@@ -327,7 +329,7 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     try:
         async with OpenAIEngine(wait_for_url(proc)) as remote:
             before = await remote.generate(prompt, greedy)
-            assert await sync_weights(trainer, remote) == 1
+            assert await weight_sync(trainer, remote).push() == 1
             after = await remote.generate(prompt, greedy)
     finally:
         stop_server(proc, signal.SIGINT)

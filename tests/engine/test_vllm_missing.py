@@ -6,14 +6,15 @@ import importlib.util
 
 import pytest
 
-from agentrl.engine import make_engine
+from agentrl.engine import EngineConfig, EngineModel, build_engine
 from agentrl.engine.vllm import VLLMEngine
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 
 
 @pytest.mark.parametrize(
-    "build", [lambda: make_engine("vllm", model="some/model"), lambda: VLLMEngine.from_pretrained("some/model")]
+    "build",
+    [lambda: build_engine(EngineConfig(kind="vllm"), EngineModel("some/model")), lambda: VLLMEngine("some/model")],
 )
 def test_missing_vllm_names_the_extra(build):
     with pytest.raises(ImportError, match=r"pip install 'agentrl\[vllm\]'"):

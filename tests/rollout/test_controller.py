@@ -186,7 +186,7 @@ async def test_budgets_truncate_before_the_model(ray_local):
 
 async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local):
     model = tiny_model("qwen3_moe", seed=1)
-    engine = RecordingEngine(model)
+    engine = RecordingEngine(model, shared=True)  # a learner changes it in place
     # the iteration's token budget ends it mid-flight: all six episodes are parked
     cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, env_kwargs={"max_turns": 4},
                  sampling=SamplingParams(max_tokens=64), iteration_token_budget=300)  # fmt: skip
@@ -211,7 +211,7 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
 
 
 async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
-    engine = HFEngine(tiny_model("qwen3_moe", seed=1))
+    engine = HFEngine(tiny_model("qwen3_moe", seed=1), shared=True)  # a learner changes it in place
     cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=0,
                  iteration_token_budget=300, env_kwargs={"max_turns": 4},
                  sampling=SamplingParams(max_tokens=64))  # fmt: skip

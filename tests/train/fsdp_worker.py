@@ -18,8 +18,9 @@ from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import decoder_layers, init_distributed
-from agentrl.train.trainer import Trainer, full_state_dict, sync_weights
+from agentrl.train.policy import decoder_layers, full_state_dict, init_distributed
+from agentrl.train.trainer import Trainer
+from agentrl.train.weight_sync import weight_sync
 
 
 def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:
@@ -48,7 +49,7 @@ def second_batch() -> TrainBatch:
 async def synced_engine_state(trainer: Trainer) -> tuple[int, dict[str, torch.Tensor]]:
     """What `agentrl train` does next under torch.distributed: rank 0's engine copy takes the weights."""
     async with HFEngine(tiny_model("qwen3_moe", seed=0)) as engine:
-        version = await sync_weights(trainer, engine)
+        version = await weight_sync(trainer, engine).push()
         return version, {k: v.clone() for k, v in engine.model.state_dict().items()}
 
 

@@ -14,7 +14,8 @@ from agentrl.models.tiny import tiny_model
 from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import build_batch
 from agentrl.train.config import AlgoConfig, LoraSettings, ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.trainer import Trainer, sync_weights
+from agentrl.train.trainer import Trainer
+from agentrl.train.weight_sync import LoraAdapter, SharedModule, weight_sync
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
@@ -34,8 +35,10 @@ async def test_lora_update_reaches_a_separate_engine():
     prompt = fixed_batch().input_ids[0, :12].tolist()
     async with HFEngine(with_lora(tiny_model("qwen3_moe", seed=0), lora)) as engine:
         before = await engine.generate(prompt, GREEDY)
+        sync = weight_sync(trainer, engine)
+        assert type(sync) is LoraAdapter
         trainer.update(fixed_batch())
-        assert await sync_weights(trainer, engine) == 1
+        assert await sync.push() == 1
         after = await engine.generate(prompt, GREEDY)
     assert set(after.versions) == {1}
     torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
@@ -49,11 +52,13 @@ async def test_shared_module_needs_no_copy():
     policy = tiny_model("qwen3_moe", seed=0)
     trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=1e-2, minibatches=2)), policy)
     prompt = fixed_batch().input_ids[1, :12].tolist()
-    async with HFEngine(policy) as engine:
+    async with HFEngine(policy, shared=True) as engine:
         before = await engine.generate(prompt, GREEDY)
-        with engine.paused():  # no decode step sees half-updated weights
+        sync = weight_sync(trainer, engine)
+        assert type(sync) is SharedModule
+        with sync.updating():  # no decode step sees half-updated weights
             trainer.update(fixed_batch())
-        assert await sync_weights(trainer, engine) == 1
+        assert await sync.push() == 1
         after = await engine.generate(prompt, GREEDY)
     assert engine.model is policy and set(after.versions) == {1}
     torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
@@ -264,8 +269,8 @@ def test_gradients_are_clipped_to_max_grad_norm():
 async def test_the_run_config_turns_routing_records_on(tmp_path):
     """engine.record_routing: the run's hf engine returns each generated token's experts per layer."""
     from agentrl.config import load
+    from agentrl.engine import EngineModel, build_engine
     from agentrl.models.tiny import save_tiny
-    from agentrl.train.loop import build_engine
     from agentrl.train.policy import load_policy
     from agentrl.train.run_config import RunConfig
 
@@ -273,7 +278,8 @@ async def test_the_run_config_turns_routing_records_on(tmp_path):
     for record in (False, True):
         cfg = load(RunConfig, {"model": {"path": path}, "engine": {"record_routing": record}})
         trainer = Trainer(cfg.trainer(), load_policy(cfg.model))
-        async with build_engine(cfg, trainer, version=0) as engine:
+        async with build_engine(cfg.engine, EngineModel(path, module=trainer.policy)) as engine:
+            assert engine.capabilities.records_routing == record and engine.capabilities.shares_module
             gen = await engine.generate([5, 6, 7], SamplingParams(max_tokens=3))
         if record:
             layers, top_k = trainer.policy.config.num_hidden_layers, trainer.policy.config.num_experts_per_tok

@@ -1,0 +1,78 @@
+"""How to build an engine: `EngineConfig` (the `engine:` section of a run, `agentrl eval` and `agentrl serve`
+settings) and `EngineModel` (what it serves). `agentrl.engine.build_engine` takes both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentrl.models.lora import LoraSettings
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "hf"
+    """a registered engine: hf (transformers in this process; on one process it samples with the trainer's own
+    weights, no copy), vllm (in-process vLLM, GPU, pip install agentrl[vllm]), openai (an OpenAI-compatible server
+    at base_url), or one another installed package registers (entry-point group agentrl.engines)"""
+    max_batch_size: int = Field(64, ge=1)
+    """requests decoded together (hf, vllm)"""
+    prefix_cache_tokens: int = Field(65536, ge=0)
+    """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
+    record_routing: bool = False
+    """hf, MoE: record each generated token's top-k experts per layer in its trajectory (`routed_experts`)"""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """weights of an engine that loads its own copy: auto is float32 for hf (the learner's dtype) and the
+    checkpoint's for vllm; an engine sharing the learner's module samples in the learner's dtype"""
+    base_url: str | None = None
+    """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
+    served_model: str | None = None
+    """openai: the served model to ask for; None: the first the server lists"""
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """an engine from another package: its own settings, passed to its `from_config`"""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        from agentrl.engine import EngineNotFound, engine_entry_point
+
+        try:
+            engine_entry_point(kind)
+        except EngineNotFound as e:  # a ValueError, for pydantic: the message names the known ones and a close match
+            raise ValueError(str(e)) from None
+        return kind
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if (self.kind == "openai") != (self.base_url is not None):
+            raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
+        if self.served_model is not None and self.kind != "openai":
+            raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")
+        if self.record_routing and self.kind != "hf":
+            raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
+        if self.vllm and self.kind != "vllm":
+            raise ValueError("engine.vllm settings need engine.kind=vllm")
+        return self
+
+
+@dataclass
+class EngineModel:
+    """What an engine serves."""
+
+    path: str
+    """a Hugging Face folder (or hub id): its config and tokenizer, and its weights unless `module` is given"""
+    module: nn.Module | None = None
+    """live weights an in-process engine may sample with instead of loading a copy (the learner's own, in one
+    process: the engine then declares `capabilities.shares_module`); engines that hold their own weights ignore it"""
+    lora: LoraSettings | None = None
+    """the adapters the policy trains: an engine holding its own copy gets the same ones, to take LoRA updates"""
+    device: str = "cpu"
+    """where an in-process engine puts a copy it loads"""

@@ -1,0 +1,279 @@
+"""The setup of one `agentrl train` run, and the parts of an iteration that only rank 0 does.
+
+`build` makes every part once: the trainer (FSDP2 when torch.distributed is initialised), the
+loop state (from the latest checkpoint on resume), and on rank 0 the inference engine
+(`agentrl.engine.build_engine`), the rollout controller over env worker actors, the held-out
+evaluator and the tracker; then the weight sync for that engine. `Run`'s methods hide the rank
+handling from the loop: rank 0 rolls out, evaluates and logs, and what every rank needs (the
+batch, the rows to record, the policy version, a stop) is broadcast from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel
+from transformers import AutoTokenizer
+
+from agentrl.engine import EngineModel, InferenceEngine, build_engine
+from agentrl.eval import EvalResult, HeldOutEval, success
+from agentrl.eval.bench import run_bench
+from agentrl.models.default import resolve_path
+from agentrl.rollout import ChatFormat, ControllerState, RolloutBatch, RolloutController, Trajectory
+from agentrl.runs import RunDir
+from agentrl.train import checkpoint
+from agentrl.train.batch import TrainBatch, build_batch
+from agentrl.train.diagnostics import RowRecorder
+from agentrl.train.policy import load_policy
+from agentrl.train.run_config import RunConfig
+from agentrl.train.tracking import Tracker
+from agentrl.train.trainer import Trainer
+from agentrl.train.weight_sync import WeightSync, weight_sync
+
+T = TypeVar("T")
+
+
+class LoopState(BaseModel):
+    """What a checkpoint keeps of the loop (its `state.json`), besides the trainer's tensors."""
+
+    iteration: int = 0
+    """the next iteration to run (== iterations done)"""
+    policy_version: int = 0
+    elapsed_s: float = 0.0
+    controller: ControllerState | None = None
+    """the task cursor and the partial-rollout buffer"""
+
+
+class Display(Protocol):
+    def iteration(self, metrics: dict[str, Any]) -> None: ...
+    def evaluation(self, result: EvalResult) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class Quiet:
+    """Shows nothing (tests, ranks > 0)."""
+
+    def __enter__(self) -> Quiet:
+        return self
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def iteration(self, metrics: dict[str, Any]) -> None: ...
+    def evaluation(self, result: EvalResult) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class Lead:
+    """Rank 0's parts."""
+
+    engine: InferenceEngine
+    chat: ChatFormat
+    controller: RolloutController
+    held_out: HeldOutEval
+    tracker: Tracker
+    restore_dropped: int = 0
+    """parked episodes a resume could not rebuild, reported with the first iteration"""
+
+
+@dataclass
+class Rollout:
+    """One iteration's rollouts as the update takes them (`batch` on every rank; the rest on rank 0)."""
+
+    batch: TrainBatch | None
+    """None when there was nothing to learn from"""
+    recorder: RowRecorder | None
+    """the rows of the saved trajectories, recorded by the update"""
+    episodes: RolloutBatch | None = None
+    saved: list[Trajectory] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    folder: RunDir
+    trainer: Trainer
+    sync: WeightSync
+    state: LoopState
+    display: Display
+    stop: asyncio.Event
+    lead: Lead | None
+    """None on ranks > 0"""
+
+    # -- rank 0 works, every rank gets the result -------------------------------------
+
+    async def rollout(self, iteration: int) -> Rollout:
+        """Groups of episodes until enough are complete (the rest stay parked), then their advantages."""
+        if self.lead is None:
+            batch = broadcast(None)
+            return Rollout(batch, RowRecorder(broadcast(None), self.cfg.algo) if self.cfg.log.trajectories_per_iteration
+                           else None)  # fmt: skip
+        lead, batch, wanted = self.lead, None, set()
+        episodes = await self._stoppable(lead.controller.run_iteration(), lead.controller)
+        metrics = _rollout_metrics(iteration, episodes) | {"rollout/restore_dropped": lead.restore_dropped}
+        lead.restore_dropped = 0
+        try:
+            batch, info = build_batch(episodes.groups, self.cfg.algo)
+            metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
+        except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
+            self.display.message(f"iteration {iteration}: {e}; no update")
+        saved = lead.tracker.to_save(episodes.groups)
+        if batch is not None:
+            ids = {t.episode_id for t in saved}
+            wanted = {i for i, e in enumerate(batch.episode_ids) if e in ids}
+        batch = broadcast(batch)
+        recorder = RowRecorder(broadcast(wanted), self.cfg.algo) if self.cfg.log.trajectories_per_iteration else None
+        return Rollout(batch, recorder, episodes, saved, metrics)
+
+    async def push_weights(self) -> None:
+        """The new weights to the engine: policy version + 1 (every rank learns it)."""
+        self.state.policy_version = broadcast(await self.sync.push())
+
+    def stopping(self) -> bool:
+        return broadcast(self.stop.is_set())
+
+    # -- rank 0 only --------------------------------------------------------------------
+
+    async def evaluate(self, iteration: int, *, final: bool = False) -> None:
+        """Held-out success (greedy, the env's test split) and `eval.benchmarks`, on the current weights."""
+        if self.lead is None or (self.stop.is_set() and not final):
+            return
+        lead = self.lead
+        work = lead.held_out.run(iteration)
+        result = await (work if final else self._stoppable(work, lead.held_out.controller))
+        lead.tracker.log_eval(result.model_dump(exclude={"episodes"}))
+        self.display.evaluation(result)
+        for b in self.cfg.eval.benchmarks:
+            r = await run_bench(b, lead.engine, lead.chat)
+            lead.tracker.log_bench({"iteration": iteration, "env": b.env, **r.pass_at_k, "problems": r.problems,
+                                    "samples": r.samples, "infra_failed": r.infra_failed, "retried": r.retried,
+                                    "wall_s": r.wall_s})  # fmt: skip
+            scores = ", ".join(f"{k} {100 * v:.1f}%" for k, v in r.pass_at_k.items())
+            self.display.message(f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems "
+                                 f"({r.wall_s:.0f} s)")  # fmt: skip
+
+    def log(self, rollout: Rollout, update: dict[str, float], times: dict[str, float]) -> None:
+        """metrics.jsonl (and TensorBoard / W&B), the saved trajectories with what the update saw, the display."""
+        if self.lead is None:
+            return
+        s = self.state
+        metrics = rollout.metrics | {f"train/{k}": v for k, v in update.items()} | {"policy_version": s.policy_version}
+        metrics |= {f"time/{k}": v for k, v in times.items()}
+        self.lead.tracker.log(metrics)
+        views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
+        self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)
+        self.display.iteration(metrics)
+
+    # -- every rank ---------------------------------------------------------------------
+
+    def save(self) -> None:
+        """A resumable checkpoint of the trainer and the loop; older ones beyond `checkpoint.keep` are deleted."""
+        if self.lead is not None:
+            self.state.controller = self.lead.controller.state()
+        path = self.folder.checkpoint(self.state.iteration)
+        checkpoint.save(path, self.trainer, self.state.model_dump(mode="json"))
+        if self.trainer.rank == 0:
+            for old in sorted(self.folder.checkpoints.glob("iter-*"))[: -self.cfg.checkpoint.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def export(self) -> None:
+        """The final policy as a Hugging Face folder, with its tokenizer."""
+        checkpoint.export_hf(self.trainer.scorer, self.folder.final)
+        if self.lead is not None:
+            self.lead.chat.tokenizer.save_pretrained(self.folder.final)
+
+    async def _stoppable(self, work: Awaitable[T], controller: RolloutController) -> T:
+        """Await a controller's iteration; once `stop` is set, end it early (its episodes stay parked)."""
+        task = asyncio.ensure_future(work)  # started first, so it has reset its own stop flag
+        watcher = asyncio.ensure_future(self.stop.wait())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:
+                controller.stop()
+            return await task
+        finally:
+            watcher.cancel()
+
+
+@contextlib.asynccontextmanager
+async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Display,
+                stop: asyncio.Event) -> AsyncIterator[Run]:  # fmt: skip
+    """Every part of the run, closed again on the way out (env workers, sandboxes, the engine, the tracker)."""
+    lead_rank = not dist.is_initialized() or dist.get_rank() == 0
+    torch.manual_seed(cfg.seed)
+    # full fine-tuning's KL reference: the starting weights, from the model path (on resume too)
+    reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
+    trainer = Trainer(cfg.trainer(), load_policy(cfg.model), reference)
+    state = LoopState()
+    if resume and (ckpt := folder.latest_checkpoint()) is not None:
+        state = LoopState.model_validate(checkpoint.load(ckpt, trainer))
+        display.message(f"resumed from {ckpt}: iteration {state.iteration}, policy version {state.policy_version}")
+        if lead_rank:
+            folder.truncate_logs(state.iteration)
+    async with contextlib.AsyncExitStack() as stack:
+        lead = None
+        if lead_rank:
+            lead = await _lead(cfg, folder, trainer, state, stack)
+        yield Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
+
+
+async def _lead(cfg: RunConfig, folder: RunDir, trainer: Trainer, state: LoopState,
+                stack: contextlib.AsyncExitStack) -> Lead:  # fmt: skip
+    """Rank 0's parts: the engine, env workers and sandboxes, the evaluator, the run folder's writers."""
+    path = resolve_path(cfg.model.path)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(path))
+    # In one process an in-process engine may sample with the trainer's own module; sharded weights
+    # (FSDP2, a group of one included) cannot be sampled in place, so the engine loads its own copy.
+    shared = None if dist.is_initialized() else trainer.policy
+    model = EngineModel(path=path, module=shared, lora=cfg.model.lora, device=str(trainer.device))
+    engine = build_engine(cfg.engine, model, version=state.policy_version, seed=cfg.seed)
+    engine = await stack.enter_async_context(engine)
+    controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat))
+    held_out = await stack.enter_async_context(HeldOutEval(
+        cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
+        max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address))  # fmt: skip
+    tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
+    stack.callback(tracker.close)
+    chat.tokenizer.save_pretrained(folder.tokenizer)  # so the run's token ids read back as text
+    restore_dropped = await controller.restore(state.controller) if state.controller else 0
+    return Lead(engine, chat, controller, held_out, tracker, restore_dropped)
+
+
+def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:
+    s = batch.stats
+    trainable = [t for g in batch.groups for t in g.trainable]
+    n = max(len(trainable), 1)
+    return {
+        "iteration": iteration,
+        "rollout/reward": sum(t.outcome_reward for t in trainable) / n,
+        "rollout/success_rate": sum(success(t) for t in trainable) / n,
+        "rollout/turns": sum(len(t.turns) for t in trainable) / n,
+        "rollout/tokens_per_s": s.tokens_per_s,
+        "rollout/generated_tokens": s.generated_tokens,
+        "rollout/episodes": s.episodes_finished,
+        "rollout/groups": s.groups_finished,
+        "rollout/parked": s.parked,
+        "rollout/partial_trained": sum(len(t.policy_versions) > 1 for t in trainable),
+        "rollout/dropped_stale": s.dropped_stale,
+        "rollout/failed": s.failed,
+        "rollout/retried": s.retried,
+        "rollout/truncated": s.truncated,
+        "rollout/max_staleness": s.max_staleness,
+    }
+
+
+def broadcast(obj: T) -> T:
+    """Rank 0's `obj` on every rank (itself when not distributed)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

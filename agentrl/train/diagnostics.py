@@ -1,0 +1,168 @@
+"""What an update is watched with, without changing it: observers the step calls.
+
+`Trainer.update` calls each observer's `minibatch` after scoring a minibatch (before its optimizer
+step) and `finished` after the last step, on every rank (an observer may take part in collectives).
+An observer only reads what the step computed, plus what it computes itself without gradients,
+and logs into the update's `Metrics`. The trainer runs `Mismatch` and, for MoE policies,
+`ExpertFlips` on every update; the training loop adds a `RowRecorder` for the trajectories it saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from agentrl.algo import sequence_stats
+from agentrl.runs import TrainedView
+from agentrl.train.batch import TrainBatch
+from agentrl.train.config import AlgoConfig
+
+if TYPE_CHECKING:
+    from agentrl.train.trainer import Metrics, Trainer
+
+
+@dataclass
+class Scored:
+    """One minibatch as the step scored it, before its optimizer step."""
+
+    index: int
+    """m: how many optimizer steps of this update came before it"""
+    batch: TrainBatch
+    """this rank's share of the minibatch (a stand-in row that counts nothing when it has none)"""
+    rows: list[int]
+    """the update's batch rows the share holds ([] for a stand-in)"""
+    n_local: int
+    """its sequences with generated tokens"""
+    logprobs: torch.Tensor
+    """lp_θ (B, L), with its graph: detach what you keep"""
+    old_logprobs: torch.Tensor
+    """lp_b (B, L) as the loss used it (the engine's, or recomputed by the trainer)"""
+    router_logits: tuple[torch.Tensor, ...] | None
+    """per layer (B·L, E), MoE policies"""
+
+
+class UpdateObserver:
+    """Override either hook; both do nothing by default."""
+
+    def minibatch(self, s: Scored, metrics: Metrics) -> None: ...
+
+    def finished(self, trainer: Trainer, metrics: Metrics) -> None: ...
+
+
+class Mismatch(UpdateObserver):
+    """Engine against trainer on the same tokens, before any step (minibatch 0, the same weights that sampled
+    it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence."""
+
+    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+        if s.index or not s.n_local:
+            return
+        on = s.batch.loss_mask.bool()
+        d = torch.where(on, s.logprobs.detach() - s.batch.old_logprobs, 0.0)  # lp_b: the engine's, always
+        k3 = torch.where(on, d.exp() - d - 1, 0.0)
+        has = on.any(-1)
+        metrics.log("mismatch_abs_logprob_diff", float(d.abs()[on].mean()), s.n_local)
+        metrics.log("mismatch_seq_kl", float((k3.sum(-1)[has] / on.sum(-1)[has]).mean()), s.n_local)
+
+
+FLIP_RATE_ROWS = 8
+"""the expert flip rate is measured on this many sequences: one more forward of them after the update
+(in a code_sandbox batch, 8 sequences hold ~2k generated tokens, an expert set per token and layer; 16 took 13% of
+the default recipe's update)"""
+
+
+def expert_sets(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: torch.Tensor) -> torch.Tensor:
+    """(layers, N) top-k expert sets of the masked tokens, as sorted index tuples packed in one int."""
+    keep = mask.reshape(-1).bool()
+    sets = [layer[keep].topk(top_k, -1).indices.sort(-1).values for layer in router_logits]  # (N, k) each
+    E = router_logits[0].shape[-1]
+    weights = E ** torch.arange(top_k, device=mask.device)
+    return torch.stack([(s * weights).sum(-1) for s in sets])
+
+
+class ExpertFlips(UpdateObserver):
+    """MoE: the share of top-k expert sets (per generated token and layer) that the update changed, on the
+    first `FLIP_RATE_ROWS` rows of minibatch 0, scored again after the last step."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self._before: tuple[torch.Tensor, TrainBatch] | None = None
+
+    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+        if s.index or s.router_logits is None:
+            return
+        k = min(FLIP_RATE_ROWS, len(s.batch))
+        E = s.router_logits[0].shape[-1]
+        first = tuple(r.view(len(s.batch), -1, E)[:k].reshape(-1, E) for r in s.router_logits)
+        self._before = (expert_sets(first, self.top_k, s.batch.loss_mask[:k]), s.batch.select(list(range(k))))
+
+    def finished(self, trainer: Trainer, metrics: Metrics) -> None:
+        if self._before is None:
+            return
+        sets, mb = self._before
+        self._before = None
+        with torch.no_grad():  # every rank: the forward's collectives under FSDP2
+            _, _, router = trainer.scorer(mb.input_ids, mb.attention_mask, mb.sampling, router=True)
+        after = expert_sets(router, self.top_k, mb.loss_mask)
+        if sets.numel():
+            metrics.log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
+
+
+@dataclass
+class RowStats:
+    """One trajectory as the update saw it, for the run's records (`agentrl view`)."""
+
+    logprobs: list[float]
+    """lp_θ per position of the row (0 on the first), scored when its minibatch was trained: before any
+    step for minibatch 0, after `minibatch` steps of this update otherwise"""
+    ratio: float
+    """s_i, the sequence ratio against lp_b at that moment"""
+    clipped: float
+    """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
+    minibatch: int
+
+
+@dataclass
+class RowRecorder(UpdateObserver):
+    """Records `rows` of the update's batch (every rank passes the same); their stats land in `stats` on rank 0."""
+
+    rows: set[int]
+    algo: AlgoConfig
+    stats: dict[int, RowStats] = field(default_factory=dict)
+
+    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+        local = [i for i, row in enumerate(s.rows) if row in self.rows]  # only these leave the device
+        if not local or not s.n_local:
+            return
+        sel = s.batch.select(local)
+        L, a = sel.input_ids.shape[1], self.algo
+        lp = s.logprobs[local, :L].detach()
+        ratio, clipped = sequence_stats(lp, s.old_logprobs[local, :L], sel.advantages, sel.loss_mask, mode=a.loss,
+                                        clip_low=a.clip_low, clip_high=a.clip_high)  # fmt: skip
+        lengths = sel.attention_mask.sum(-1).tolist()
+        lp = lp.float().cpu()
+        for j, i in enumerate(local):
+            self.stats[s.rows[i]] = RowStats(lp[j, : lengths[j]].tolist(), float(ratio[j]), float(clipped[j]), s.index)
+
+    def finished(self, trainer: Trainer, metrics: Metrics) -> None:
+        """Every rank's rows, on rank 0."""
+        if trainer.world == 1:
+            return
+        parts: list[dict[int, RowStats]] | None = [{} for _ in range(trainer.world)] if trainer.rank == 0 else None
+        dist.gather_object(self.stats, parts, dst=0)
+        self.stats = {k: v for p in parts for k, v in p.items()} if parts is not None else {}
+
+    def views(self, batch: TrainBatch) -> dict[str, TrainedView]:
+        """By episode id, what the update saw of each recorded row, per token aligned with the trajectory's
+        ids and rounded (a record)."""
+        views = {}
+        for i, r in self.stats.items():
+            n = len(r.logprobs)
+            views[batch.episode_ids[i]] = TrainedView(
+                advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
+                trainer_logprobs=[round(x, 4) for x in r.logprobs], ratio=r.ratio, clipped=r.clipped,
+                minibatch=r.minibatch,
+            )  # fmt: skip
+        return views

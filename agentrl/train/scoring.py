@@ -1,0 +1,109 @@
+"""Scoring: lp_θ of every token of a batch under the trainer's policy (and its entropy and router logits),
+the one forward pass the update, its diagnostics and checkpoints share."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agentrl.engine.base import SamplingParams
+from agentrl.train.logprobs import target_logprobs
+from agentrl.train.policy import causal_lm
+
+
+class Scorer(nn.Module):
+    """lp_θ of every token given its prefix, without the (B, T, V) logits; the FSDP2 root.
+
+    Position t of the output scores token t from the hidden state at t − 1 (position 0: 0).
+
+    Length buckets: rows are scored in chunks of similar length (sorted, at most
+    `chunk_tokens` padded positions each) and put back in order, so one long episode does
+    not pad the whole batch to its length (attention and masks grow with B·L²). Every row is
+    scored on its own, so the results and, through one backward over all chunks, the
+    gradients are those of the unchunked batch.
+
+    Shared prefix: the rows of a rollout batch start with the same tokens (the system prompt
+    and tool schemas, for a group also the task), often most of each row. When all rows of a
+    chunk share their first P ≥ `min_shared_prefix` tokens, those P are run once (one row, its
+    KV cache broadcast to the rows) and only the suffixes run per row: the same lp_θ, entropy
+    and router logits, and, since the broadcast sums the rows' gradients into the one prefix,
+    the same gradients, for about P·(B − 1) fewer token forwards and backwards. Off under
+    activation checkpointing (its recomputation would replay the cache update).
+    """
+
+    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384) -> None:
+        super().__init__()
+        self.policy = policy
+        self.min_shared_prefix = min_shared_prefix
+        self.chunk_tokens = chunk_tokens
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
+                entropy: bool = False, router: bool = False):  # fmt: skip
+        """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None)."""
+        B, L = input_ids.shape
+        lengths = attention_mask.sum(-1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        parts, start = [], 0
+        while start < B:
+            Lc = max(int(lengths[order[start]]), 1)  # the chunk's longest row: the first, sorted
+            rows = order[start : start + max(1, self.chunk_tokens // Lc)]
+            parts.append(self._score(input_ids[rows, :Lc], attention_mask[rows, :Lc], params, entropy, router))
+            start += len(rows)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(B, device=order.device)
+
+        def merge(chunks: list[torch.Tensor]) -> torch.Tensor:  # (n, Lc, ...) each -> (B, L, ...) in row order
+            return torch.cat([F.pad(c, (0, 0) * (c.dim() - 2) + (0, L - c.shape[1])) for c in chunks])[inverse]
+
+        lp = merge([p[0] for p in parts])
+        ent = merge([p[1] for p in parts]) if entropy else None
+        routed = None
+        if router:
+            routed = tuple(merge([p[2][k] for p in parts]).reshape(B * L, -1) for k in range(len(parts[0][2])))
+        return lp, ent, routed
+
+    def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, entropy: bool,
+               router: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
+        """One chunk: lp and entropy (B, L), router logits per layer (B, L, E)."""
+        lm = causal_lm(self.policy)
+        decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
+        kwargs = {"output_router_logits": True} if router else {}
+        B, L = input_ids.shape
+        P = self._shared_prefix(input_ids, attention_mask)
+        if P == 0:
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            lp, ent = target_logprobs(out.last_hidden_state[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
+            routed = tuple(r.view(B, L, -1) for r in out.router_logits) if router else None
+        else:
+            pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs)
+            for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
+                layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+            suf = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
+                          past_key_values=pre.past_key_values, use_cache=True, **kwargs)  # fmt: skip
+            # tokens 1..P-1 from the shared row; tokens P..L-1 from h at P-1 (shared) and the suffixes
+            lp0, ent0 = target_logprobs(pre.last_hidden_state[:, :-1], head, input_ids[:1, 1:P], params,
+                                        entropy=entropy)  # fmt: skip
+            h = torch.cat([pre.last_hidden_state[:, -1:].expand(B, 1, -1), suf.last_hidden_state[:, :-1]], 1)
+            lp1, ent1 = target_logprobs(h, head, input_ids[:, P:], params, entropy=entropy)
+            lp = torch.cat([lp0.expand(B, -1), lp1], 1)
+            ent = torch.cat([ent0.expand(B, -1), ent1], 1) if entropy else None
+            routed = None
+            if router:
+                routed = tuple(torch.cat([a.view(1, P, -1).expand(B, P, -1), b.view(B, L - P, -1)], 1)
+                               for a, b in zip(pre.router_logits, suf.router_logits, strict=True))  # fmt: skip
+        pad = lp.new_zeros(B, 1)
+        return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None, routed
+
+    def _shared_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+        """P: the tokens every row starts with, kept below every row's length; 0 when not worth sharing."""
+        lm = causal_lm(self.policy)
+        # transformers 5 renamed the flag (the old name warns)
+        checkpointing = getattr(lm, "is_activation_checkpointing", None)
+        if checkpointing is None:
+            checkpointing = lm.is_gradient_checkpointing
+        if input_ids.shape[0] < 2 or checkpointing:
+            return 0
+        same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (L,)
+        shared = min(int(same.long().cumprod(0).sum()), int(attention_mask.sum(-1).min()) - 1)
+        return shared if shared >= self.min_shared_prefix else 0

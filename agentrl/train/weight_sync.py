@@ -1,0 +1,73 @@
+"""Weight sync: how the learner's new weights reach the engine after an update, chosen once when the run
+is built, from what the engine declares (`InferenceEngine.capabilities`) and whether the policy trains LoRA.
+
+- `SharedModule`: the engine samples with the learner's own module (one process): the update runs
+  inside `engine.paused()` and the sync only moves the policy version;
+- `LoraAdapter`: only the adapter's tensors are sent;
+- `FullState`: the full state dict, gathered from the shards.
+
+Every rank calls `updating()` and `push()` (gathering shards is collective); only rank 0 holds an
+engine, and only there does `push` return the new policy version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+
+from agentrl.engine.base import InferenceEngine
+from agentrl.train.policy import full_state_dict
+from agentrl.train.trainer import Trainer
+
+
+class WeightSync(ABC):
+    def __init__(self, trainer: Trainer, engine: InferenceEngine | None) -> None:
+        self.trainer = trainer
+        self.engine = engine
+        """None on ranks > 0"""
+
+    def updating(self) -> AbstractContextManager[None]:
+        """Wraps the update: what the engine must not do meanwhile."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    async def push(self) -> int | None:
+        """Hand the updated weights to the engine; its new policy version on rank 0 (None elsewhere)."""
+
+
+class FullState(WeightSync):
+    async def push(self) -> int | None:
+        state = full_state_dict(self.trainer.scorer)
+        return None if self.engine is None else await self.engine.update_weights(state)
+
+
+class LoraAdapter(WeightSync):
+    async def push(self) -> int | None:
+        state = full_state_dict(self.trainer.scorer)
+        if self.engine is None:
+            return None
+        from peft import get_peft_model_state_dict
+
+        return await self.engine.update_weights(lora=get_peft_model_state_dict(self.trainer.policy, state_dict=state))
+
+
+class SharedModule(WeightSync):
+    def updating(self) -> AbstractContextManager[None]:
+        return self.engine.paused()  # no decode step reads the weights while the optimizer writes them
+
+    async def push(self) -> int | None:
+        return await self.engine.update_weights()
+
+
+def weight_sync(trainer: Trainer, engine: InferenceEngine | None) -> WeightSync:
+    """The sync for this learner and engine (a started one: its capabilities are known). Every rank
+    chooses alike: an engine shares the module only in a single process, and LoRA is the learner's."""
+    if engine is not None and engine.capabilities.shares_module:
+        return SharedModule(trainer, engine)
+    kind = "lora" if trainer.lora else "full"
+    if engine is not None and kind not in engine.capabilities.weight_updates:
+        takes = ", ".join(sorted(engine.capabilities.weight_updates)) or "no tensors"
+        raise ValueError(f"the {engine.name} engine takes {takes} as weight updates, and this run sends "
+                         f"{'LoRA adapters' if kind == 'lora' else 'full state dicts'}")  # fmt: skip
+    return LoraAdapter(trainer, engine) if kind == "lora" else FullState(trainer, engine)
