@@ -1,0 +1,59 @@
+"""The one way tests run the `agentrl` command: `agentrl(...)` to completion, `start_agentrl(...)` in the background.
+
+Both run `python -m agentrl` of this interpreter with the test environment (`env()`: no terminal width
+is set, so output is what a log file gets; Ray without auth), and stop a command that runs too long
+with a failure that shows where it stood.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AGENTRL = [sys.executable, "-m", "agentrl"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment `agentrl` runs with in tests."""
+    out = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RAY_AUTH_MODE": "disabled"}
+    return out | extra
+
+
+def agentrl(*args: object, cwd: Path | str | None = None, timeout: float = 300, check: bool = True,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run `agentrl ARGS` to its end; `check`: fail the test unless it exits 0."""
+    cmd = [*AGENTRL, *map(str, args)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env(**(extra_env or {})))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd[2:])} ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
+    if check and r.returncode != 0:
+        pytest.fail(f"{' '.join(cmd[2:])} exited {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return r
+
+
+def start_agentrl(*args: object, cwd: Path | str | None = None, sigint: bool = True, stderr: int | None = None,
+                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:  # fmt: skip
+    """`agentrl ARGS` in the background, stdout (and stderr, unless `stderr` says where) piped as text.
+
+    sigint: the child takes SIGINT as a terminal's Ctrl-C delivers it (a test runner may start
+    children with it ignored)."""
+    return subprocess.Popen([*AGENTRL, *map(str, args)], cwd=cwd, env=env(**(extra_env or {})), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE if stderr is None else stderr,
+                            preexec_fn=_default_sigint if sigint else None)  # fmt: skip
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C delivers it. Ignored and blocked signals survive exec:
+    a shell's background job (as CI may run in) ignores SIGINT, and a thread of the test process may block it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
