@@ -5,12 +5,8 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from agentrl.sandbox import DockerSandbox, Sandbox, SandboxPool
-
-if TYPE_CHECKING:
-    from agentrl.env.base import TextEnv
 
 DEFAULT_POOL_SIZE = 4
 
@@ -40,7 +36,7 @@ class SandboxSource:
         self.pool = pool or SandboxPool(self._factory, size=size, reuse=reuse)
         self._started = not self._owned
         self._start_lock = asyncio.Lock()
-        self._envs: weakref.WeakSet[TextEnv] = weakref.WeakSet()
+        self._envs: weakref.WeakSet[object] = weakref.WeakSet()  # the envs attached (any object that holds leases)
 
     @classmethod
     def default(cls, size: int = DEFAULT_POOL_SIZE) -> SandboxSource:
@@ -60,7 +56,7 @@ class SandboxSource:
                 await self.pool.start()
                 self._started = True
 
-    async def acquire(self, env: TextEnv) -> Sandbox:
+    async def acquire(self, env: object) -> Sandbox:
         self._envs.add(env)
         await self.start()
         return await self.pool.acquire()
@@ -68,7 +64,7 @@ class SandboxSource:
     async def release(self, sandbox: Sandbox) -> None:
         await self.pool.release(sandbox)
 
-    async def detach(self, env: TextEnv) -> None:
+    async def detach(self, env: object) -> None:
         """The env is closing; an owned pool closes with its last env."""
         self._envs.discard(env)
         if self._owned and not self._envs and not self._keep_open:

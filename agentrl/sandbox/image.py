@@ -19,8 +19,6 @@ from pathlib import Path
 import docker
 import docker.errors
 
-import agentrl
-
 IMAGE_REPO = "agentrl-sandbox-python"
 ONLINE_BASE = "python:3.12-slim"
 OFFLINE_BASE_REPO = "agentrl-base-debian"
@@ -35,7 +33,7 @@ _IMPORT_CHANGES = [
 
 def sandboxes_dir() -> Path:
     """`sandboxes/` of a source checkout, or the copy packaged into the wheel."""
-    pkg = Path(agentrl.__file__).parent
+    pkg = Path(__file__).parents[1]  # the agentrl package
     for candidate in (pkg / "_sandboxes", pkg.parent / "sandboxes"):
         if (candidate / "python" / "Dockerfile").is_file():
             return candidate

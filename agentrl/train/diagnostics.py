@@ -10,7 +10,6 @@ and logs into the update's `Metrics`. The trainer runs `Mismatch` and, for MoE p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,9 +18,30 @@ from agentrl.algo import sequence_stats
 from agentrl.runs import TrainedView
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig
+from agentrl.train.scoring import Scorer
 
-if TYPE_CHECKING:
-    from agentrl.train.trainer import Metrics, Trainer
+
+class Metrics:
+    """An update's metrics: weighted means over minibatches, reduced over ranks once, at the end."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, list[float]] = {}  # key -> [Σ value·weight, Σ weight]
+
+    def log(self, key: str, value: float, weight: float = 1.0) -> None:
+        s = self._sums.setdefault(key, [0.0, 0.0])
+        s[0] += value * weight
+        s[1] += weight
+
+    def reduce(self, world: int) -> dict[str, float]:
+        keys = sorted(self._sums)
+        if world > 1:  # a rank without data lacks some keys: every rank reduces the union
+            all_keys: list[list[str]] = [[] for _ in range(world)]
+            dist.all_gather_object(all_keys, keys)
+            keys = sorted({k for ks in all_keys for k in ks})
+        sums = torch.tensor([self._sums.get(k, [0.0, 0.0]) for k in keys], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(sums)
+        return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
 
 
 @dataclass
@@ -49,7 +69,7 @@ class UpdateObserver:
 
     def minibatch(self, s: Scored, metrics: Metrics) -> None: ...
 
-    def finished(self, trainer: Trainer, metrics: Metrics) -> None: ...
+    def finished(self, scorer: Scorer, metrics: Metrics) -> None: ...
 
 
 class Mismatch(UpdateObserver):
@@ -98,13 +118,13 @@ class ExpertFlips(UpdateObserver):
         first = tuple(r.view(len(s.batch), -1, E)[:k].reshape(-1, E) for r in s.router_logits)
         self._before = (expert_sets(first, self.top_k, s.batch.loss_mask[:k]), s.batch.select(list(range(k))))
 
-    def finished(self, trainer: Trainer, metrics: Metrics) -> None:
+    def finished(self, scorer: Scorer, metrics: Metrics) -> None:
         if self._before is None:
             return
         sets, mb = self._before
         self._before = None
         with torch.no_grad():  # every rank: the forward's collectives under FSDP2
-            _, _, router = trainer.scorer(mb.input_ids, mb.attention_mask, mb.sampling, router=True)
+            _, _, router = scorer(mb.input_ids, mb.attention_mask, mb.sampling, router=True)
         after = expert_sets(router, self.top_k, mb.loss_mask)
         if sets.numel():
             metrics.log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
@@ -146,11 +166,12 @@ class RowRecorder(UpdateObserver):
         for j, i in enumerate(local):
             self.stats[s.rows[i]] = RowStats(lp[j, : lengths[j]].tolist(), float(ratio[j]), float(clipped[j]), s.index)
 
-    def finished(self, trainer: Trainer, metrics: Metrics) -> None:
+    def finished(self, scorer: Scorer, metrics: Metrics) -> None:
         """Every rank's rows, on rank 0."""
-        if trainer.world == 1:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world == 1:
             return
-        parts: list[dict[int, RowStats]] | None = [{} for _ in range(trainer.world)] if trainer.rank == 0 else None
+        parts: list[dict[int, RowStats]] | None = [{} for _ in range(world)] if dist.get_rank() == 0 else None
         dist.gather_object(self.stats, parts, dst=0)
         self.stats = {k: v for p in parts for k, v in p.items()} if parts is not None else {}
 

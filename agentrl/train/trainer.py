@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from agentrl.algo import policy_loss
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
-from agentrl.train.diagnostics import ExpertFlips, Mismatch, Scored, UpdateObserver
+from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver
 from agentrl.train.policy import causal_lm, is_lora, prepare, train_device
 from agentrl.train.scoring import Scorer
 
@@ -53,29 +53,6 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     """Clip to a global norm (over all ranks' shards) and return the norm before clipping."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # a DTensor under FSDP2
-
-
-class Metrics:
-    """An update's metrics: weighted means over minibatches, reduced over ranks once, at the end."""
-
-    def __init__(self) -> None:
-        self._sums: dict[str, list[float]] = {}  # key -> [Σ value·weight, Σ weight]
-
-    def log(self, key: str, value: float, weight: float = 1.0) -> None:
-        s = self._sums.setdefault(key, [0.0, 0.0])
-        s[0] += value * weight
-        s[1] += weight
-
-    def reduce(self, world: int) -> dict[str, float]:
-        keys = sorted(self._sums)
-        if world > 1:  # a rank without data lacks some keys: every rank reduces the union
-            all_keys: list[list[str]] = [[] for _ in range(world)]
-            dist.all_gather_object(all_keys, keys)
-            keys = sorted({k for ks in all_keys for k in ks})
-        sums = torch.tensor([self._sums.get(k, [0.0, 0.0]) for k in keys], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(sums)
-        return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
 
 
 @dataclass
@@ -190,7 +167,7 @@ class Trainer:
             self.scheduler.step()
         self.scorer.eval()  # an engine sharing this module samples in eval mode
         for o in watching:
-            o.finished(self, metrics)
+            o.finished(self.scorer, metrics)
         return metrics.reduce(self.world)
 
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
