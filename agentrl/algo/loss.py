@@ -1,4 +1,4 @@
-"""Policy losses: GSPO, GSPO-token and GRPO, written from DESIGN.md §3.
+"""Policy losses: GSPO, GSPO-token and GRPO, written from docs/design.md §4.
 
 Notation (shapes: B sequences, T tokens). For sequence i, T_i are its generated tokens
 (`mask` = 1), lp_θ(t) = `logprobs` (the trainer's, carrying the gradient), lp_b(t) =

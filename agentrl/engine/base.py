@@ -4,7 +4,7 @@ Words used throughout (fixed here once):
 - request: one `generate` call, a prompt of token ids and `SamplingParams`;
 - policy version: an integer the engine increments on every weight update; every
   generated token records the version of the weights that sampled it;
-- engine logprob (lp_b in DESIGN.md §3): log q(y_t), where q is the distribution the
+- engine logprob (lp_b in docs/design.md §4): log q(y_t), where q is the distribution the
   token was actually drawn from (see `agentrl.engine.sampling`).
 """
 

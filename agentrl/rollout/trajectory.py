@@ -11,7 +11,7 @@ Per token (parallel lists, one entry per position of `token_ids`):
   logprob      lp_b: the engine's logprob for generated tokens (0.0 elsewhere)
   version      the policy version that sampled a generated token (-1 elsewhere)
 
-The invariant (DESIGN.md §4.1): every prompt handed to the engine is `token_ids` at that
+The invariant (docs/design.md §8, invariant 1): every prompt handed to the engine is `token_ids` at that
 moment (the controller sends the trajectory itself), so the ids the trainer scores are
 exactly the ids the engine saw and produced. Nothing is ever decoded and re-encoded to build the next prompt.
 """

@@ -27,7 +27,7 @@ def lr_factor(step: int, warmup: int, decay: int, floor: float) -> float:
 
 class AlgoConfig(_Strict):
     loss: Literal["gspo", "gspo_token", "grpo"] = "gspo_token"
-    """the surrogate objective (DESIGN.md §3)"""
+    """the surrogate objective (docs/design.md §4)"""
     advantage: Literal["outcome", "turn"] = "turn"
     """'outcome': one group-normalised A_i per episode; 'turn': group-normalised return-to-go per turn"""
     gamma: float = Field(1.0, ge=0.0, le=1.0)

@@ -1,4 +1,4 @@
-"""policy_loss against a direct, unvectorised transcription of DESIGN.md §3 (float64)."""
+"""policy_loss against a direct, unvectorised transcription of docs/design.md §4 (float64)."""
 
 import math
 
@@ -27,7 +27,7 @@ def batch(seed: int, noise: float):
 
 
 def reference(lp, lp_b, A, mask, mode, eps_low, eps_high, lp_e=None, cap=None):
-    """DESIGN.md §3, one sequence and one token at a time; A is (B, T). With engine logprobs
+    """docs/design.md §4, one sequence and one token at a time; A is (B, T). With engine logprobs
     lp_e and a cap, each sequence's (GSPO modes) or token's (GRPO) term is weighted by the
     truncated importance weight min(exp(lp_b − lp_e), cap), at the ratio's level."""
 
