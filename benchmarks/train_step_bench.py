@@ -3,7 +3,9 @@
 A random-init Qwen3-MoE, a synthetic batch (prompt, generated turns and an observation per
 sequence), `Trainer.update` with M minibatches (chunked logprobs, loss, router aux loss,
 the extra no-grad pass for the expert flip rate) against `model(ids, labels=ids).loss`
-forward and backward on the same minibatches, timed in the same run:
+forward and backward on the same minibatches, timed in the same run, interleaved: each of
+`--rounds` rounds times the update, then the plain pass; the figures are the medians over rounds
+(so a machine that slows down mid-run slows both):
 
     python benchmarks/train_step_bench.py                          # CPU, fp32, a small MoE (14M parameters, 5M active)
     python benchmarks/train_step_bench.py --device cuda --size 1b  # GPU, bf16 FSDP2, a 1B+ MoE, with MFU
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 
 import torch
@@ -70,7 +73,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=512)
     p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="calls timed per path and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -121,8 +125,10 @@ def main() -> None:
             plain_model(input_ids=ids, labels=ids).loss.backward()
             plain_model.zero_grad(set_to_none=True)
 
-    update_s, update_gib = timed(lambda: trainer.update(batch))
-    plain_s, plain_gib = timed(plain)
+    rounds = [(timed(lambda: trainer.update(batch)), timed(plain)) for _ in range(args.rounds)]
+    update_s = statistics.median(u[0] for u, _ in rounds)
+    plain_s = statistics.median(q[0] for _, q in rounds)
+    update_gib, plain_gib = rounds[-1][0][1], rounds[-1][1][1]
     fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
@@ -132,7 +138,8 @@ def main() -> None:
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
         "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
         "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},
-        "update_vs_plain": plain_s / update_s,
+        "update_vs_plain": statistics.median(q[0] / u[0] for u, q in rounds),
+        "update_vs_plain_per_round": [q[0] / u[0] for u, q in rounds],
     }  # fmt: skip
     if cuda:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
