@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -95,6 +96,11 @@ class Rollout:
     saved: list[Trajectory] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def observers(self) -> tuple[RowRecorder, ...]:
+        """What the update is watched with besides the trainer's own diagnostics."""
+        return (self.recorder,) if self.recorder is not None else ()
+
 
 @dataclass
 class Run:
@@ -107,6 +113,18 @@ class Run:
     stop: asyncio.Event
     lead: Lead | None
     """None on ranks > 0"""
+    first: int = 0
+    """the iteration this process started at (a resume's)"""
+    t_start: float = field(default_factory=time.perf_counter)
+    """when the run started, as if it had never stopped (a resume's elapsed time counts)"""
+
+    def __post_init__(self) -> None:
+        self.first = self.state.iteration
+        self.t_start -= self.state.elapsed_s
+
+    def checkpoint_due(self) -> bool:
+        every = self.cfg.checkpoint.every
+        return bool(every) and self.state.iteration % every == 0
 
     # -- rank 0 works, every rank gets the result -------------------------------------
 
@@ -160,13 +178,17 @@ class Run:
             self.display.message(f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems "
                                  f"({r.wall_s:.0f} s)")  # fmt: skip
 
-    def log(self, rollout: Rollout, update: dict[str, float], times: dict[str, float]) -> None:
-        """metrics.jsonl (and TensorBoard / W&B), the saved trajectories with what the update saw, the display."""
+    def log(self, rollout: Rollout, update: dict[str, float], *, rollout_s: float, update_s: float) -> None:
+        """The iteration's time (kept in the state), and on rank 0 metrics.jsonl (and TensorBoard / W&B), the saved
+        trajectories with what the update saw, the display."""
+        s = self.state
+        s.elapsed_s = time.perf_counter() - self.t_start
         if self.lead is None:
             return
-        s = self.state
+        left = s.elapsed_s / (s.iteration - self.first) * (self.cfg.iterations - s.iteration)
         metrics = rollout.metrics | {f"train/{k}": v for k, v in update.items()} | {"policy_version": s.policy_version}
-        metrics |= {f"time/{k}": v for k, v in times.items()}
+        metrics |= {"time/rollout_s": rollout_s, "time/update_s": update_s, "time/elapsed_s": s.elapsed_s,
+                    "time/left_s": left}  # fmt: skip
         self.lead.tracker.log(metrics)
         views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
         self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)

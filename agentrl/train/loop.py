@@ -29,38 +29,22 @@ async def train(cfg: RunConfig, folder: RunDir, *, resume: bool = False, display
     rollouts in flight are parked, what finished is trained on, and a checkpoint is saved."""
     display, stop = display or Quiet(), stop or asyncio.Event()
     async with build(cfg, folder, resume=resume, display=display, stop=stop) as run:
-        state, first = run.state, run.state.iteration
-        t_start = time.perf_counter() - state.elapsed_s
-        for it in range(first, cfg.iterations):
+        state = run.state
+        for it in range(state.iteration, cfg.iterations):
             if it % cfg.eval.every == 0 if cfg.eval.every else it == 0:
                 await run.evaluate(it)  # held-out success (greedy) and benchmarks
             t0 = time.perf_counter()
-            rollout = await run.rollout(it)  # 1. rollouts and their advantages
+            rollout = await run.rollout(it)  # 1. episodes in sandboxes, and their advantages
             t1, update = time.perf_counter(), {}
             if rollout.batch is not None:
                 with run.sync.updating():  # 2. M minibatch steps of GSPO-token
-                    update = run.trainer.update(rollout.batch.to(run.trainer.device), *filter(None, [rollout.recorder]))
+                    update = run.trainer.update(rollout.batch.to(run.trainer.device), *rollout.observers)
                 await run.push_weights()  # 3. weight sync: policy version + 1
-            stopping = run.stopping()
-            state.iteration, state.elapsed_s = it + 1, time.perf_counter() - t_start
-            left = state.elapsed_s / (state.iteration - first) * (cfg.iterations - state.iteration)
-            run.log(
-                rollout,
-                update,
-                {
-                    "rollout_s": t1 - t0,
-                    "update_s": time.perf_counter() - t1,
-                    "elapsed_s": state.elapsed_s,
-                    "left_s": left,
-                },
-            )  # 4. metrics, trajectories
+            stopping, state.iteration = run.stopping(), it + 1
+            run.log(rollout, update, rollout_s=t1 - t0, update_s=time.perf_counter() - t1)  # 4. metrics, trajectories
             if state.iteration == cfg.iterations:
                 await run.evaluate(state.iteration, final=True)
-            if (
-                state.iteration == cfg.iterations
-                or stopping
-                or (cfg.checkpoint.every and state.iteration % cfg.checkpoint.every == 0)
-            ):
+            if state.iteration == cfg.iterations or stopping or run.checkpoint_due():
                 run.save()  # 5. checkpoint
             if stopping:
                 display.message(f"stopped after iteration {it}; resume with: agentrl train --resume {folder.path}")
