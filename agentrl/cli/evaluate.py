@@ -15,7 +15,7 @@ from agentrl.cli.console import fail, out
 
 if TYPE_CHECKING:
     from agentrl.engine import EngineConfig
-    from agentrl.eval.bench import BenchConfig
+    from agentrl.eval.bench import BenchConfig, BenchResult
 
 
 def eval_(
@@ -86,7 +86,7 @@ def _run_agent(cfg: BenchConfig, model: str, engine: EngineConfig,
     path = resolve_path(model)  # with --engine openai too: its tokenizer and chat template
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
 
-    async def go():
+    async def go() -> BenchResult:
         async with build_engine(engine, EngineModel(path), seed=cfg.seed) as e:  # started: a client has connected
             return await run_bench(cfg, e, chat)
 

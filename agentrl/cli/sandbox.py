@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
+import docker
 import typer
 
 from agentrl.cli.console import err, error, fail
-from agentrl.sandbox import DockerSandbox, ExecResult, LocalSandbox, SandboxError, SandboxPool, reaper
+from agentrl.sandbox import DockerSandbox, ExecResult, LocalSandbox, Sandbox, SandboxError, SandboxPool, reaper
 from agentrl.sandbox import image as sandbox_image
 from agentrl.sandbox.docker_sandbox import docker_client
 
@@ -21,7 +23,7 @@ app = typer.Typer(help="Build, use and clean up code sandboxes.", no_args_is_hel
 INTERPRETERS = {".py": ["python3", "-u"], ".sh": ["sh"]}
 
 
-def _client():
+def _client() -> docker.DockerClient:
     try:
         return docker_client()
     except SandboxError as e:
@@ -89,7 +91,7 @@ def exec_(
     raise typer.Exit(0 if result.ok else 1)
 
 
-async def _exec(factory, file: Path, timeout_s: float) -> ExecResult:
+async def _exec(factory: Callable[[], Awaitable[Sandbox]], file: Path, timeout_s: float) -> ExecResult:
     async with SandboxPool(factory, size=1) as pool, pool.sandbox() as sb:
         await sb.write_file(file.name, file.read_bytes())
         argv = INTERPRETERS.get(file.suffix)

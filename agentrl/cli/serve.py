@@ -94,7 +94,7 @@ def serve(
 
 
 class _Server(uvicorn.Server):
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Abort the running requests first: uvicorn waits for every open request before it stops,
         # and an aborted one replies at once, with the tokens made so far (finish_reason "abort").
         await self.config.app.state.stop()
