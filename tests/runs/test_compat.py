@@ -2,6 +2,7 @@
 open in `agentrl view` and still resume with `agentrl train --resume`."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def test_an_old_run_resumes_and_trains_on(old):
     parked = json.loads((before.latest_checkpoint() / "state.json").read_text())["controller"]
     r = agentrl("train", "--resume", "run", "--set", "iterations=2", cwd=old, timeout=300)
     assert "resumed from run/checkpoints/iter-00001: iteration 1, policy version 1" in r.stdout + r.stderr
+    # stdout is a pipe here, as a log file: the iteration's progress is one line, however long
+    assert re.search(r"^it +1 +reward .+ tok/s .+ left \d+:\d\d:\d\d$", r.stdout, re.M), r.stdout
     metrics = read_jsonl(before.metrics)
     assert [m["iteration"] for m in metrics] == [0, 1] and metrics[1]["policy_version"] == 2
     assert metrics[1]["rollout/restore_dropped"] == 0 and parked["groups"]
