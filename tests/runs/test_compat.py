@@ -54,7 +54,9 @@ def test_an_old_run_resumes_and_trains_on(old):
     """One more iteration from the old checkpoint: its parked episodes are rebuilt and trained, its logs go on."""
     before = RunDir(old / "run")
     parked = json.loads((before.latest_checkpoint() / "state.json").read_text())["controller"]
-    r = agentrl("train", "--resume", "run", "--set", "iterations=2", cwd=old, timeout=300)
+    # every group in flight must finish this iteration (4 of at most 4), the old run's parked ones included
+    r = agentrl("train", "--resume", "run", "--set", "iterations=2", "--set", "rollout.groups_per_iteration=4",
+                cwd=old, timeout=300)  # fmt: skip
     assert "resumed from run/checkpoints/iter-00001: iteration 1, policy version 1" in r.stdout + r.stderr
     # stdout is a pipe here, as a log file: the iteration's progress is one line, however long
     assert re.search(r"^it +1 +reward .+ tok/s .+ left \d+:\d\d:\d\d$", r.stdout, re.M), r.stdout
@@ -62,6 +64,7 @@ def test_an_old_run_resumes_and_trains_on(old):
     assert [m["iteration"] for m in metrics] == [0, 1] and metrics[1]["policy_version"] == 2
     assert metrics[1]["rollout/restore_dropped"] == 0 and parked["groups"]
     assert metrics[1]["rollout/partial_trained"] > 0  # the old run's parked episodes, finished under version 1
+    assert metrics[1]["rollout/groups"] == 4
     assert before.latest_checkpoint().name == "iter-00002"
     # the old run's last evaluation (after iteration 1) was logged past its checkpoint: the resume drops it
     assert [e["iteration"] for e in read_jsonl(before.eval)] == [0, 2]
