@@ -129,12 +129,18 @@ class Run:
     # -- rank 0 works, every rank gets the result -------------------------------------
 
     async def rollout(self, iteration: int) -> Rollout:
-        """Groups of episodes until enough are complete (the rest stay parked), then their advantages."""
-        if self.lead is None:
-            batch = broadcast(None)
-            return Rollout(batch, RowRecorder(broadcast(None), self.cfg.algo) if self.cfg.log.trajectories_per_iteration
-                           else None)  # fmt: skip
-        lead, batch, wanted = self.lead, None, set()
+        """Groups of episodes until enough are complete (the rest stay parked), then their advantages: rank 0
+        rolls out; every rank gets the batch and the rows of the trajectories the run saves."""
+        r = await self._roll_out(iteration) if self.lead is not None else Rollout(None, None)
+        r.batch = broadcast(r.batch)
+        if self.cfg.log.trajectories_per_iteration:
+            ids = {t.episode_id for t in r.saved}
+            wanted = {i for i, e in enumerate(r.batch.episode_ids) if e in ids} if r.batch is not None else set()
+            r.recorder = RowRecorder(broadcast(wanted), self.cfg.algo)
+        return r
+
+    async def _roll_out(self, iteration: int) -> Rollout:
+        lead, batch = self.lead, None
         episodes = await self._stoppable(lead.controller.run_iteration(), lead.controller)
         metrics = _rollout_metrics(iteration, episodes) | {"rollout/restore_dropped": lead.restore_dropped}
         lead.restore_dropped = 0
@@ -143,13 +149,7 @@ class Run:
             metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
         except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
             self.display.message(f"iteration {iteration}: {e}; no update")
-        saved = lead.tracker.to_save(episodes.groups)
-        if batch is not None:
-            ids = {t.episode_id for t in saved}
-            wanted = {i for i, e in enumerate(batch.episode_ids) if e in ids}
-        batch = broadcast(batch)
-        recorder = RowRecorder(broadcast(wanted), self.cfg.algo) if self.cfg.log.trajectories_per_iteration else None
-        return Rollout(batch, recorder, episodes, saved, metrics)
+        return Rollout(batch, None, episodes, lead.tracker.to_save(episodes.groups), metrics)
 
     async def push_weights(self) -> None:
         """The new weights to the engine: policy version + 1 (every rank learns it)."""
