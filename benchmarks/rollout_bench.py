@@ -29,8 +29,7 @@ import ray
 import torch
 
 import agentrl
-from agentrl.engine.base import SamplingParams
-from agentrl.engine.hf import HFEngine
+from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
 from agentrl.envs.code_sandbox import CodeSandboxEnv
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
@@ -57,7 +56,8 @@ agentrl.register("longtail_code", "benchmarks.rollout_bench:LongTailCodeSandbox"
 
 async def controller_run(model, cfg: RolloutConfig, iterations: int, *, bump: bool) -> dict:
     chat = ChatFormat(load_tokenizer())
-    async with HFEngine(model, shared=bump) as engine, RolloutController(cfg, engine, chat) as ctl:
+    engine = build_engine(EngineConfig(), EngineModel(module=model))  # samples with `model` itself, as a run's does
+    async with engine, RolloutController(cfg, engine, chat) as ctl:
         # warm-up outside the clock: actors import their envs and fill their sandbox pools, the engine thread starts
         await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))

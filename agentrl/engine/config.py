@@ -67,8 +67,9 @@ class EngineConfig(BaseModel):
 class EngineModel:
     """What an engine serves."""
 
-    path: str
-    """a Hugging Face folder (or hub id): its config and tokenizer, and its weights unless `module` is given"""
+    path: str | None = None
+    """a Hugging Face folder (or hub id): its config and tokenizer, and its weights unless `module` is given
+    (an engine that loads its own weights needs it)"""
     module: nn.Module | None = None
     """live weights an in-process engine may sample with instead of loading a copy (the learner's own, in one
     process: the engine then declares `capabilities.shares_module`); engines that hold their own weights ignore it"""

@@ -109,6 +109,8 @@ class HFEngine(ThreadedEngine):
         (in `cfg.dtype`, auto: float32), with `model.lora`'s adapters when the policy trains LoRA."""
         if model.module is not None:
             module, shared = model.module, True
+        elif model.path is None:
+            raise ValueError("the hf engine needs a model: EngineModel(path=...) or EngineModel(module=...)")
         else:
             from agentrl.models.lora import with_lora
 

@@ -109,6 +109,8 @@ class VLLMEngine(ThreadedEngine):
         """vLLM loads `model.path` itself (a shared module cannot be sampled by it); with `model.lora` it serves
         the same adapters, so that it takes LoRA updates."""
         _require_vllm()
+        if model.path is None:
+            raise ValueError("vLLM loads its model from a folder or hub id: EngineModel(path=...)")
         lora = None
         if model.lora is not None:
             from agentrl.models.lora import peft_config
