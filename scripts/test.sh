@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# README command 2: the whole test suite, against a real Docker engine.
+# README command 2: the whole test suite, against a real Docker engine: lint, the fast tier with coverage
+# (every module of agentrl must run a line), then the slow tier.
 # Starts what it needs; stops the engine afterwards if it was the one to start it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +24,28 @@ if ! command -v chromium >/dev/null; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/lint-imports
+
+# The fast tier (every test not marked slow), measuring which lines of agentrl it runs in this process
+# (not in `agentrl` subprocesses or Ray actors); then the slow tier.
+mkdir -p test-artifacts
+export COVERAGE_FILE=test-artifacts/.coverage
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 -m "not slow" --cov=agentrl --cov-report=term "$@"
+# every module of agentrl (bar __init__.py) ran at least one line in the fast tier
+.venv/bin/python - <<'CHECK'
+import os
+import sys
+from pathlib import Path
+
+import coverage
+
+data = coverage.CoverageData(basename=os.environ["COVERAGE_FILE"])
+data.read()
+ran = {Path(f).resolve() for f in data.measured_files() if data.lines(f)}
+modules = sorted(p for p in Path("agentrl").rglob("*.py") if p.name != "__init__.py")
+idle = [str(p) for p in modules if p.resolve() not in ran]
+print(f"coverage check: {len(modules) - len(idle)} of {len(modules)} modules of agentrl ran in the fast tier")
+if idle:
+    sys.exit("coverage check: no line of these ran in the fast tier: " + ", ".join(idle))
+CHECK
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 -m slow "$@"

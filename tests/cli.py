@@ -1,8 +1,10 @@
-"""The one way tests run the `agentrl` command: `agentrl(...)` to completion, `start_agentrl(...)` in the background.
+"""The one way tests run the `agentrl` command: `agentrl(...)` to completion, `start_agentrl(...)` in the background
+(`sets(...)` spells `--set` options).
 
-Both run `python -m agentrl` of this interpreter with the test environment (`env()`: no terminal width
-is set, so output is what a log file gets; Ray without auth), and stop a command that runs too long
-with a failure that shows where it stood.
+Both run `python -m agentrl` of this interpreter (or `python LAUNCHER -m agentrl`, e.g. under
+torch.distributed.run) with the test environment (`env()`: no terminal width is set, so output is what
+a log file gets; Ray without auth); `agentrl(...)` stops a command that runs too long with a failure
+that shows where it stood.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -25,27 +29,43 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def agentrl(*args: object, cwd: Path | str | None = None, timeout: float = 300, check: bool = True,
-            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """Run `agentrl ARGS` to its end; `check`: fail the test unless it exits 0."""
-    cmd = [*AGENTRL, *map(str, args)]
+            extra_env: dict[str, str] | None = None,
+            launcher: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run `agentrl ARGS` to its end; `check`: fail the test unless it exits 0.
+
+    launcher: python's arguments before `-m agentrl` (["-m", "torch.distributed.run", ...])."""
+    cmd = _command(args, launcher)
+    name = " ".join(["agentrl", *map(str, args)])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env(**(extra_env or {})))
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd[2:])} ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
+        pytest.fail(f"{name} ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
     if check and r.returncode != 0:
-        pytest.fail(f"{' '.join(cmd[2:])} exited {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+        pytest.fail(f"{name} exited {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
     return r
 
 
-def start_agentrl(*args: object, cwd: Path | str | None = None, sigint: bool = True, stderr: int | None = None,
+def start_agentrl(*args: object, cwd: Path | str | None = None, sigint: bool = True,
+                  stdout: int | IO | None = None, stderr: int | IO | None = None,
                   extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:  # fmt: skip
-    """`agentrl ARGS` in the background, stdout (and stderr, unless `stderr` says where) piped as text.
+    """`agentrl ARGS` in the background, as text; stdout and stderr piped unless `stdout` / `stderr` say
+    where (a file, or subprocess.STDOUT to merge stderr into stdout).
 
     sigint: the child takes SIGINT as a terminal's Ctrl-C delivers it (a test runner may start
     children with it ignored)."""
-    return subprocess.Popen([*AGENTRL, *map(str, args)], cwd=cwd, env=env(**(extra_env or {})), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE if stderr is None else stderr,
+    return subprocess.Popen(_command(args), cwd=cwd, env=env(**(extra_env or {})), text=True,
+                            stdout=subprocess.PIPE if stdout is None else stdout,
+                            stderr=subprocess.PIPE if stderr is None else stderr,
                             preexec_fn=_default_sigint if sigint else None)  # fmt: skip
+
+
+def sets(*settings: str) -> list[str]:
+    """`--set S` for each setting: sets("iterations=2", "eval.tasks=4")."""
+    return [a for s in settings for a in ("--set", s)]
+
+
+def _command(args: Sequence[object], launcher: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, *launcher, *AGENTRL[1:], *map(str, args)]
 
 
 def _default_sigint() -> None:

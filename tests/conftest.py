@@ -1,6 +1,9 @@
 """Shared fixtures: a real Docker engine and the real sandbox image.
 
-Docker tests fail (not skip) without an engine: `bash scripts/test.sh` starts one.
+Docker tests fail (not skip) without an engine: `bash scripts/test.sh` starts one. A test that needs
+Docker says so with the `docker` marker; every other test runs with Docker out of reach (DOCKER_HOST
+names a socket that does not exist), so a test that reaches Docker without the marker fails; one that
+uses a Docker fixture without it is refused at collection.
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ import pytest
 
 from agentrl.sandbox import SandboxError, reaper
 from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
+
+# Fixtures that need the engine: a test using one (directly or through another fixture) needs the marker.
+DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run"}
+NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
 def _ours(client) -> set[str]:
@@ -46,3 +53,27 @@ def no_container_left_behind():
     if before is not None:
         left = _ours(_docker_client()) - before
         assert not left, f"containers left behind: {sorted(left)}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [i.nodeid for i in items if DOCKER_FIXTURES & set(getattr(i, "fixturenames", ()))
+                and i.get_closest_marker("docker") is None]  # fmt: skip
+    if unmarked:
+        raise pytest.UsageError(f"these use a Docker fixture but lack @pytest.mark.docker: {unmarked}")
+
+
+@pytest.fixture(autouse=True)
+def docker_out_of_reach(request, monkeypatch):
+    """Without the `docker` marker, no Docker: in process (the process's cached client, made for an earlier
+    test, is dropped too), in subprocesses and in a Ray started by the test. A Ray actor started earlier
+    keeps the environment it started with: tests/rollout/ starts Ray once per module, in modules of docker tests."""
+    if request.node.get_closest_marker("docker") is None:
+        monkeypatch.setenv("DOCKER_HOST", NO_DOCKER)
+        _docker_client.cache_clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = (yield).get_result()
+    if report.failed and item.get_closest_marker("docker") is None and "docker" in report.longreprtext.lower():
+        report.sections.append(("docker", f"this test has no docker marker, so DOCKER_HOST={NO_DOCKER}"))

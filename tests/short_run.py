@@ -1,13 +1,10 @@
 """A short real `agentrl train` run (the default policy, real sandboxes and Ray), for the pipeline and viewer tests."""
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
+from cli import agentrl, sets
 
 # Small enough for a test, shaped like the default: many groups in flight for few wanted, so an
 # iteration ends with episodes parked mid-way (partial rollouts) that the next one finishes.
@@ -30,27 +27,6 @@ def two_iterations(tmp: Path) -> ShortRun:
     """2 iterations of the SMALL run with the benchmark: the one run the pipeline and viewer tests share
     (tests/conftest.py's `short_run`, session-scoped). Tests that change it work on a copy."""
     t0 = time.monotonic()
-    out = agentrl_train("--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL, BENCH), cwd=tmp)
+    out = agentrl("train", "--env", "code_sandbox", *sets("iterations=2", f"out={tmp / 'run'}", *SMALL, BENCH),
+                  cwd=tmp, timeout=240)  # fmt: skip
     return ShortRun(tmp / "run", out.stdout, time.monotonic() - t0)
-
-
-def agentrl_train(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "agentrl", "train", *args]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env())
-    except subprocess.TimeoutExpired as e:  # say where it stood
-        pytest.fail(f"agentrl train ran past {timeout} s:\n{_text(e.stdout)[-4000:]}\n{_text(e.stderr)[-4000:]}")
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return r
-
-
-def _text(out: bytes | str | None) -> str:
-    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "COLUMNS": "200", "RAY_AUTH_MODE": "disabled"}
-
-
-def sets(*sets: str) -> list[str]:
-    return [a for s in sets for a in ("--set", s)]

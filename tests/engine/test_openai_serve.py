@@ -9,11 +9,11 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 
 import httpx
 import pytest
 import torch
+from cli import start_agentrl
 from typer.testing import CliRunner
 
 from agentrl.cli import app as cli
@@ -37,15 +37,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def unblock_signals() -> None:
-    """In the child: SIGINT as a terminal delivers it (a background shell may have it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
 def start_server(model_dir, port: int = 0, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentrl", "serve", "--model", str(model_dir), "--port", str(port), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=unblock_signals)
+    """`agentrl serve` in the background, taking SIGINT as from a terminal."""
+    return start_agentrl("serve", "--model", model_dir, "--port", port, *args)
 
 
 def wait_for_url(proc: subprocess.Popen) -> str:
@@ -244,6 +238,7 @@ async def test_context_too_long(url, remote):
     await unchecked.close()
 
 
+@pytest.mark.slow  # waits out the client's retries; the fast tier syncs weights over HTTP below
 async def test_retries_until_the_server_is_up_then_takes_weights(model_dir, local):
     port = free_port()
     client = OpenAIEngine(f"http://127.0.0.1:{port}/v1", max_retries=40, retry_backoff_s=0.25)
@@ -303,7 +298,7 @@ def test_serve_refuses_a_bad_setting_in_one_line(args, says):
     assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["full", "lora"])
 async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     """A GSPO-token update, synced over HTTP (full weights, or a LoRA adapter on attention and
     experts): the server then samples with the trained weights."""

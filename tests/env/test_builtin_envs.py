@@ -140,6 +140,7 @@ def _labelled(docker_client) -> set[str]:
     return {c["Id"] for c in docker_client.api.containers(all=True, filters=filters)}
 
 
+@pytest.mark.slow  # the fast tier stops envs and their pools one at a time below
 async def test_one_hundred_concurrent_episodes_leave_no_container(sandbox_image, docker_client):
     before = _labelled(docker_client)
 

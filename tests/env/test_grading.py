@@ -90,7 +90,11 @@ async def test_a_correct_solution_passes(sandbox, kind):
     assert r.passed == r.total == (1 if kind == "check" else 2)
 
 
-@pytest.mark.parametrize("hack", HACKS)
+# Hacks that only end at the grader's time limit: the fast tier times out in test_partial_credit_and_per_test_timeouts.
+WAIT_OUT = {"stops_parent", "hangs"}
+
+
+@pytest.mark.parametrize("hack", [pytest.param(h, marks=pytest.mark.slow) if h in WAIT_OUT else h for h in HACKS])
 @pytest.mark.parametrize("kind", TESTS)
 async def test_reward_hacks_earn_nothing(sandbox, kind, hack):
     r = await grade(sandbox, TESTS[kind], HACKS[hack])
@@ -242,6 +246,7 @@ def perturbed(task: Task) -> str:
     return task.starter_code + task.metadata["canonical_solution"] + nudge_results(task.tests.entry_point)
 
 
+@pytest.mark.slow  # all 164 problems; tests/eval/test_bench.py grades canonical and broken ones in the fast tier
 async def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(sandbox):
     tasks = load_humaneval()
     assert len(tasks) == 164

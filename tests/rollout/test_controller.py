@@ -154,6 +154,7 @@ def tool_caller():
     return model.eval(), task_ids
 
 
+@pytest.mark.slow  # trains a tool caller first; test_trajectories_are_token_exact is the fast tier's
 async def test_token_exact_over_real_tool_calls(ray_local, tool_caller):
     """Every turn calls a tool that runs in a Docker sandbox; the trajectory stays token-exact."""
     model, task_ids = tool_caller
@@ -210,6 +211,7 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
         assert any(len({t.versions[i] for i in range(turn.start, turn.end)}) == 2 for t in resumed for turn in t.turns)
 
 
+@pytest.mark.slow  # the fast tier parks and resumes above, with staleness allowed
 async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
     engine = HFEngine(tiny_model("qwen3_moe", seed=1), shared=True)  # a learner changes it in place
     cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=0,
@@ -225,6 +227,7 @@ async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
     assert len(dropped) == n_parked and not any(t.trainable for t in dropped)
 
 
+@pytest.mark.slow  # the fast tier parks and resumes in one controller (above) and in tests/runs/
 async def test_parked_episodes_continue_in_a_new_controller(ray_local):
     """The partial-rollout buffer of a checkpoint: a fresh controller (another process, after a
     restart) rebuilds each parked episode's env by replay and finishes it; a record that the
@@ -262,7 +265,7 @@ async def test_parked_episodes_continue_in_a_new_controller(ray_local):
     assert any(t.policy_versions[0] == 0 and t.policy_versions[-1] == 1 for t in resumed), "continued on the new engine"
 
 
-@pytest.mark.parametrize("mode", ["mask", "retry"])
+@pytest.mark.parametrize("mode", ["mask", pytest.param("retry", marks=pytest.mark.slow)])
 async def test_killing_an_env_worker_fails_only_its_episodes(ray_local, mode):
     engine = HFEngine(tiny_model("qwen3_moe", seed=0))
     # long episodes (12 turns), so the victim's are still running when the kill lands
@@ -288,6 +291,7 @@ async def test_killing_an_env_worker_fails_only_its_episodes(ray_local, mode):
         assert all(t.status is Status.FINISHED for t in trajs)
 
 
+@pytest.mark.slow  # the fast tier kills a worker mid-iteration above
 async def test_a_worker_killed_between_iterations_is_replaced(ray_local):
     """A worker that dies while idle has no episode to notice it: the next iteration (whose task
     sampling asks worker 0) replaces it and runs in full."""

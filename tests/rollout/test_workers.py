@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+import pytest
 import ray
 
 from agentrl.rollout.workers import RemoteEnvWorker
@@ -10,6 +11,8 @@ from agentrl.rollout.workers import RemoteEnvWorker
 RUN = '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(1)"}}\n</tool_call>'
 
 
+@pytest.mark.docker
+@pytest.mark.slow  # 1100 episodes; the fast tier's env workers run in tests/rollout/test_controller.py
 async def test_waiters_for_a_sandbox_never_crowd_out_the_episodes_holding_one(ray_local, sandbox_image):
     """1100 episodes want a sandbox at once from a pool of 1 (2 at most): more calls than Ray's default
     concurrency for an async actor (1000). The two episodes holding the sandboxes close only after the

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import docker.errors
 import pytest
+from cli import agentrl, start_agentrl
 
 from agentrl.sandbox import reaper
-
-AGENTRL = [sys.executable, "-m", "agentrl"]
 
 
 def owned_by(client, pid: int) -> list[dict]:
@@ -30,21 +28,10 @@ def runs_prog(client, container: dict) -> bool:
 
 
 def start_exec(tmp_path, code: str, *args: str) -> subprocess.Popen:
+    """`agentrl sandbox exec prog.py ARGS` in the background, taking SIGINT as from a terminal."""
     prog = tmp_path / "prog.py"
     prog.write_text(code)
-    return subprocess.Popen(
-        [*AGENTRL, "sandbox", "exec", str(prog), *args], stdout=subprocess.PIPE, text=True, preexec_fn=deliver_sigint
-    )
-
-
-def deliver_sigint() -> None:
-    """In the child: SIGINT as a terminal's Ctrl-C delivers it.
-
-    Ignored and blocked signals survive exec: a shell's background job (as CI may run in)
-    ignores SIGINT, and a library thread of the test process may have it blocked.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return start_agentrl("sandbox", "exec", prog, *args, stderr=subprocess.STDOUT)
 
 
 def wait_running(client, proc: subprocess.Popen) -> None:
@@ -65,10 +52,11 @@ def wait_running(client, proc: subprocess.Popen) -> None:
     raise AssertionError("program never started")
 
 
+@pytest.mark.docker
 def test_exec_json(sandbox_image, tmp_path):
     prog = tmp_path / "hello.py"
     prog.write_text("import sys\nprint('hello')\nprint('warn', file=sys.stderr)\nsys.exit(3)")
-    out = subprocess.run([*AGENTRL, "sandbox", "exec", str(prog), "--json"], capture_output=True, text=True)
+    out = agentrl("sandbox", "exec", prog, "--json", check=False)
     result = json.loads(out.stdout)
     assert {"status", "exit_code", "stdout", "stderr", "wall_s"} <= result.keys()
     got = (result["status"], result["exit_code"], result["stdout"], result["stderr"])
@@ -76,15 +64,17 @@ def test_exec_json(sandbox_image, tmp_path):
     assert out.returncode == 1
 
 
+@pytest.mark.docker
 def test_exec_timeout_and_shell(sandbox_image, tmp_path):
     prog = tmp_path / "spin.sh"
     prog.write_text("echo start; while :; do :; done")
-    out = subprocess.run([*AGENTRL, "sandbox", "exec", str(prog), "--timeout", "1", "--json"], capture_output=True)
+    out = agentrl("sandbox", "exec", prog, "--timeout", "1", "--json", check=False)
     result = json.loads(out.stdout)
     assert (result["status"], result["stdout"]) == ("timeout", "start\n")
     assert 1 <= result["wall_s"] < 3
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_exec_leaves_no_container(sandbox_image, docker_client, tmp_path, sig):
     proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100")
@@ -104,17 +94,19 @@ def killed_exec(client, tmp_path) -> int:
     return proc.pid
 
 
+@pytest.mark.docker
 def test_sigkill_orphans_are_removed_by_gc(sandbox_image, docker_client, tmp_path):
     pid = killed_exec(docker_client, tmp_path)
-    gc = subprocess.run([*AGENTRL, "sandbox", "gc"], capture_output=True, text=True)
-    assert gc.returncode == 0 and "removed 2" in gc.stderr
+    gc = agentrl("sandbox", "gc")
+    assert "removed 2" in gc.stderr
     assert owned_by(docker_client, pid) == []
 
 
+@pytest.mark.docker
 def test_sigkill_orphans_are_removed_by_the_next_start(sandbox_image, docker_client, tmp_path):
     pid = killed_exec(docker_client, tmp_path)
     (tmp_path / "ok.py").write_text("print('ok')")
-    subprocess.run([*AGENTRL, "sandbox", "exec", str(tmp_path / "ok.py")], check=True, capture_output=True)
+    agentrl("sandbox", "exec", tmp_path / "ok.py")
     assert owned_by(docker_client, pid) == []
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agentrl.sandbox.image import content_hash, ensure_image, image_tag
 
 
@@ -22,6 +24,7 @@ def test_content_hash_tracks_files_not_caches(tmp_path):
     assert content_hash(tmp_path) != before  # names count, not only bytes
 
 
+@pytest.mark.docker
 def test_current_image_is_reused(docker_client, sandbox_image):
     assert sandbox_image == image_tag()
     messages = []

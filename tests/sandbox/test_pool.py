@@ -22,6 +22,7 @@ async def settle(pool: SandboxPool) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.docker
 async def test_warm_pool_hands_out_fresh_sandboxes(sandbox_image, docker_client):
     async with SandboxPool(factory, size=2) as pool:
         sb = await pool.acquire()
@@ -41,6 +42,7 @@ async def test_warm_pool_hands_out_fresh_sandboxes(sandbox_image, docker_client)
     assert not docker_client.containers.list(all=True, filters={"name": name})
 
 
+@pytest.mark.docker
 async def test_docker_kill_mid_call_is_an_infrastructure_error(sandbox_image, docker_client):
     async with SandboxPool(factory, size=1) as pool:
         sb = await pool.acquire()
@@ -60,6 +62,7 @@ async def test_docker_kill_mid_call_is_an_infrastructure_error(sandbox_image, do
             assert (r.status, r.stdout) == (Status.OK, "still serving\n")
 
 
+@pytest.mark.docker
 async def test_dead_idle_sandbox_is_replaced(sandbox_image, docker_client):
     async with SandboxPool(factory, size=1, health_interval_s=0.2) as pool:
         victim = pool._idle[0]
@@ -70,6 +73,7 @@ async def test_dead_idle_sandbox_is_replaced(sandbox_image, docker_client):
         assert pool.stats["replaced_dead"] == 1
 
 
+@pytest.mark.docker
 async def test_failing_starts_raise_instead_of_hanging(sandbox_image):
     bad = DockerSandboxConfig(image="agentrl-no-such-image:0")
     pool = SandboxPool(lambda: DockerSandbox.create(bad), size=2)

@@ -128,6 +128,7 @@ async def test_a_busy_pool_does_not_grow_a_sandbox_per_waiter(sandbox_image):
         assert pool.stats["started"] == 2 and pool.stats["discarded"] == 0
 
 
+@pytest.mark.slow  # the fast tier grows a busy pool above
 async def test_a_starved_pool_grows_no_further_than_max_size(sandbox_image):
     """Six episodes that each hold their sandbox far past the waiters' patience (an engine slow to write
     the next turn): the pool starts extra containers, but never has more than `max_size` alive; the

@@ -31,7 +31,7 @@ def plain_moe(tmp_path_factory) -> dict:
     return run(tmp_path_factory.mktemp("plain") / "one.pt", "moe", 1)
 
 
-@pytest.mark.parametrize("kind", ["moe", "lora"])
+@pytest.mark.parametrize("kind", ["moe", pytest.param("lora", marks=pytest.mark.slow)])
 def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
     one = plain_moe if kind == "moe" else run(tmp_path / "one.pt", kind, 1)
     two = run(tmp_path / "two.pt", kind, 2)
@@ -72,6 +72,7 @@ def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
         assert torch.equal(engine[name], value), name
 
 
+@pytest.mark.slow  # three launches; the fast tier resumes a checkpoint in tests/train/test_checkpoint.py
 def test_a_sharded_checkpoint_resumes_on_two_ranks_and_on_one(tmp_path):
     """Saved by two FSDP2 ranks; resumed by two ranks and by a plain process (DCP reshards)."""
     ckpt = str(tmp_path / "ckpt")

@@ -46,6 +46,7 @@ def test_chunked_equals_naive_in_value_and_gradient(params):
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "logprob_bench.py"
 
 
+@pytest.mark.slow  # a 150k vocabulary; the fast tier checks the chunked values above
 def test_chunked_peak_memory_is_under_a_quarter_of_naive():
     """vocab 152k, 2048 positions: the naive path holds fp32 (T, V) logits, log-softmax and grads.
     Measured by the benchmark itself, each path in its own process."""

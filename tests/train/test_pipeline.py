@@ -6,15 +6,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import docker
 import pytest
-from short_run import SMALL, agentrl_train
-from short_run import env as _env
-from short_run import sets as _sets
+from cli import agentrl, sets, start_agentrl
+from short_run import SMALL
 
 from agentrl.sandbox import reaper
 
@@ -23,9 +21,8 @@ pytestmark = pytest.mark.docker
 
 def _started_small_run(run: Path, iterations: int, cwd: Path, timeout: float = 180) -> subprocess.Popen:
     """The SMALL run in the background, returned once its first iteration is logged (killed if it never is)."""
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox",
-           *_sets(f"iterations={iterations}", f"out={run}", *SMALL)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    proc = start_agentrl("train", "--env", "code_sandbox", *sets(f"iterations={iterations}", f"out={run}", *SMALL),
+                         cwd=cwd, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + timeout
     while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -39,12 +36,11 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_two_iterations_then_a_resume(short_run, tmp_path):
-    """Metrics written, policy version 2, a partial rollout carried across an iteration and trained,
-    and the checkpoint resumable: the resumed run continues at iteration 2 with the parked episodes.
-    The 2-iteration run is the session's shared one (the viewer tests read it too); it is resumed in a copy."""
-    run = tmp_path / "run"
-    shutil.copytree(short_run.folder, run)
+def test_two_iterations(short_run):
+    """Metrics written, policy version 2, a partial rollout carried across an iteration and trained, held-out
+    evals, checkpoints, TensorBoard, saved trajectories and plots. The 2-iteration run is the session's shared
+    one (the viewer tests read it too): read here, never written."""
+    run = short_run.folder
     metrics = rows(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1]
     assert metrics[-1]["policy_version"] == 2
@@ -60,21 +56,28 @@ def test_two_iterations_then_a_resume(short_run, tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-00001", "iter-00002"]
     assert list((run / "tensorboard").iterdir()) and list((run / "trajectories").glob("iter-*.jsonl"))
     assert (run / "plots" / "heldout.png").exists() and "plots:" in short_run.stdout
-    first = short_run.seconds
+    assert short_run.seconds < 150, f"the 2-iteration run took {short_run.seconds:.0f} s"
 
+
+@pytest.mark.slow  # the fast tier resumes a run too: tests/runs/test_compat.py
+def test_a_resume_continues_with_the_parked_episodes(short_run, tmp_path):
+    """The checkpoint is resumable: the resumed run continues at iteration 2 with the parked episodes.
+    It resumes a copy of the session's shared run."""
+    run = tmp_path / "run"
+    shutil.copytree(short_run.folder, run)
     state = json.loads((run / "checkpoints" / "iter-00002" / "state.json").read_text())
     parked = [p for eps in state["controller"]["groups"].values() for p in eps
               if p["trajectory"]["status"] == "running"]  # fmt: skip
-    out = agentrl_train("--resume", str(run), *_sets("iterations=3", "eval.benchmarks=[]"), cwd=tmp_path)
+    out = agentrl("train", "--resume", run, *sets("iterations=3", "eval.benchmarks=[]"), cwd=tmp_path, timeout=240)
     assert "resumed from" in out.stdout
     metrics = rows(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1, 2] and metrics[-1]["policy_version"] == 3
     assert parked, "the checkpoint held parked episodes"
     assert metrics[-1]["rollout/restore_dropped"] == 0, "every parked episode's env replayed as recorded"
     assert metrics[-1]["rollout/partial_trained"] >= 1, "episodes parked before the restart were finished and trained"
-    assert first < 150, f"the 2-iteration run took {first:.0f} s"
 
 
+@pytest.mark.slow  # the fast tier kills containers and an env worker more cheaply: tests/rollout/test_controller.py
 def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     """Mid-iteration, every sandbox container is killed and an env worker process too: the run finishes,
     and the failures are counted in its metrics (retried, never scored)."""
@@ -100,6 +103,7 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     assert sum(m["rollout/retried"] + m["rollout/failed"] for m in metrics) >= 2, metrics
 
 
+@pytest.mark.slow  # the fast tier interrupts `agentrl sandbox exec`: tests/sandbox/test_cli_and_reaper.py
 def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     """One SIGINT mid-run: the rollouts in flight are parked, a checkpoint is saved, sandboxes and env
     workers are released, and the command says how to resume (exit 130: interrupted, not finished)."""
@@ -120,16 +124,15 @@ def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     assert not docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
 
 
+@pytest.mark.slow  # the fast tier runs FSDP2 over two ranks in tests/train/test_fsdp.py
 def test_two_ranks_under_torchrun(tmp_path):
     """`torchrun --nproc-per-node 2 -m agentrl train`: FSDP2 over two gloo ranks, rank 0 samples with a
     full copy that each sync refreshes."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "agentrl",
-           "train", "--env", "code_sandbox", *_sets("iterations=2", f"out={run}", "checkpoint.export_final=false",
-                                                    "rollout.partial=false", *SMALL[:2], *SMALL[3:])]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=400,
-                       env={**_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    agentrl("train", "--env", "code_sandbox", *sets("iterations=2", f"out={run}", "checkpoint.export_final=false",
+                                                 "rollout.partial=false", *SMALL[:2], *SMALL[3:]),
+            launcher=["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], cwd=tmp_path,
+            timeout=400, extra_env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     metrics = rows(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1] and metrics[-1]["policy_version"] == 2
     # no partial rollouts here, so iteration 1 was sampled by version 1 alone: the engine got the synced

@@ -1,11 +1,10 @@
 """Supervised fine-tuning: conversations laid out as rollouts lay them out, loss on the assistant only."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli import agentrl, sets
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.env.parsers import HermesParser
@@ -37,22 +36,16 @@ def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
         chat.conversation_ids(CONVERSATION[:2])
 
 
-def _agentrl(*args, cwd) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "agentrl", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                       timeout=600)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
-
-
 @pytest.mark.docker
+@pytest.mark.slow  # 150 steps; the fast tier records demonstrations in tests/env/test_demos.py and lays them out here
 def test_sft_learns_demonstrations_recorded_in_sandboxes(tmp_path):
     """`agentrl envs demos` records real episodes; `agentrl sft` fits a tiny Qwen3-MoE to them; greedy decoding
     of the saved model then writes the demonstrated tool call."""
-    _agentrl("envs", "demos", "code_sandbox", "-n", 4, "--out", tmp_path / "demos.jsonl", cwd=tmp_path)
-    _agentrl("models", "init", tmp_path / "init", "--preset", "tiny", cwd=tmp_path)
-    r = _agentrl("sft", "--data", tmp_path / "demos.jsonl", "--model", tmp_path / "init", "--out", tmp_path / "sft",
-                 "--set", "steps=150", "--set", "lr=1e-2", "--set", "batch_size=4", "--set", "eval_fraction=0",
-                 "--set", "warmup_steps=5", cwd=tmp_path)  # fmt: skip
+    agentrl("envs", "demos", "code_sandbox", "-n", 4, "--out", tmp_path / "demos.jsonl", cwd=tmp_path, timeout=600)
+    agentrl("models", "init", tmp_path / "init", "--preset", "tiny", cwd=tmp_path, timeout=600)
+    r = agentrl("sft", "--data", tmp_path / "demos.jsonl", "--model", tmp_path / "init", "--out", tmp_path / "sft",
+                *sets("steps=150", "lr=1e-2", "batch_size=4", "eval_fraction=0", "warmup_steps=5"), cwd=tmp_path,
+                timeout=600)  # fmt: skip
     losses = [json.loads(line)["loss"] for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(losses) == 150 and losses[-1] < 0.01 * losses[0], losses[::10]
     tok = AutoTokenizer.from_pretrained(tmp_path / "sft")

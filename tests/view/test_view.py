@@ -7,12 +7,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from cli import agentrl, start_agentrl
 
 from agentrl.rollout import Trajectory
 from agentrl.runs import TrainedView, write_trajectories
@@ -49,8 +49,7 @@ class Viewer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        self.proc = start_agentrl("view", folder, "--port", self.port, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "Viewer":
         deadline = time.monotonic() + 60
@@ -192,6 +191,7 @@ def test_a_torn_and_a_corrupt_line_still_open_with_a_warning(run, browser, tmp_p
         page.close()
 
 
+@pytest.mark.slow  # writes 10000 trajectories; the fast tier browses the short run's above
 def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
     """10,000 saved trajectories: the list comes a page at a time, and a trajectory loads on its own."""
     big = tmp_path / "big"
@@ -228,13 +228,11 @@ def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
         page.close()
 
 
+@pytest.mark.slow  # two `agentrl eval` runs; the fast tier opens an eval folder in tests/runs/
 def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_path):
     """`agentrl eval --out` of an agent (transcripts) and of a samples file (completions) both open."""
     agent = tmp_path / "agent"
-    r = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "code_sandbox", "--model", "default",
-                        "--tasks", "4", "--out", str(agent)], capture_output=True, text=True, timeout=240,
-                       env={**os.environ, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    agentrl("eval", "--env", "code_sandbox", "--model", "default", "--tasks", 4, "--out", agent, timeout=240)
     results = [json.loads(line) for line in (agent / "results.jsonl").read_text().splitlines()]
     with Viewer(agent) as v:
         page = browser.new_page()
@@ -259,9 +257,7 @@ def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_p
     samples.write_text("".join(json.dumps(x) + "\n" for x in [
         *({"task_id": p["task_id"], "completion": p["canonical_solution"]} for p in problems), wrong]))  # fmt: skip
     scored = tmp_path / "scored"
-    r = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "humaneval", "--completions", str(samples),
-                        "--out", str(scored)], capture_output=True, text=True, timeout=240)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    agentrl("eval", "--env", "humaneval", "--completions", samples, "--out", scored, timeout=240)
     with Viewer(scored) as v:
         page = browser.new_page()
         page.goto(v.url + "/#/results")
