@@ -2,20 +2,26 @@
 
 Messages carry user text (paths, settings, `pip install 'agentrl[vllm]'`), so they are printed
 escaped: rich would take `[vllm]` for markup. Into a file or a pipe (no terminal) lines are not
-wrapped, so a log keeps one line per iteration whatever its length.
+wrapped, so a log keeps one line per iteration (and a table one line per row) whatever its length.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-out = Console(soft_wrap=not sys.stdout.isatty())
-err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+
+def _console(stream: TextIO) -> Console:
+    # Rich lays a pipe out at 80 columns: text soft-wraps instead, and a table gets room for one row per line.
+    piped = not stream.isatty()
+    return Console(file=stream, soft_wrap=piped, width=1000 if piped else None)
+
+
+out, err = _console(sys.stdout), _console(sys.stderr)
 
 
 def error(message: object) -> None:

@@ -35,7 +35,8 @@ def served():
         proc.wait(60)
 
 
-@pytest.mark.parametrize("env", ["humaneval", "code_sandbox"])
+# code_sandbox (multi-turn, tools) is the slow case; humaneval covers the same engine path in the fast tier
+@pytest.mark.parametrize("env", ["humaneval", pytest.param("code_sandbox", marks=pytest.mark.slow)])
 def test_agentrl_eval_with_the_openai_engine_against_agentrl_serve(served, env, tmp_path):
     r = agentrl("eval", "--env", env, "--engine", "openai", "--base-url", served, "--model", MODEL, "--tasks", 2,
                 "--set", "max_tokens=16", "--out", tmp_path, cwd=tmp_path)  # fmt: skip

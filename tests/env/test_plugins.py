@@ -11,7 +11,6 @@ import pytest
 from cli import agentrl
 
 BIN = Path(sys.executable).parent
-WIDE = {"COLUMNS": "250"}  # `agentrl envs list` is a rich table, laid out at the terminal's width: one row per line
 
 
 def run(*argv, cwd=None, check=True) -> subprocess.CompletedProcess:
@@ -50,7 +49,7 @@ def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, p
     run(BIN / "ruff", "check", "--no-cache", str(root))
     pip_install(root, "agentrl-env-wordcount")
 
-    listing = agentrl("envs", "list", cwd=tmp_path, extra_env=WIDE).stdout
+    listing = agentrl("envs", "list", cwd=tmp_path).stdout
     row = next(line for line in listing.splitlines() if "wordcount" in line)
     assert "agentrl-env-wordcount" in row and "cannot load" not in listing
 
@@ -91,7 +90,7 @@ def test_a_package_whose_env_fails_to_import_is_reported_by_name(tmp_path, pip_i
     """)
     )
     pip_install(pkg, "agentrl-env-brokenenv")
-    listing = agentrl("envs", "list", cwd=tmp_path, extra_env=WIDE).stdout
+    listing = agentrl("envs", "list", cwd=tmp_path).stdout
     assert "cannot load: ImportError: needs libfoo" in next(
         line for line in listing.splitlines() if "brokenenv" in line
     )
