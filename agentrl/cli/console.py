@@ -8,20 +8,21 @@ wrapped, so a log keeps one line per iteration (and a table one line per row) wh
 from __future__ import annotations
 
 import sys
-from typing import NoReturn, TextIO
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 
-def _console(stream: TextIO) -> Console:
+def _console(stderr: bool) -> Console:
     # Rich lays a pipe out at 80 columns: text soft-wraps instead, and a table gets room for one row per line.
-    piped = not stream.isatty()
-    return Console(file=stream, soft_wrap=piped, width=1000 if piped else None)
+    # (The stream itself is looked up at each print, so a caller that swaps sys.stdout still gets the output.)
+    piped = not (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, soft_wrap=piped, width=1000 if piped else None)
 
 
-out, err = _console(sys.stdout), _console(sys.stderr)
+out, err = _console(stderr=False), _console(stderr=True)
 
 
 def error(message: object) -> None:
