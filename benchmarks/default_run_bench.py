@@ -37,7 +37,7 @@ def run(out: Path, loss: str, seed: int, sets: list[str]) -> float:
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox", "--set", f"seed={seed}",
            "--set", f"algo.loss={loss}", "--set", f"out={out}", *(a for s in sets for a in ("--set", s))]  # fmt: skip
     with open(f"{out}.log", "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, "COLUMNS": "200"})
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.monotonic() - t0
 
 
