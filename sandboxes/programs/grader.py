@@ -176,6 +176,7 @@ class Worker:
         self.proc: subprocess.Popen | Forked | None = None
         self.buf = b""
         self.output = bytearray()
+        self._collectors: list[threading.Thread] = []  # one per worker process started, reading its prints
         self.load_error: str | None = None
 
     def ready(self) -> bool:
@@ -193,7 +194,9 @@ class Worker:
                     start_new_session=True,
                 )
             self.buf = b""
-            threading.Thread(target=self._collect, args=(self.proc.stderr,), daemon=True).start()
+            collector = threading.Thread(target=self._collect, args=(self.proc.stderr,), daemon=True)
+            collector.start()
+            self._collectors.append(collector)
             try:
                 reply = self._ask({"load": self.solution}, time.monotonic() + self.timeout_s)
                 if not reply["ok"]:
@@ -252,6 +255,15 @@ class Worker:
     def _death(self) -> str:
         self.stop()
         return f"the solution's process died (exit code {self.proc.returncode})"
+
+    def printed(self) -> str:
+        """Everything the solution printed (its first MAX_OUTPUT bytes), once its processes are stopped. What was
+        still in a pipe is read to its end: otherwise a grade would report some of the prints, a different part
+        each time. At most 2 s per process, for a grandchild that escaped the kill and holds a pipe open."""
+        self.stop()
+        for collector in self._collectors:
+            collector.join(timeout=2.0)
+        return bytes(self.output).decode(errors="replace")
 
     def stop(self) -> None:
         for proc in (self.proc, self.first):
@@ -388,8 +400,7 @@ def grader_main() -> None:
         worker.stop()
         return
     results = run_tests(worker, thunks, deadline)
-    worker.stop()
-    output = bytes(worker.output).decode(errors="replace")
+    output = worker.printed()
     json.dump({"load_error": worker.load_error, "tests": results, "output": output}, report_to)
     report_to.flush()
 

@@ -207,6 +207,16 @@ async def test_partial_credit_and_per_test_timeouts(sandbox):
     assert "exit code 3" in r.outcomes[1].error
 
 
+async def test_what_the_solution_printed_is_reported_whole_every_time(sandbox):
+    """The solution's prints reach the report in full: its last lines are still in a pipe when its process is
+    stopped (a grade once reported a random part of them, and a resumed run's env then replayed differently)."""
+    tests = CallTests(entry_point="f", cases=[CallCase(args=[n], expected=-1) for n in range(3)])
+    code = "def f(n):\n    print(f'call {n}: ' + 'x' * 1000)\n    return n"
+    want = "".join(f"call {n}: {'x' * 1000}\n" for n in range(3))
+    outputs = [(await grade(sandbox, tests, code)).output for _ in range(20)]
+    assert outputs == [want] * 20
+
+
 async def test_values_cross_as_plain_data_only(sandbox):
     cases = [
         CallCase(args=[[1, [2, 3]]], expected=[1, [2, 3]]),
