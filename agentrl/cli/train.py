@@ -82,13 +82,14 @@ def train(
         cfg = resolve_config(env, config, set_, resume)
     except (ConfigError, ValueError) as e:
         fail(e)
-    # Before any process group or Ray actor: what this machine cannot run. Every rank checks alike
-    # (torchrun's RANK); rank 0 alone says so, and alone checks Docker and the image (and builds it).
-    rank0 = os.environ.get("RANK", "0") == "0"
-    problems = preflight(cfg, docker=rank0, build_image=build_image)
+    # Before any process group or Ray actor: what this machine cannot run. Every rank (torchrun's RANK)
+    # checks the env, the model and the engine, and says what it finds wrong (a check may fail on one rank
+    # only: another node); rank 0 alone checks Docker and the image, and builds it if asked.
+    rank = int(os.environ.get("RANK", "0"))
+    problems = preflight(cfg, docker=rank == 0, build_image=build_image)
+    for p in problems:
+        error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:
-        for p in problems if rank0 else []:
-            error(f"✗ {p}")
         raise typer.Exit(2)
     lead = init_distributed(cfg.model)
     try:
@@ -210,7 +211,7 @@ class RichDisplay:
 
 def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False) -> list[str]:
     """What the run needs, checked before anything starts: each problem comes back with what to do about it.
-    `docker`: check the engine and the image too (building it if asked)."""
+    `docker`: check the Docker engine and the sandbox image too (building the image if asked)."""
     problems = _check_env(cfg) + _check_model(cfg) + _check_engine(cfg)
     if docker:
         problems += _check_docker(build_image)

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+VLLM_OWN = {"model", "dtype", "max_batch_size", "max_context", "lora", "seed", "version"}
+"""VLLMEngine's own arguments: `engine.vllm` holds only further vllm.LLM ones"""
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -21,8 +25,8 @@ class EngineConfig(BaseModel):
     """a registered engine: hf (transformers in this process; on one process it samples with the trainer's own
     weights, no copy), vllm (in-process vLLM, GPU, pip install agentrl[vllm]), openai (an OpenAI-compatible server
     at base_url), or one another installed package registers (entry-point group agentrl.engines)"""
-    max_batch_size: int = Field(64, ge=1)
-    """requests decoded together (hf, vllm)"""
+    max_batch_size: int | None = Field(None, ge=1)
+    """requests decoded together; None: the engine's own default (hf 64, vllm 256)"""
     prefix_cache_tokens: int = Field(65536, ge=0)
     """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
     record_routing: bool = False
@@ -60,6 +64,9 @@ class EngineConfig(BaseModel):
             raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
         if self.vllm and self.kind != "vllm":
             raise ValueError("engine.vllm settings need engine.kind=vllm")
+        if clash := sorted(VLLM_OWN & self.vllm.keys()):
+            raise ValueError(f"engine.vllm: {clash} are set from the run (engine.dtype, engine.max_batch_size, seed, "
+                             "the model and its LoRA settings): set them there")  # fmt: skip
         return self
 
 

@@ -36,6 +36,9 @@ from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
 from agentrl.engine.threaded import Request, ThreadedEngine
+from agentrl.models.lora import is_lora
+
+MAX_BATCH_SIZE = 64  # rows decoded together, by default
 
 _Prefilled = tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor | None]  # cache, mask, logits, routing
 
@@ -60,7 +63,7 @@ class HFEngine(ThreadedEngine):
     thread_name = "agentrl-hf-engine"
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
-    def __init__(self, model: PreTrainedModel, *, max_batch_size: int = 64, max_context: int | None = None,
+    def __init__(self, model: PreTrainedModel, *, max_batch_size: int = MAX_BATCH_SIZE, max_context: int | None = None,
                  prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0,
                  version: int = 0, shared: bool = False) -> None:  # fmt: skip
         if max_batch_size < 1:
@@ -68,7 +71,7 @@ class HFEngine(ThreadedEngine):
         super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
         self.model = model
         self.shared = shared
-        self._lora = hasattr(model, "peft_config")  # a peft model: its adapters take LoRA updates
+        self._lora = is_lora(model)  # a peft model: its adapters take LoRA updates
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
@@ -84,7 +87,7 @@ class HFEngine(ThreadedEngine):
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
 
     def _hook_routers(self) -> None:
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base = self.model.get_base_model() if self._lora else self.model
         gates = [getattr(layer.mlp, "gate", None) for layer in base.get_decoder().layers]
         if not gates or any(g is None for g in gates):
             raise ValueError("record_routing needs an MoE model whose layers route with `mlp.gate`")
@@ -119,8 +122,9 @@ class HFEngine(ThreadedEngine):
             if model.lora is not None:
                 module = with_lora(module, model.lora)
             module = module.to(model.device)
-        return cls(module.eval(), max_batch_size=cfg.max_batch_size, prefix_cache_tokens=cfg.prefix_cache_tokens,
-                   record_routing=cfg.record_routing, seed=seed, version=version, shared=shared)  # fmt: skip
+        return cls(module.eval(), max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE,
+                   prefix_cache_tokens=cfg.prefix_cache_tokens, record_routing=cfg.record_routing, seed=seed,
+                   version=version, shared=shared)  # fmt: skip
 
     @property
     def capabilities(self) -> Capabilities:

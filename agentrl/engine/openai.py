@@ -123,6 +123,7 @@ class OpenAIEngine(InferenceEngine):
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s))
         self._version = 0
         self._agentrl: bool | None = None  # whether the server is agentrl serve; None until connected
+        self._updates: frozenset[str] = frozenset()  # the weight updates agentrl serve takes
         self._connecting = asyncio.Lock()
         self._inflight: dict[str, _Pending] = {}
 
@@ -142,9 +143,9 @@ class OpenAIEngine(InferenceEngine):
 
     @property
     def capabilities(self) -> Capabilities:
-        """agentrl serve takes full state dicts and LoRA adapters (if started with --lora-rank); another
+        """What agentrl serve says it takes (full state dicts; LoRA adapters if started with --lora-rank); another
         server's weights change by other means: `update_weights()` with no tensors only moves the version."""
-        return Capabilities(weight_updates=frozenset({"full", "lora"} if self._agentrl else ()))
+        return Capabilities(weight_updates=self._updates)
 
     async def start(self) -> None:
         await self.connect()
@@ -178,7 +179,8 @@ class OpenAIEngine(InferenceEngine):
             resp = await self._send("GET", "/agentrl/version")
             self._agentrl = resp.status_code == 200
             if self._agentrl:
-                self._version = PolicyVersion.model_validate(resp.json()).version
+                served = PolicyVersion.model_validate(resp.json())
+                self._version, self._updates = served.version, frozenset(served.weight_updates or ())
         return self
 
     # -- requests --------------------------------------------------------------------

@@ -201,3 +201,5 @@ class PolicyVersion(_Reply):
     """GET /agentrl/version, and the reply to POST /agentrl/weights."""
 
     version: int
+    weight_updates: list[str] | None = None
+    """GET /agentrl/version: the updates POST /agentrl/weights takes ("full", "lora": the served engine's)"""

@@ -95,7 +95,7 @@ def create_app(
 
     @app.get("/agentrl/version")
     async def version() -> PolicyVersion:
-        return PolicyVersion(version=engine.version)
+        return PolicyVersion(version=engine.version, weight_updates=sorted(engine.capabilities.weight_updates))
 
     @app.post("/agentrl/abort")
     async def abort(body: AbortRequest) -> dict[str, str]:

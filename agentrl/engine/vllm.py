@@ -46,6 +46,7 @@ from agentrl.engine.threaded import Request, ThreadedEngine
 if TYPE_CHECKING:
     from peft import LoraConfig
 
+MAX_BATCH_SIZE = 256  # sequences vLLM schedules together (max_num_seqs), by default
 INSTALL_HINT = "the vllm engine needs vLLM: pip install 'agentrl[vllm]' (on a machine with an NVIDIA GPU)"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -79,7 +80,7 @@ class VLLMEngine(ThreadedEngine):
         "(vLLM logprobs_mode=processed_logprobs)"
     )
 
-    def __init__(self, model: str | Path, *, dtype: str = "auto", max_batch_size: int = 256,
+    def __init__(self, model: str | Path, *, dtype: str = "auto", max_batch_size: int = MAX_BATCH_SIZE,
                  max_context: int | None = None, lora: LoraConfig | None = None, seed: int = 0, version: int = 0,
                  **llm_kwargs: Any) -> None:  # fmt: skip
         _require_vllm()
@@ -116,8 +117,8 @@ class VLLMEngine(ThreadedEngine):
             from agentrl.models.lora import peft_config
 
             lora = peft_config(model.lora, _meta_model(model.path))
-        return cls(model.path, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, seed=seed, version=version,
-                   lora=lora, **cfg.vllm)  # fmt: skip
+        return cls(model.path, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE, seed=seed,
+                   version=version, lora=lora, **cfg.vllm)  # fmt: skip
 
     @classmethod
     def unavailable(cls, cfg: EngineConfig) -> str | None:

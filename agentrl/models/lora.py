@@ -6,6 +6,7 @@ Shared by the learner (`agentrl train`) and the engines that must hold the same 
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +31,13 @@ class LoraSettings(BaseModel):
     """module names that get adapters (attention by default)"""
     experts: bool = False
     """also adapt the MoE expert projections (3D expert parameters)"""
+
+
+def is_lora(model: object) -> bool:
+    """Whether `model` is a peft model (its adapters train, or take updates). Imports nothing: a model can
+    only be one once peft is imported."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:

@@ -366,7 +366,8 @@ def released_between(tasks: TaskSet, since: date | None = None, until: date | No
     if not kept:
         raise ValueError(f"{tasks.name}: no task released between {since or 'the start'} and {until or 'now'}")
     window = f"released {since or '...'} to {until or '...'}"
-    return ListTaskSet(kept, name=f"{tasks.name}[{window}]", description=f"{tasks.description}, {window}")
+    kind = type(tasks) if isinstance(tasks, ListTaskSet) else ListTaskSet  # keeps its reference solutions
+    return kind(kept, name=f"{tasks.name}[{window}]", description=f"{tasks.description}, {window}")
 
 
 def load_humaneval() -> ListTaskSet:

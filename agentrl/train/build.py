@@ -92,7 +92,6 @@ class Rollout:
     """None when there was nothing to learn from"""
     recorder: RowRecorder | None
     """the rows of the saved trajectories, recorded by the update"""
-    episodes: RolloutBatch | None = None
     saved: list[Trajectory] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -149,7 +148,7 @@ class Run:
             metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
         except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
             self.display.message(f"iteration {iteration}: {e}; no update")
-        return Rollout(batch, None, episodes, lead.tracker.to_save(episodes.groups), metrics)
+        return Rollout(batch, None, lead.tracker.to_save(episodes.groups), metrics)
 
     async def push_weights(self) -> None:
         """The new weights to the engine: policy version + 1 (every rank learns it)."""
@@ -158,7 +157,7 @@ class Run:
     def stopping(self) -> bool:
         return broadcast(self.stop.is_set())
 
-    # -- rank 0 only --------------------------------------------------------------------
+    # -- rank 0's work (the other ranks return at once) ----------------------------------
 
     async def evaluate(self, iteration: int, *, final: bool = False) -> None:
         """Held-out success (greedy, the env's test split) and `eval.benchmarks`, on the current weights."""
@@ -234,17 +233,19 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
     # full fine-tuning's KL reference: the starting weights, from the model path (on resume too)
     reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
     trainer = Trainer(cfg.trainer(), load_policy(cfg.model), reference)
-    state = LoopState()
+    state, resumed = LoopState(), False
     if resume and (ckpt := folder.latest_checkpoint()) is not None:
+        resumed = True
         state = LoopState.model_validate(checkpoint.load(ckpt, trainer))
         display.message(f"resumed from {ckpt}: iteration {state.iteration}, policy version {state.policy_version}")
         if lead_rank:
             folder.truncate_logs(state.iteration)
     async with contextlib.AsyncExitStack() as stack:
-        lead = None
-        if lead_rank:
-            lead = await _lead(cfg, folder, trainer, state, stack)
-        yield Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
+        lead = await _lead(cfg, folder, trainer, state, stack) if lead_rank else None
+        run = Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
+        if resumed and not run.sync.in_place:  # the engine loaded the starting weights: send the checkpoint's
+            await run.push_weights()  # (a sync: the version goes up by one)
+        yield run
 
 
 async def _lead(cfg: RunConfig, folder: RunDir, trainer: Trainer, state: LoopState,

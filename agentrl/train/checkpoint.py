@@ -21,7 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoModelForCausalLM
 
-from agentrl.train.policy import causal_lm, full_state_dict, is_lora
+from agentrl.models.lora import is_lora
+from agentrl.train.policy import causal_lm, full_state_dict
 from agentrl.train.scoring import Scorer
 from agentrl.train.trainer import Trainer
 
@@ -51,7 +52,11 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
     sd = {"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}
     with _one_process_is_fine():
         dcp.load(sd, checkpoint_id=path)
+    # how the optimizer steps (fused, foreach) is this build's choice, not the checkpoint's: an older one has None there
+    kernels = {k: trainer.optimizer.defaults[k] for k in ("fused", "foreach")}
     set_state_dict(trainer.scorer, trainer.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    for group in trainer.optimizer.param_groups:
+        group.update(kernels)
     trainer.scheduler.load_state_dict(sd["scheduler"])
     rng = path / f"rng_{trainer.rank}.pt"
     if rng.exists():  # resumed on more ranks than saved: the new ones keep their seeds

@@ -74,13 +74,18 @@ class UpdateObserver:
 
 class Mismatch(UpdateObserver):
     """Engine against trainer on the same tokens, before any step (minibatch 0, the same weights that sampled
-    it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence."""
+    it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence.
+    `recomputed`: the trainer's side is the lp_b it recomputed (no grad, eval mode: no dropout)."""
+
+    def __init__(self, recomputed: bool = False) -> None:
+        self.recomputed = recomputed
 
     def minibatch(self, s: Scored, metrics: Metrics) -> None:
         if s.index or not s.n_local:
             return
         on = s.batch.loss_mask.bool()
-        d = torch.where(on, s.logprobs.detach() - s.batch.old_logprobs, 0.0)  # lp_b: the engine's, always
+        trainer = s.old_logprobs if self.recomputed else s.logprobs.detach()
+        d = torch.where(on, trainer - s.batch.old_logprobs, 0.0)  # against the engine's lp_b, always
         k3 = torch.where(on, d.exp() - d - 1, 0.0)
         has = on.any(-1)
         metrics.log("mismatch_abs_logprob_diff", float(d.abs()[on].mean()), s.n_local)

@@ -12,14 +12,13 @@ import os
 
 import torch
 import torch.distributed as dist
-from peft import PeftModel
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.models.default import resolve_path
-from agentrl.models.lora import with_lora
+from agentrl.models.lora import is_lora, with_lora
 from agentrl.train.config import ModelConfig
 
 
@@ -29,26 +28,21 @@ def load_policy(cfg: ModelConfig) -> PreTrainedModel:
     return with_lora(model, cfg.lora) if cfg.lora else model
 
 
-def is_lora(model: nn.Module) -> bool:
-    """Whether `model` trains LoRA adapters (a peft model) rather than all its weights."""
-    return isinstance(model, PeftModel)
-
-
 def causal_lm(model: nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if is_lora(model) else model
 
 
-def full_state_dict(root: nn.Module, prefix: str = "policy.") -> dict[str, torch.Tensor]:
-    """The full (unsharded) weights of `root` on the CPU, under the policy's own key names (`prefix`, where
-    `root` holds the policy, removed). Every rank calls it."""
+def full_state_dict(root: nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights of `root` (the Scorer) on the CPU, under the policy's own key names (its
+    `policy.` prefix removed). Every rank calls it."""
     if dist.is_initialized():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
         state = {k: v.detach() for k, v in root.state_dict().items()}
-    return {k.removeprefix(prefix): v for k, v in state.items()}
+    return {k.removeprefix("policy."): v for k, v in state.items()}
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

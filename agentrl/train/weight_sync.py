@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
+from typing import ClassVar
 
 from agentrl.engine.base import InferenceEngine
 from agentrl.train.policy import full_state_dict
@@ -22,6 +23,9 @@ from agentrl.train.trainer import Trainer
 
 
 class WeightSync(ABC):
+    in_place: ClassVar[bool] = False
+    """the engine samples the learner's own module: it never holds weights of its own to refresh"""
+
     def __init__(self, trainer: Trainer, engine: InferenceEngine | None) -> None:
         self.trainer = trainer
         self.engine = engine
@@ -53,6 +57,8 @@ class LoraAdapter(WeightSync):
 
 
 class SharedModule(WeightSync):
+    in_place = True
+
     def updating(self) -> AbstractContextManager[None]:
         return self.engine.paused()  # no decode step reads the weights while the optimizer writes them
 
@@ -64,6 +70,9 @@ def weight_sync(trainer: Trainer, engine: InferenceEngine | None) -> WeightSync:
     """The sync for this learner and engine (a started one: its capabilities are known). Every rank
     chooses alike: an engine shares the module only in a single process, and LoRA is the learner's."""
     if engine is not None and engine.capabilities.shares_module:
+        if not engine.capabilities.pausable:
+            raise ValueError(f"the {engine.name} engine shares the learner's module but cannot pause: an update "
+                             "would change weights under a decode step")  # fmt: skip
         return SharedModule(trainer, engine)
     kind = "lora" if trainer.lora else "full"
     if engine is not None and kind not in engine.capabilities.weight_updates:

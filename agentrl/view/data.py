@@ -186,16 +186,28 @@ class Folder:
         """The folder's own tokenizer (saved by the run), else the run's model's. The `tokenizers` library
         decodes: the viewer needs no transformers (nor torch) for it."""
         if self._tokenizer is None:
-            source = self.run.tokenizer
+            source = self.run.tokenizer / "tokenizer.json"
             if not source.exists():
                 model = (self.overview().get("settings") or {}).get("model", {}).get("path")
                 if model is None:
                     raise FileNotFoundError(f"{self.path} has no tokenizer/ folder and names no model")
-                source = Path(resolve_path(model))
-            if not (source / "tokenizer.json").exists():
-                raise FileNotFoundError(f"{source} holds no tokenizer.json (a fast tokenizer) to read token ids with")
-            self._tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+                source = _tokenizer_file(resolve_path(model))
+            self._tokenizer = Tokenizer.from_file(str(source))
         return self._tokenizer
+
+
+def _tokenizer_file(model: str) -> Path:
+    """tokenizer.json of a model folder, or of a hub model downloaded before (the viewer downloads nothing)."""
+    path = Path(model) / "tokenizer.json"
+    if path.exists():
+        return path
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(model, "tokenizer.json") if model.count("/") <= 1 else None
+    if not isinstance(cached, str):
+        raise FileNotFoundError(f"no tokenizer.json for {model}: neither a folder holding one nor a hub model in "
+                                "the cache")  # fmt: skip
+    return Path(cached)
 
 
 def _passed(row: dict[str, Any]) -> bool:

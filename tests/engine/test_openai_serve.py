@@ -302,8 +302,9 @@ def test_serve_refuses_a_bad_setting_in_one_line(args, says):
 async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     """A GSPO-token update, synced over HTTP (full weights, or a LoRA adapter on attention and
     experts): the server then samples with the trained weights."""
+    from agentrl.models.lora import LoraSettings
     from agentrl.train.batch import TrainBatch
-    from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import load_policy
     from agentrl.train.trainer import Trainer
     from agentrl.train.weight_sync import weight_sync

@@ -13,11 +13,11 @@ import torch.distributed as dist
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.hf import HFEngine
-from agentrl.models.lora import with_lora
+from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
-from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.policy import decoder_layers, full_state_dict, init_distributed
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import weight_sync

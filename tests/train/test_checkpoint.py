@@ -5,10 +5,10 @@ import torch
 from fsdp_worker import fixed_batch
 from transformers import AutoModelForCausalLM
 
-from agentrl.models.lora import with_lora
+from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
-from agentrl.train.config import LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.trainer import Trainer
 
 LORA = LoraSettings(rank=4)

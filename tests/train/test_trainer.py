@@ -9,11 +9,11 @@ from pydantic import ValidationError
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.engine.hf import HFEngine
-from agentrl.models.lora import with_lora
+from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import build_batch
-from agentrl.train.config import AlgoConfig, LoraSettings, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import LoraAdapter, SharedModule, weight_sync
 
@@ -166,7 +166,7 @@ def test_update_on_moe_and_dense_models(tmp_path, arch, old):
 def test_shared_prefix_and_length_buckets_score_as_plain(arch):
     """Rows that start alike run their common prefix once, and rows are scored in length-sorted chunks;
     neither changes lp, entropy, router logits or gradients."""
-    from agentrl.train.trainer import Scorer
+    from agentrl.train.scoring import Scorer
 
     model = tiny_model(arch, seed=0).train()
     B, L, P = 5, 80, 40
