@@ -9,11 +9,12 @@ that shows where it stood.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -57,6 +58,25 @@ def start_agentrl(*args: object, cwd: Path | str | None = None, sigint: bool = T
                             stdout=subprocess.PIPE if stdout is None else stdout,
                             stderr=subprocess.PIPE if stderr is None else stderr,
                             preexec_fn=_default_sigint if sigint else None)  # fmt: skip
+
+
+def listening_url(proc: subprocess.Popen[str]) -> str:
+    """The URL a started `agentrl serve` prints once it listens."""
+    for line in proc.stdout:
+        if "http://" in line:
+            return line.split()[-1]
+    raise AssertionError(f"agentrl serve exited ({proc.wait()}) before listening: {proc.stderr and proc.stderr.read()}")
+
+
+@contextlib.contextmanager
+def serving(*args: object, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """`agentrl serve ARGS --port 0` for the block: its URL; stopped with Ctrl-C after it."""
+    proc = start_agentrl("serve", *args, "--port", 0, stderr=subprocess.DEVNULL, extra_env=extra_env)
+    try:
+        yield listening_url(proc)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
 
 
 def sets(*settings: str) -> list[str]:

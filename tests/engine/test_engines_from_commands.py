@@ -2,13 +2,11 @@
 `agentrl train` with the `hf` engine and with `openai` against a running `agentrl serve` (the engine from
 another package: tests/engine/test_plugin_engine.py)."""
 
-import signal
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from cli import agentrl, start_agentrl
+from cli import agentrl, serving
 
 from agentrl.runs import read_jsonl
 
@@ -25,14 +23,8 @@ TRAIN = ["--set", "iterations=1", "--set", "rollout.group_size=2", "--set", "rol
 @pytest.fixture(scope="module")
 def served():
     """`agentrl serve --model MODEL` on a free port: its URL."""
-    proc = start_agentrl("serve", "--model", MODEL, "--port", 0, stderr=subprocess.DEVNULL)
-    try:
-        url = next((line.split()[-1] for line in proc.stdout if "http://" in line), None)
-        assert url is not None, f"agentrl serve exited ({proc.wait()}) before listening"
+    with serving("--model", MODEL) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
 
 
 # code_sandbox (multi-turn, tools) is the slow case; humaneval covers the same engine path in the fast tier

@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 import torch
-from cli import start_agentrl
+from cli import listening_url, start_agentrl
 from typer.testing import CliRunner
 
 from agentrl.cli import app as cli
@@ -42,14 +42,6 @@ def start_server(model_dir, port: int = 0, *args: str) -> subprocess.Popen:
     return start_agentrl("serve", "--model", model_dir, "--port", port, *args)
 
 
-def wait_for_url(proc: subprocess.Popen) -> str:
-    """The URL the server prints once it listens."""
-    for line in proc.stdout:
-        if "http://" in line:
-            return line.split()[-1]
-    raise AssertionError(f"agentrl serve exited ({proc.wait()}) before listening: {proc.stderr.read()}")
-
-
 def stop_server(proc: subprocess.Popen, sig: signal.Signals) -> str:
     """Send `sig`; the server must close its engine and exit 0. Returns its stderr."""
     try:
@@ -73,7 +65,7 @@ def model_dir(tmp_path_factory):
 def url(model_dir):
     proc = start_server(model_dir)
     try:
-        yield wait_for_url(proc)
+        yield listening_url(proc)
     finally:
         stop_server(proc, signal.SIGINT)
 
@@ -323,7 +315,7 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     # its own server: the module's shared one keeps the original weights
     proc = start_server(model_dir, 0, *(["--lora-rank", "4", "--lora-alpha", "8", "--lora-experts"] if lora else []))
     try:
-        async with OpenAIEngine(wait_for_url(proc)) as remote:
+        async with OpenAIEngine(listening_url(proc)) as remote:
             before = await remote.generate(prompt, greedy)
             assert await weight_sync(trainer, remote).push() == 1
             after = await remote.generate(prompt, greedy)

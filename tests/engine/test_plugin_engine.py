@@ -1,7 +1,6 @@
 """An engine from another installed package (entry-point group `agentrl.engines`) is built by `agentrl eval`
 and `agentrl train` like a built-in one."""
 
-import signal
 import subprocess
 import sys
 import textwrap
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli import agentrl, start_agentrl
+from cli import agentrl, serving
 
 from agentrl.runs import read_jsonl
 
@@ -80,18 +79,12 @@ def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_pat
 
 def test_agentrl_serve_serves_an_engine_from_another_package(site, tmp_path):
     mark = tmp_path / "mark"
-    proc = start_agentrl("serve", "--model", MODEL, "--engine", "logged", "--port", 0, stderr=subprocess.DEVNULL,
-                         extra_env={"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)})  # fmt: skip
-    try:
-        url = next((line.split()[-1] for line in proc.stdout if "http://" in line), None)
-        assert url is not None, f"agentrl serve exited ({proc.wait()}) before listening"
+    env = {"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)}
+    with serving("--model", MODEL, "--engine", "logged", extra_env=env) as url:
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0,
                                                           "return_token_ids": True}, timeout=60)  # fmt: skip
         assert len(reply.json()["choices"][0]["token_ids"]) == 4
         assert mark.read_text() == "logged shared=False note=None\n"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
 
 
 def test_an_unknown_engine_is_refused_with_the_known_ones(tmp_path):
