@@ -23,9 +23,16 @@ A line is written whole and flushed at once, so a killed run leaves at most one 
 
 from agentrl.runs.folder import RunDir
 from agentrl.runs.jsonl import JsonlTail, append_jsonl, read_jsonl
-from agentrl.runs.trajectories import PROMPT, TrainedView, read_trajectory, summary, write_trajectories
+from agentrl.runs.trajectories import (
+    PROMPT,
+    TrainedView,
+    policy_versions,
+    read_trajectory,
+    summary,
+    write_trajectories,
+)
 
 __all__ = [
-    "PROMPT", "JsonlTail", "RunDir", "TrainedView", "append_jsonl", "read_jsonl", "read_trajectory", "summary",
-    "write_trajectories",
+    "PROMPT", "JsonlTail", "RunDir", "TrainedView", "append_jsonl", "policy_versions", "read_jsonl",
+    "read_trajectory", "summary", "write_trajectories",
 ]  # fmt: skip

@@ -42,9 +42,14 @@ class Saveable(Protocol):
     def model_dump(self, *, mode: str) -> dict[str, Any]: ...
 
 
+def policy_versions(row: Mapping[str, Any]) -> list[int]:
+    """The distinct policy versions that sampled a saved trajectory's tokens, ascending."""
+    return sorted({v for v in row["versions"] if v >= 0})
+
+
 def summary(row: Mapping[str, Any]) -> dict[str, Any]:
     """A saved trajectory's index line (without its span): what the viewer filters and lists by."""
-    versions = sorted({v for v in row["versions"] if v >= 0})
+    versions = policy_versions(row)
     trained = row.get("trained")
     return {
         "iteration": row.get("iteration"), "episode_id": row["episode_id"], "group_id": row["group_id"],

@@ -22,7 +22,7 @@ import yaml
 from tokenizers import Tokenizer
 
 from agentrl.models.default import resolve_path
-from agentrl.runs import PROMPT, JsonlTail, RunDir, read_trajectory, summary
+from agentrl.runs import PROMPT, JsonlTail, RunDir, policy_versions, read_trajectory, summary
 
 MAX_PAGE = 200
 
@@ -236,11 +236,10 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
             "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
             "observation": text(turn["end"], obs_end),
         })  # fmt: skip
-    versions = sorted({v for v in row["versions"] if v >= 0})
     return {
         "episode_id": row["episode_id"], "group_id": row["group_id"], "task_id": row["task_id"],
         "iteration": row.get("iteration"), "status": row["status"], "failure": row["failure"], "error": row["error"],
         "truncation": row["truncation"], "reward": row["outcome_reward"], "sampling": row["sampling"],
-        "versions": versions, "prompt": text(0, prompt_end), "turns": turns,
+        "versions": policy_versions(row), "prompt": text(0, prompt_end), "turns": turns,
         "trained": {k: trained[k] for k in ("ratio", "clipped", "minibatch")} if trained else None,
     }  # fmt: skip
