@@ -65,9 +65,16 @@ class Generation:
     prompt_len: int = 0
     routed_experts: list[list[list[int]]] | None = field(default=None, repr=False)
     """MoE models, when asked: per generated token, per layer, the experts it was routed to"""
+    kv_versions: list[int] | None = None
+    """per token, the oldest policy version among the KV it was sampled over (a weight update can land
+    mid-request: later tokens are sampled by new weights over KV the old ones computed); None: the same
+    as `versions` (an engine that knows no better must pass the version its request started with)"""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.logprobs) == len(self.versions), "per-token lists differ in length"
+        if self.kv_versions is None:
+            self.kv_versions = list(self.versions)
+        assert len(self.kv_versions) == len(self.versions), "per-token lists differ in length"
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,11 @@ class EngineConfig(BaseModel):
     """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
     record_routing: bool = False
     """hf, MoE: record each generated token's top-k experts per layer in its trajectory (`routed_experts`)"""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_weights"] = "auto"
     """weights of an engine that loads its own copy: auto is float32 for hf (the learner's dtype) and the
-    checkpoint's for vllm; an engine sharing the learner's module samples in the learner's dtype"""
+    checkpoint's for vllm; bfloat16_weights (hf): weights rounded to bfloat16 (as a bf16 deployment stores
+    them, every update too) with float32 compute; an engine sharing the learner's module samples in the
+    learner's dtype"""
     base_url: str | None = None
     """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
     served_model: str | None = None
@@ -60,6 +62,8 @@ class EngineConfig(BaseModel):
             raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
         if self.served_model is not None and self.kind != "openai":
             raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")
+        if self.dtype == "bfloat16_weights" and self.kind != "hf":
+            raise ValueError("engine.dtype=bfloat16_weights needs engine.kind=hf")
         if self.record_routing and self.kind != "hf":
             raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
         if self.vllm and self.kind != "vllm":

@@ -65,12 +65,18 @@ class HFEngine(ThreadedEngine):
 
     def __init__(self, model: PreTrainedModel, *, max_batch_size: int = MAX_BATCH_SIZE, max_context: int | None = None,
                  prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0,
-                 version: int = 0, shared: bool = False) -> None:  # fmt: skip
+                 version: int = 0, shared: bool = False, bf16_weights: bool = False) -> None:  # fmt: skip
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
         self.model = model
         self.shared = shared
+        if bf16_weights and shared:
+            raise ValueError("bf16_weights rounds the engine's own copy: a shared module is the learner's")
+        self.bf16_weights = bf16_weights
+        """float32 compute over weights rounded to bfloat16: the engine side of a bf16 deployment"""
+        if bf16_weights:
+            self._round_weights()
         self._lora = is_lora(model)  # a peft model: its adapters take LoRA updates
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -117,20 +123,27 @@ class HFEngine(ThreadedEngine):
         else:
             from agentrl.models.lora import with_lora
 
-            dtype = torch.float32 if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+            dtype = torch.float32 if cfg.dtype in ("auto", "bfloat16_weights") else getattr(torch, cfg.dtype)
             module, shared = AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype), False
             if model.lora is not None:
                 module = with_lora(module, model.lora)
             module = module.to(model.device)
         return cls(module.eval(), max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE,
                    prefix_cache_tokens=cfg.prefix_cache_tokens, record_routing=cfg.record_routing, seed=seed,
-                   version=version, shared=shared)  # fmt: skip
+                   version=version, shared=shared, bf16_weights=cfg.dtype == "bfloat16_weights")  # fmt: skip
+
+    @torch.no_grad()
+    def _round_weights(self) -> None:
+        for p in self.model.parameters():
+            p.copy_(p.to(torch.bfloat16))
 
     @property
     def capabilities(self) -> Capabilities:
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        dtype = "bfloat16_weights" if self.bf16_weights else dtype
         return Capabilities(
             weight_updates=frozenset({"full", "lora"} if self._lora else {"full"}), shares_module=self.shared,
-            pausable=True, dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            pausable=True, dtype=dtype,
             records_routing=self._routers is not None,
         )  # fmt: skip
 
@@ -166,6 +179,8 @@ class HFEngine(ThreadedEngine):
                     raise ValueError(f"LoRA update has keys the adapter lacks: {result.unexpected_keys[:5]}")
             elif state_dict is not None:
                 self.model.load_state_dict(dict(state_dict), strict=True)
+            if self.bf16_weights:
+                self._round_weights()
             # Neither: the module is shared with the trainer and already holds the new weights.
             self._prefix.clear()  # KV of the old weights: reusing it would not sample the new policy
             self._version += 1
@@ -330,6 +345,7 @@ class HFEngine(ThreadedEngine):
                 r.tokens.append(y)
                 r.logprobs.append(lp)
                 r.versions.append(self._version)
+                r.kv_versions.append(r.kv_version)  # its prefill's: the KV holds nothing older
                 if y in r.params.stop_token_ids:
                     r.finish = "stop"
                 elif len(r.tokens) >= r.params.max_tokens:

@@ -68,6 +68,7 @@ class WeightLoader:
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
     vllm_id: str = ""  # a fresh id each time it is added to vLLM (a LoRA update re-adds it)
+    kv_version: int = 0  # the version it was last added under: a full update leaves its KV in place
 
 
 class VLLMEngine(ThreadedEngine):
@@ -212,6 +213,7 @@ class VLLMEngine(ThreadedEngine):
                 req.tokens.append(token)
                 req.logprobs.append(logprobs[token].logprob)
                 req.versions.append(self._version)
+                req.kv_versions.append(req.kv_version)
             if out.finished:
                 del self._running[req.vllm_id]
                 self._resolve(req, _FINISH[completion.finish_reason])
@@ -233,6 +235,7 @@ class VLLMEngine(ThreadedEngine):
         req.vllm_id = f"{req.id}-{next(self._vllm_ids)}"
         prompt = TokensPrompt(prompt_token_ids=req.prompt + req.tokens)
         self._engine.add_request(req.vllm_id, prompt, params, lora_request=self._lora_request)
+        req.kv_version = self._version  # vLLM prefills it now (prefix caching is reset on every update)
         self._running[req.vllm_id] = req
 
 

@@ -272,7 +272,7 @@ class RolloutController:
             groups.append(Group(gid, eps[0].traj.task_id, [ep.traj for ep in eps]))
         wall = time.perf_counter() - t0
         c = self._counts
-        stale = [t.policy_versions[-1] - t.policy_versions[0] for g in groups for t in g.trajectories if t.versions]
+        stale = [t.policy_versions[-1] - t.oldest_version for g in groups for t in g.trajectories if t.policy_versions]
         stats = RolloutStats(
             iteration=self.iteration,
             policy_version=version,

@@ -10,6 +10,9 @@ Per token (parallel lists, one entry per position of `token_ids`):
   loss_mask    1 on generated tokens the trainer optimises, else 0
   logprob      lp_b: the engine's logprob for generated tokens (0.0 elsewhere)
   version      the policy version that sampled a generated token (-1 elsewhere)
+  kv_version   the oldest policy version among the KV that token was sampled over (-1 elsewhere):
+               older than `version` when a weight update landed while its request ran. Staleness
+               counts from the older of the two (`token_versions`)
 
 The invariant (docs/design.md §8, invariant 1): every prompt handed to the engine is `token_ids` at that
 moment (the controller sends the trajectory itself), so the ids the trainer scores are
@@ -71,6 +74,8 @@ class Trajectory(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     versions: list[int] = Field(default_factory=list)
+    kv_versions: list[int] = Field(default_factory=list)
+    """empty in trajectories saved before it was recorded: read as `versions`"""
     turns: list[Turn] = Field(default_factory=list)
     routed_experts: list[list[list[int]]] | None = None
     """MoE models, when recorded: per generated token, per layer, the experts chosen"""
@@ -88,6 +93,8 @@ class Trajectory(BaseModel):
 
     def _extend(self, ids: list[int], segment: Segment, turn: int) -> None:
         n = len(ids)
+        if len(self.kv_versions) == len(self.versions):  # not a trajectory saved before kv_versions existed
+            self.kv_versions.extend([-1] * n)
         self.token_ids.extend(ids)
         self.segments.extend([segment] * n)
         self.turn_index.extend([turn] * n)
@@ -114,6 +121,8 @@ class Trajectory(BaseModel):
         self._extend(gen.token_ids, Segment.GENERATED, turn.index)
         self.logprobs[start:] = gen.logprobs
         self.versions[start:] = gen.versions
+        if len(self.kv_versions) == len(self.versions):
+            self.kv_versions[start:] = gen.kv_versions
         turn.end = len(self.token_ids)
         if gen.routed_experts is not None:
             self.routed_experts = (self.routed_experts or []) + gen.routed_experts
@@ -140,10 +149,23 @@ class Trajectory(BaseModel):
         """The distinct policy versions that sampled this trajectory's tokens, ascending."""
         return sorted({v for v in self.versions if v >= 0})
 
+    @property
+    def token_versions(self) -> list[int]:
+        """Per token, the version its staleness counts from: the older of the one that sampled it and the
+        oldest in its KV (-1 on tokens not generated)."""
+        if len(self.kv_versions) != len(self.versions):  # saved before kv_versions were recorded
+            return list(self.versions)
+        return [min(v, kv) for v, kv in zip(self.versions, self.kv_versions, strict=True)]
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest of `token_versions` (None before any token is generated)."""
+        return min((v for v in self.token_versions if v >= 0), default=None)
+
     def staleness(self, current_version: int) -> int:
-        """How many versions behind the current policy its oldest token is (0 if none yet)."""
-        vs = self.policy_versions
-        return current_version - vs[0] if vs else 0
+        """How many versions behind the current policy its oldest token is, KV included (0 if none yet)."""
+        oldest = self.oldest_version
+        return 0 if oldest is None else current_version - oldest
 
     @property
     def trainable(self) -> bool:

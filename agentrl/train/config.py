@@ -44,6 +44,9 @@ class AlgoConfig(_Strict):
     """truncated importance-sampling cap for engine/trainer mismatch (needs old_logprobs='recompute')"""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """lp_b: the engine's logprobs from the trajectory, or the trainer's own, scored before the first update"""
+    async_level: int = Field(0, ge=0)
+    """k: how many policy versions generation may run ahead of the learner. 0: rollout, update and sync in
+    turn; k >= 1: the fleet samples the next batch while the learner trains (needs rollout.max_staleness >= k)"""
     filter_degenerate_groups: bool = False
     """leave groups whose rewards are all equal (zero advantage) out of the update, as dynamic sampling does"""
 
