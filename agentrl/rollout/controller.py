@@ -5,7 +5,8 @@ Each episode is one asyncio task: reset on an env worker, then turns of
 is requested the moment an episode needs it, so the engine batches whichever episodes are
 not waiting on a sandbox. One iteration (`run_iteration`):
 
-1. drops parked trajectories more than `max_staleness` policy versions behind;
+1. drops parked trajectories that would be more than `max_staleness` policy versions behind when
+   trained (`ahead`: the versions the learner may move on before it trains this batch);
 2. starts new groups (G episodes of one task) until `groups_in_flight` groups are live;
 3. drives every live episode. With partial rollouts, once `groups_per_iteration` groups
    are complete (or `iteration_token_budget` tokens were generated) the rest stop: an
@@ -190,12 +191,15 @@ class RolloutController:
 
     # -- checkpoints ------------------------------------------------------------------
 
-    def state(self) -> ControllerState:
-        """The task cursor and the partial-rollout buffer, between iterations."""
-        return ControllerState(iteration=self.iteration, groups={
-            gid: [ParkedEpisode(trajectory=ep.traj, seed=ep.seed, attempt=ep.attempt) for ep in eps]
-            for gid, eps in self._groups.items()
-        })  # fmt: skip
+    def state(self, pending: list[Group] = ()) -> ControllerState:
+        """The task cursor and the partial-rollout buffer, between iterations. `pending`: complete groups
+        returned by `run_iteration` but not trained yet (an asynchronous run's queue); a restored controller
+        hands them out with its next iteration."""
+        groups = {gid: [ParkedEpisode(trajectory=ep.traj, seed=ep.seed, attempt=ep.attempt) for ep in eps]
+                  for gid, eps in self._groups.items()}  # fmt: skip
+        groups |= {g.group_id: [ParkedEpisode(trajectory=t, seed=0) for t in g.trajectories]  # final: never replayed
+                   for g in pending}  # fmt: skip
+        return ControllerState(iteration=self.iteration, groups=groups)
 
     async def restore(self, state: ControllerState) -> int:
         """Continue from `state()` of an earlier process. A parked episode's env is rebuilt by
@@ -240,10 +244,14 @@ class RolloutController:
 
     # -- one iteration ---------------------------------------------------------------
 
-    async def run_iteration(self, task_ids: list[str] | None = None, *, drain: bool = False) -> RolloutBatch:
+    async def run_iteration(self, task_ids: list[str] | None = None, *, drain: bool = False,
+                            ahead: int = 0) -> RolloutBatch:  # fmt: skip
         """Run one iteration; `task_ids` (optional) chooses the tasks of the new groups.
 
         `drain=True` starts no new group and finishes every live episode (for shutdown or eval).
+        `ahead`: how many weight updates may land before this batch is trained (an asynchronous run's
+        `async_level`): a parked episode is continued only if its oldest token will still be within
+        `max_staleness` then; new episodes start at the current version, within the bound when ahead <= it.
         """
         t0 = time.perf_counter()
         self._counts = _Counts()
@@ -251,7 +259,7 @@ class RolloutController:
         self._partial = self.cfg.partial and not drain
         version = self.engine.version
         for ep in self._live():
-            if ep.traj.staleness(version) > self.cfg.max_staleness:
+            if ep.traj.staleness(version) + ahead > self.cfg.max_staleness:
                 ep.traj.status = Status.DROPPED
                 self._counts.dropped += 1
                 await self._close_env(ep)

@@ -5,7 +5,8 @@ loop state (from the latest checkpoint on resume), and on rank 0 the inference e
 (`agentrl.engine.build_engine`), the rollout controller over env worker actors, the held-out
 evaluator and the tracker; then the weight sync for that engine. `Run`'s methods hide the rank
 handling from the loop: rank 0 rolls out, evaluates and logs, and what every rank needs (the
-batch, the rows to record, the policy version, a stop) is broadcast from it.
+batch, the rows to record, the policy version, a stop) is broadcast from it. Rank 0's rollouts run
+in a `Pipeline` (agentrl/train/pipeline.py), up to `algo.async_level` versions ahead of the learner.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from agentrl.engine import EngineModel, InferenceEngine, build_engine
 from agentrl.eval import EvalResult, HeldOutEval, success
 from agentrl.eval.bench import run_bench
 from agentrl.models.default import resolve_path
-from agentrl.rollout import ChatFormat, ControllerState, RolloutBatch, RolloutController, Trajectory
+from agentrl.rollout import ChatFormat, ControllerState, Group, RolloutBatch, RolloutController, Trajectory
 from agentrl.runs import RunDir
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.diagnostics import RowRecorder
+from agentrl.train.pipeline import Pipeline
 from agentrl.train.policy import load_policy
 from agentrl.train.run_config import RunConfig
 from agentrl.train.tracking import Tracker
@@ -94,6 +96,8 @@ class Rollout:
     """the rows of the saved trajectories, recorded by the update"""
     saved: list[Trajectory] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
+    """rank 0: the complete groups the batch was built from"""
 
     @property
     def observers(self) -> tuple[RowRecorder, ...]:
@@ -112,6 +116,8 @@ class Run:
     stop: asyncio.Event
     lead: Lead | None
     """None on ranks > 0"""
+    pipeline: Pipeline[Rollout] | None = None
+    """rank 0's rollouts, set by `build`"""
     first: int = 0
     """the iteration this process started at (a resume's)"""
     t_start: float = field(default_factory=time.perf_counter)
@@ -129,8 +135,12 @@ class Run:
 
     async def rollout(self, iteration: int) -> Rollout:
         """Groups of episodes until enough are complete (the rest stay parked), then their advantages: rank 0
-        rolls out; every rank gets the batch and the rows of the trajectories the run saves."""
-        r = await self._roll_out(iteration) if self.lead is not None else Rollout(None, None)
+        takes them from its pipeline (rolled out meanwhile, when asynchronous); every rank gets the batch and
+        the rows of the trajectories the run saves."""
+        r = Rollout(None, None)
+        if self.pipeline is not None:
+            r = await self.pipeline.next(iteration)
+            self._check_staleness(r.groups)
         r.batch = broadcast(r.batch)
         if self.cfg.log.trajectories_per_iteration:
             ids = {t.episode_id for t in r.saved}
@@ -138,9 +148,29 @@ class Run:
             r.recorder = RowRecorder(broadcast(wanted), self.cfg.algo)
         return r
 
+    def _check_staleness(self, groups: list[Group]) -> None:
+        """Every token about to be trained is within `rollout.max_staleness` versions (admission control
+        keeps it so; a token beyond it is a bug, not a sample to train on)."""
+        bound, version = self.cfg.rollout.max_staleness, self.state.policy_version
+        for t in (t for g in groups for t in g.trainable):
+            if t.oldest_version is not None and version - t.oldest_version > bound:
+                raise RuntimeError(f"episode {t.episode_id} has a token sampled at version {t.oldest_version}, "
+                                   f"{version - t.oldest_version} behind the learner's {version} "
+                                   f"(rollout.max_staleness={bound})")  # fmt: skip
+
+    async def update(self, rollout: Rollout) -> dict[str, float]:
+        """M minibatch steps on the batch. Asynchronous: in a thread, so that the event loop goes on driving the
+        episodes of the next rollouts meanwhile (torch releases the GIL in its kernels)."""
+        batch = rollout.batch.to(self.trainer.device)
+        with self.sync.updating():
+            if self.cfg.algo.async_level:
+                return await asyncio.to_thread(self.trainer.update, batch, *rollout.observers)
+            return self.trainer.update(batch, *rollout.observers)
+
     async def _roll_out(self, iteration: int) -> Rollout:
-        lead, batch = self.lead, None
-        episodes = await self._stoppable(lead.controller.run_iteration(), lead.controller)
+        lead, batch, t0 = self.lead, None, time.perf_counter()
+        work = lead.controller.run_iteration(ahead=self.cfg.algo.async_level)
+        episodes = await self._stoppable(work, lead.controller)
         metrics = _rollout_metrics(iteration, episodes) | {"rollout/restore_dropped": lead.restore_dropped}
         lead.restore_dropped = 0
         try:
@@ -148,11 +178,14 @@ class Run:
             metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
         except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
             self.display.message(f"iteration {iteration}: {e}; no update")
-        return Rollout(batch, None, lead.tracker.to_save(episodes.groups), metrics)
+        metrics["time/rollout_s"] = time.perf_counter() - t0
+        return Rollout(batch, None, lead.tracker.to_save(episodes.groups), metrics, episodes.groups)
 
-    async def push_weights(self) -> None:
-        """The new weights to the engine: policy version + 1 (every rank learns it)."""
+    async def push_weights(self) -> float:
+        """The new weights to the engine: policy version + 1 (every rank learns it). Returns its seconds."""
+        t0 = time.perf_counter()
         self.state.policy_version = broadcast(await self.sync.push())
+        return time.perf_counter() - t0
 
     def stopping(self) -> bool:
         return broadcast(self.stop.is_set())
@@ -177,7 +210,7 @@ class Run:
             self.display.message(f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems "
                                  f"({r.wall_s:.0f} s)")  # fmt: skip
 
-    def log(self, rollout: Rollout, update: dict[str, float], *, rollout_s: float, update_s: float) -> None:
+    def log(self, rollout: Rollout, update: dict[str, float], times: dict[str, float]) -> None:
         """The iteration's time (kept in the state), and on rank 0 metrics.jsonl (and TensorBoard / W&B), the saved
         trajectories with what the update saw, the display."""
         s = self.state
@@ -186,8 +219,8 @@ class Run:
             return
         left = s.elapsed_s / (s.iteration - self.first) * (self.cfg.iterations - s.iteration)
         metrics = rollout.metrics | {f"train/{k}": v for k, v in update.items()} | {"policy_version": s.policy_version}
-        metrics |= {"time/rollout_s": rollout_s, "time/update_s": update_s, "time/elapsed_s": s.elapsed_s,
-                    "time/left_s": left}  # fmt: skip
+        metrics |= {f"time/{k}": v for k, v in times.items()} | {"time/elapsed_s": s.elapsed_s, "time/left_s": left}
+        metrics["time/rollout_idle_s"] = self.pipeline.idle_s  # so far: the rollouts waiting for the learner
         self.lead.tracker.log(metrics)
         views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
         self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)
@@ -195,15 +228,22 @@ class Run:
 
     # -- every rank ---------------------------------------------------------------------
 
-    def save(self) -> None:
-        """A resumable checkpoint of the trainer and the loop; older ones beyond `checkpoint.keep` are deleted."""
-        if self.lead is not None:
-            self.state.controller = self.lead.controller.state()
-        path = self.folder.checkpoint(self.state.iteration)
-        checkpoint.save(path, self.trainer, self.state.model_dump(mode="json"))
-        if self.trainer.rank == 0:
-            for old in sorted(self.folder.checkpoints.glob("iter-*"))[: -self.cfg.checkpoint.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+    async def save(self) -> None:
+        """A resumable checkpoint of the trainer and the loop; older ones beyond `checkpoint.keep` are deleted.
+        Rank 0's pipeline waits between two rollouts meanwhile: the controller's state, and the rollouts queued
+        but not trained yet, go into the checkpoint."""
+        if self.pipeline is not None:
+            queued = await self.pipeline.quiesce()
+            self.state.controller = self.lead.controller.state(pending=[g for r in queued for g in r.groups])
+        try:
+            path = self.folder.checkpoint(self.state.iteration)
+            checkpoint.save(path, self.trainer, self.state.model_dump(mode="json"))
+            if self.trainer.rank == 0:
+                for old in sorted(self.folder.checkpoints.glob("iter-*"))[: -self.cfg.checkpoint.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if self.pipeline is not None:
+                await self.pipeline.release()
 
     def export(self) -> None:
         """The final policy as a Hugging Face folder, with its tokenizer."""
@@ -230,6 +270,8 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
     """Every part of the run, closed again on the way out (env workers, sandboxes, the engine, the tracker)."""
     lead_rank = not dist.is_initialized() or dist.get_rank() == 0
     torch.manual_seed(cfg.seed)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     # full fine-tuning's KL reference: the starting weights, from the model path (on resume too)
     reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
     trainer = Trainer(cfg.trainer(), load_policy(cfg.model), reference)
@@ -243,8 +285,16 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
     async with contextlib.AsyncExitStack() as stack:
         lead = await _lead(cfg, folder, trainer, state, stack) if lead_rank else None
         run = Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
+        if cfg.algo.async_level and run.sync.in_place:
+            raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
+                             f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
+                             "its own weights (engine.replicas)")  # fmt: skip
         if resumed and not run.sync.in_place:  # the engine loaded the starting weights: send the checkpoint's
             await run.push_weights()  # (a sync: the version goes up by one)
+        if lead is not None:
+            run.pipeline = await stack.enter_async_context(
+                Pipeline(run._roll_out, k=cfg.algo.async_level, first=state.iteration, last=cfg.iterations)
+            )
         yield run
 
 

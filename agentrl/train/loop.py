@@ -5,9 +5,10 @@ over env worker actors, the held-out evaluator, the tracker and the weight sync.
 iteration, on every rank (rank 0 rolls out, evaluates and logs; `Run` broadcasts what the others need):
 
     rollout    groups of episodes until enough are complete; unfinished ones stay parked (partial
-               rollouts) and continue next iteration; their advantages, group-normalised, per turn
+               rollouts) and continue next iteration; their advantages, group-normalised, per turn.
+               With `algo.async_level` k >= 1 the next rollouts (up to k ahead) run meanwhile
     update     M minibatches of GSPO-token (or GSPO / GRPO) against the engine's lp_b
-    sync       the new weights reach the engine: policy version + 1
+    sync       the new weights reach the engine: policy version + 1 (sampling goes on, when asynchronous)
     log        metrics.jsonl (+ TensorBoard / W&B) and sampled trajectories
     evaluate   before iterations 0, K, 2K, ... (`eval.every`) and after the last: greedy, held out
     checkpoint every `checkpoint.every` iterations, on a graceful stop (Ctrl-C) and at the end
@@ -35,17 +36,17 @@ async def train(cfg: RunConfig, folder: RunDir, *, resume: bool = False, display
                 await run.evaluate(it)  # held-out success (greedy) and benchmarks
             t0 = time.perf_counter()
             rollout = await run.rollout(it)  # 1. episodes in sandboxes, and their advantages
-            t1, update = time.perf_counter(), {}
+            t1, update, sync_s = time.perf_counter(), {}, 0.0
             if rollout.batch is not None:
-                with run.sync.updating():  # 2. M minibatch steps of GSPO-token
-                    update = run.trainer.update(rollout.batch.to(run.trainer.device), *rollout.observers)
-                await run.push_weights()  # 3. weight sync: policy version + 1
+                update = await run.update(rollout)  # 2. M minibatch steps of GSPO-token
+                sync_s = await run.push_weights()  # 3. weight sync: policy version + 1
             stopping, state.iteration = run.stopping(), it + 1
-            run.log(rollout, update, rollout_s=t1 - t0, update_s=time.perf_counter() - t1)  # 4. metrics, trajectories
+            times = {"wait_s": t1 - t0, "update_s": time.perf_counter() - t1 - sync_s, "sync_s": sync_s}
+            run.log(rollout, update, times)  # 4. metrics, trajectories
             if state.iteration == cfg.iterations:
                 await run.evaluate(state.iteration, final=True)
             if state.iteration == cfg.iterations or stopping or run.checkpoint_due():
-                run.save()  # 5. checkpoint
+                await run.save()  # 5. checkpoint
             if stopping:
                 display.message(f"stopped after iteration {it}; resume with: agentrl train --resume {folder.path}")
                 break

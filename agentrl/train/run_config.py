@@ -45,6 +45,9 @@ class RunConfig(_Strict):
     """rollout-then-train iterations (each ends with a weight sync: the policy version counts them)"""
     seed: int = 0
     """seeds the trainer, the rollouts' task order and sampling (unless rollout.seed is set)"""
+    threads: int | None = Field(None, ge=1)
+    """torch threads of each learner process; None: torch's default (every core). With engine replicas in their
+    own processes (engine.replicas), split the cores: threads + replicas x engine.threads_per_replica"""
     out: str | None = None
     """the run folder; default runs/{env}-{date}-{time}"""
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(path="default"))
@@ -64,6 +67,10 @@ class RunConfig(_Strict):
         if self.rollout.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
                              "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
+        if self.algo.async_level > self.rollout.max_staleness:
+            raise ValueError(f"algo.async_level={self.algo.async_level} lets tokens be that many versions old when "
+                             f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "
+                             "or lower the level")  # fmt: skip
         return self
 
     def trainer(self) -> TrainerConfig:
