@@ -212,16 +212,18 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
 
 
 @pytest.mark.slow  # the fast tier parks and resumes above, with staleness allowed
-async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local):
+@pytest.mark.parametrize("max_staleness, ahead", [(0, 0), (1, 1)])  # ahead: an asynchronous run's async_level
+async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local, max_staleness, ahead):
+    """One version behind now, and `ahead` more before the batch is trained: beyond the bound, dropped."""
     engine = HFEngine(tiny_model("qwen3_moe", seed=1), shared=True)  # a learner changes it in place
-    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=0,
+    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=max_staleness,
                  iteration_token_budget=300, env_kwargs={"max_turns": 4},
                  sampling=SamplingParams(max_tokens=64))  # fmt: skip
     async with engine, RolloutController(cfg, engine, chat()) as ctl:
         await ctl.run_iteration()
         n_parked = sum(bool(t.policy_versions) for t in ctl.parked)
         await engine.update_weights()
-        batch = await ctl.run_iteration(drain=True)
+        batch = await ctl.run_iteration(drain=True, ahead=ahead)
     assert batch.stats.dropped_stale == n_parked > 0
     dropped = [t for t in batch.trajectories if t.status is Status.DROPPED]
     assert len(dropped) == n_parked and not any(t.trainable for t in dropped)
