@@ -1,33 +1,43 @@
-"""Policy losses: GSPO, GSPO-token and GRPO, written from docs/design.md §4.
+"""Policy losses: GSPO, GSPO-token and GRPO, and the decoupled behaviour weight, written from docs/design.md §4.
 
 Notation (shapes: B sequences, T tokens). For sequence i, T_i are its generated tokens
-(`mask` = 1), lp_θ(t) = `logprobs` (the trainer's, carrying the gradient), lp_b(t) =
-`old_logprobs` (by default the inference engine's, the probability the token was really
-sampled with), A_{i,t} = `advantages` (per token, or one A_i per sequence).
+(`mask` = 1), lp_θ(t) = `logprobs` (the learner's, carrying the gradient), lp_prox(t) =
+`old_logprobs` (the proximal policy the ratio is taken against: the engine's lp_b by default,
+the learner's own before its first step on the batch when the objective is decoupled),
+A_{i,t} = `advantages` (per token, or one A_i per sequence), w the behaviour weight (below).
 
-- GSPO:       s_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_b(t)))
-              J_i = min(s_i·A_i, clip(s_i, 1−ε_low, 1+ε_high)·A_i)
+- GSPO:       s_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_prox(t)))
+              J_i = w_i · min(s_i·A_i, clip(s_i, 1−ε_low, 1+ε_high)·A_i)
 - GSPO-token: s_{i,t} = sg[s_i]·exp(lp_θ(t) − sg[lp_θ(t)])   (value s_i; gradient through lp_θ(t))
-              J_i = (1/|T_i|) Σ_{t∈T_i} min(s_{i,t}·A_{i,t}, clip(s_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
-- GRPO:       w_{i,t} = exp(lp_θ(t) − lp_b(t)), clipped per token, J_i as for GSPO-token.
+              J_i = w_i · (1/|T_i|) Σ_{t∈T_i} min(s_{i,t}·A_{i,t}, clip(s_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
+- GRPO:       r_{i,t} = exp(lp_θ(t) − lp_prox(t)), clipped per token,
+              J_i = (1/|T_i|) Σ_{t∈T_i} w_{i,t} · min(r_{i,t}·A_{i,t}, clip(r_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
+
+Behaviour weight (the decoupled objective, AReaL): with lp_b = `behaviour_logprobs`, the engine's
+logprobs of tokens it sampled (under an older policy version, or with other numerics), at the
+objective's level: ŵ_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_prox(t) − lp_b(t))) for the GSPO modes,
+ŵ_{i,t} = exp(lp_prox(t) − lp_b(t)) for GRPO; then w = sg[min(ŵ, C)] ("truncate") or
+w = sg[ŵ·1(ŵ ≤ C)] ("mask"). Without behaviour logprobs lp_prox is lp_b and w = 1: the
+coupled objective, the same numbers exactly.
 
 J = (1/B') Σ_i J_i over the B' sequences with at least one generated token: every sequence
 weighs the same whatever its length. A token sum across the batch (which weights long
 sequences more) is deliberately not offered. The loss to minimise is −J.
 
 Each objective is one object owning its ratio, its clipping and what "clipped" means;
-`policy_loss` only aggregates, adds the optional extras and reduces the metrics.
+`policy_loss` only aggregates, weighs, adds the optional extras and reduces the metrics.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 import torch
 
 Mode = Literal["gspo", "gspo_token", "grpo"]
+BehaviourWeight = Literal["none", "truncate", "mask"]
 
 
 @dataclass
@@ -40,8 +50,8 @@ class _Terms:
 class Objective(ABC):
     """One surrogate objective. Set `name`, `default_clip` and `level` in ALL subclasses.
 
-    `level` is where its importance ratio lives ("sequence" or "token"); optional
-    importance-sampling corrections are applied at the same level.
+    `level` is where its importance ratio lives ("sequence" or "token"); the behaviour weight
+    is taken at the same level.
     """
 
     name: ClassVar[str]
@@ -50,10 +60,10 @@ class Objective(ABC):
     sequence_advantage: ClassVar[bool] = False  # needs one A_i per sequence
 
     @abstractmethod
-    def terms(self, lp: torch.Tensor, lp_b: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
+    def terms(self, lp: torch.Tensor, lp_prox: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
               eps_low: float, eps_high: float, weight: torch.Tensor | None) -> _Terms:  # fmt: skip
-        """lp, lp_b, A, mask: (B, T), float, masked positions zeroed; weight: optional IS weight
-        at this objective's level, (B,) or (B, T), without gradient."""
+        """lp, lp_prox, A, mask: (B, T), float, masked positions zeroed; weight: the behaviour weight w
+        at this objective's level, (B,) or (B, T), without gradient (None: w = 1)."""
 
 
 def _clipped_branch(ratio: torch.Tensor, A: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
@@ -70,9 +80,9 @@ def _token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def _sequence_log_ratio(lp: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log s_i = (1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_b(t)), (B,)."""
-    return _token_mean(lp - lp_b, mask)
+def _sequence_log_ratio(lp: torch.Tensor, lp_prox: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log s_i = (1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_prox(t)), (B,)."""
+    return _token_mean(lp - lp_prox, mask)
 
 
 class GSPO(Objective):
@@ -81,9 +91,9 @@ class GSPO(Objective):
     level = "sequence"
     sequence_advantage = True
 
-    def terms(self, lp, lp_b, A, mask, eps_low, eps_high, weight):
+    def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
         A_i = _token_mean(A, mask)  # A is constant along each sequence (checked by policy_loss)
-        s_i = _sequence_log_ratio(lp, lp_b, mask).exp()  # (B,)
+        s_i = _sequence_log_ratio(lp, lp_prox, mask).exp()  # (B,)
         J_i = _surrogate(s_i, A_i, eps_low, eps_high)
         if weight is not None:
             J_i = weight * J_i
@@ -95,8 +105,8 @@ class GSPOToken(Objective):
     default_clip = (3e-4, 4e-4)
     level = "sequence"
 
-    def terms(self, lp, lp_b, A, mask, eps_low, eps_high, weight):
-        s_i = _sequence_log_ratio(lp, lp_b, mask).exp()  # (B,)
+    def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
+        s_i = _sequence_log_ratio(lp, lp_prox, mask).exp()  # (B,)
         s_it = s_i.detach()[:, None] * (lp - lp.detach()).exp()  # (B, T): value s_i, gradient of lp_θ(t)
         J_it = _surrogate(s_it, A, eps_low, eps_high)
         if weight is not None:
@@ -110,22 +120,42 @@ class GRPO(Objective):
     default_clip = (0.2, 0.27)
     level = "token"
 
-    def terms(self, lp, lp_b, A, mask, eps_low, eps_high, weight):
-        w_it = (lp - lp_b).exp()  # (B, T)
-        J_it = _surrogate(w_it, A, eps_low, eps_high)
+    def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
+        r_it = (lp - lp_prox).exp()  # (B, T)
+        J_it = _surrogate(r_it, A, eps_low, eps_high)
         if weight is not None:
             J_it = weight * J_it
-        clipped = _clipped_branch(w_it.detach(), A, eps_low, eps_high).to(lp.dtype)
-        return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), w_it.detach()[mask.bool()])
+        clipped = _clipped_branch(r_it.detach(), A, eps_low, eps_high).to(lp.dtype)
+        return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), r_it.detach()[mask.bool()])
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GSPO(), GSPOToken(), GRPO())}
+
+
+def _behaviour_weights(lp_prox: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor, *,
+                       level: Literal["sequence", "token"], kind: Literal["truncate", "mask"],
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(ŵ, w) without gradient, (B,) at sequence level or (B, T) at token level (1 off the mask):
+    ŵ = exp(lp_prox − lp_b), of the sequence's mean log-ratio at sequence level, per token at token
+    level; w = min(ŵ, C) ("truncate") or ŵ·1(ŵ ≤ C) ("mask"). lp_prox, lp_b, mask: (B, T), masked
+    positions zeroed."""
+    log_w = (lp_prox - lp_b).detach()
+    raw = (_token_mean(log_w, mask) if level == "sequence" else log_w).exp()
+    if kind == "truncate":
+        return raw, raw.clamp(max=cap)
+    return raw, torch.where(raw > cap, torch.zeros_like(raw), raw)
 
 
 def _k3(log_r: torch.Tensor) -> torch.Tensor:
     """exp(log_r) − log_r − 1 ≥ 0: with log_r = log p − log q on samples of q, an unbiased,
     low-variance estimate of KL(q ‖ p) (Schulman's k3)."""
     return log_r.exp() - log_r - 1
+
+
+def _quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
+    """{name_p05, name_p50, name_p95} of the values x."""
+    q = torch.quantile(x.double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=x.device))
+    return {f"{name}_p05": float(q[0]), f"{name}_p50": float(q[1]), f"{name}_p95": float(q[2])}
 
 
 @dataclass
@@ -138,7 +168,7 @@ class _Inputs:
     m: torch.Tensor  # the mask as floats
     on: torch.Tensor  # the mask as booleans
     lp: torch.Tensor
-    lp_b: torch.Tensor
+    lp_prox: torch.Tensor
     A: torch.Tensor
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +191,7 @@ class _Inputs:
         # bf16 cannot resolve a ratio of 1 ± 4e-4 (its spacing above 1 is 2^-7): compute in fp32 at least
         m = mask.to(torch.promote_types(logprobs.dtype, torch.float32))
         x = cls(objective, eps_low, eps_high, m, m.bool(), logprobs, old_logprobs, advantages)
-        x.lp, x.lp_b = x.masked(logprobs), x.masked(old_logprobs)
+        x.lp, x.lp_prox = x.masked(logprobs), x.masked(old_logprobs)
         if advantages.dim() == 1:
             advantages = advantages[:, None].expand_as(logprobs)
         if advantages.shape != logprobs.shape:
@@ -190,39 +220,47 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     behaviour_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
+    behaviour_weight: BehaviourWeight = "none",
+    behaviour_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −J (+ the optional KL penalty), and its metrics.
 
-    logprobs (B, T): lp_θ, with gradient. old_logprobs (B, T): lp_b. mask (B, T): 1 on
-    generated tokens. advantages: (B, T) per token (A_{i,t}), or (B,) per sequence (A_i).
-    clip_low / clip_high: ε_low / ε_high, the mode's paper defaults when None (decoupled:
-    set either alone, DAPO's "clip-higher" is clip_high > clip_low).
+    logprobs (B, T): lp_θ, with gradient. old_logprobs (B, T): lp_prox, the ratio's reference (the
+    engine's lp_b unless decoupled). mask (B, T): 1 on generated tokens. advantages: (B, T) per token
+    (A_{i,t}), or (B,) per sequence (A_i). clip_low / clip_high: ε_low / ε_high, the mode's paper
+    defaults when None (decoupled: set either alone, DAPO's "clip-higher" is clip_high > clip_low).
 
     Optional extras, off by default:
     - `ref_logprobs` and `kl_coef` β > 0: adds β·(1/B') Σ_i (1/|T_i|) Σ_t k3(lp_ref(t) − lp_θ(t)),
       a penalty on KL(π_θ ‖ π_ref) estimated on the sampled tokens.
-    - `behaviour_logprobs` and `tis_cap` C: truncated importance sampling for engine/trainer
-      mismatch, when `old_logprobs` were recomputed by the trainer and the tokens were sampled
-      by an engine with log-probabilities lp_e. Each sequence's (GSPO modes) or token's (GRPO)
-      objective is weighted by min(exp(lp_b − lp_e), C), taken at the objective's ratio level
-      (the sequence's mean log-ratio for GSPO modes), without gradient.
+    - `behaviour_logprobs` lp_b, `behaviour_weight` "truncate" or "mask" and `behaviour_cap` C > 0: the
+      decoupled objective, each sequence's (GSPO modes) or token's (GRPO) term weighted by the
+      behaviour weight w (module docstring), for tokens sampled by a policy other than lp_prox's.
 
     Metrics: clip_fraction (share of the objective's weight whose clipped branch is taken:
     sequences for GSPO, tokens for GSPO-token and GRPO, averaged per sequence), ratio_p05 /
-    ratio_p50 / ratio_p95 (s_i per sequence, or w_{i,t} per token for GRPO), abs_logprob_diff
-    (mean |lp_θ − lp_b| over generated tokens), seq_kl (k3 estimate of KL(π_b ‖ π_θ) per token,
+    ratio_p50 / ratio_p95 (s_i per sequence, or r_{i,t} per token for GRPO), abs_logprob_diff
+    (mean |lp_θ − lp_prox| over generated tokens), seq_kl (k3 estimate of KL(π_prox ‖ π_θ) per token,
     averaged per sequence then over sequences: the engine/trainer mismatch when lp_θ is scored
-    before any update), sequences (B'); with the extras, kl_ref and tis_weight_mean.
+    before any update against the engine's lp_b), sequences (B'); with the KL penalty kl_ref; with a
+    behaviour weight, over its units (sequences with tokens, or generated tokens): behaviour_weight_p05 /
+    _p50 / _p95 (ŵ, before the cap) and behaviour_truncated_fraction or behaviour_masked_fraction
+    (the share whose ŵ exceeded C).
 
     Computed in float32 at least whatever the inputs' dtype; the gradient reaches `logprobs` in its own.
     """
     if (ref_logprobs is None) != (kl_coef == 0):
         raise ValueError("the KL penalty needs both ref_logprobs and kl_coef > 0")
-    if (behaviour_logprobs is None) != (tis_cap is None):
-        raise ValueError("truncated importance sampling needs both behaviour_logprobs and tis_cap")
+    if behaviour_weight not in (kinds := get_args(BehaviourWeight)):
+        raise ValueError(f"unknown behaviour_weight {behaviour_weight!r}; valid: {', '.join(kinds)}")
+    weighted = behaviour_weight != "none"
+    if (behaviour_logprobs is not None) != weighted or (behaviour_cap is not None) != weighted:
+        raise ValueError("behaviour_weight 'truncate' or 'mask' needs both behaviour_logprobs and behaviour_cap; "
+                         "'none' takes neither")  # fmt: skip
+    if behaviour_cap is not None and not behaviour_cap > 0:
+        raise ValueError(f"behaviour_cap must be > 0, got {behaviour_cap}")
     x = _Inputs.of(logprobs, old_logprobs, advantages, mask, mode, clip_low, clip_high)
-    objective, m, on, lp, lp_b, A, masked = x.objective, x.m, x.on, x.lp, x.lp_b, x.A, x.masked
+    objective, m, on, lp, lp_prox, A, masked = x.objective, x.m, x.on, x.lp, x.lp_prox, x.A, x.masked
 
     has_tokens = on.any(-1)  # (B,): sequences with nothing generated take no part
     n = int(has_tokens.sum())
@@ -230,12 +268,14 @@ def policy_loss(
         raise ValueError("no generated tokens in the batch (mask is all zero)")
     weight = None
     metrics: dict[str, float] = {}
-    if behaviour_logprobs is not None:
-        log_w = lp_b - masked(behaviour_logprobs)
-        log_w = _token_mean(log_w, m) if objective.level == "sequence" else log_w
-        weight = log_w.exp().clamp(max=tis_cap).detach()
-        metrics["tis_weight_mean"] = float(weight[has_tokens].mean() if weight.dim() == 1 else weight[on].mean())
-    terms = objective.terms(lp, lp_b, A, m, x.eps_low, x.eps_high, weight)
+    if weighted:
+        raw, weight = _behaviour_weights(lp_prox, masked(behaviour_logprobs), m, level=objective.level,
+                                         kind=behaviour_weight, cap=behaviour_cap)  # fmt: skip
+        units = raw[has_tokens] if objective.level == "sequence" else raw[on]
+        metrics |= _quantiles("behaviour_weight", units)
+        capped = "behaviour_truncated_fraction" if behaviour_weight == "truncate" else "behaviour_masked_fraction"
+        metrics[capped] = float((units > behaviour_cap).double().mean())
+    terms = objective.terms(lp, lp_prox, A, m, x.eps_low, x.eps_high, weight)
     J = terms.J_i[has_tokens].mean()
     loss = -J
     if ref_logprobs is not None:
@@ -245,15 +285,14 @@ def policy_loss(
 
     with torch.no_grad():
         ratio = terms.ratio[has_tokens] if objective.level == "sequence" else terms.ratio
-        q = torch.quantile(ratio.double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=ratio.device))
-        diff = (lp - lp_b).detach()
+        diff = (lp - lp_prox).detach()
         metrics.update(
             clip_fraction=float(terms.clipped[has_tokens].mean()),
-            ratio_p05=float(q[0]), ratio_p50=float(q[1]), ratio_p95=float(q[2]),
+            **_quantiles("ratio", ratio),
             abs_logprob_diff=float(diff.abs()[on].mean()),
             seq_kl=float(_token_mean(_k3(diff), m)[has_tokens].mean()),
             sequences=float(n),
-        )  # fmt: skip
+        )
     return loss, metrics
 
 
@@ -261,10 +300,10 @@ def sequence_stats(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantage
                    *, mode: Mode, clip_low: float | None = None,
                    clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per sequence, what `policy_loss` saw (for inspecting one trajectory; no gradient):
-    s_i = exp((1/|T_i|) Σ_t (lp_θ(t) − lp_b(t))), (B,), whatever the mode (for GRPO the geometric
+    s_i = exp((1/|T_i|) Σ_t (lp_θ(t) − lp_prox(t))), (B,), whatever the mode (for GRPO the geometric
     mean of its token ratios), and the share of its generated tokens whose clipped branch was taken
     (B,): 0 or 1 for GSPO, whose clip acts on the whole sequence."""
     with torch.no_grad():
         x = _Inputs.of(logprobs.detach(), old_logprobs, advantages, mask, mode, clip_low, clip_high)
-        terms = x.objective.terms(x.lp, x.lp_b, x.A, x.m, x.eps_low, x.eps_high, None)
-        return _sequence_log_ratio(x.lp, x.lp_b, x.m).exp(), terms.clipped
+        terms = x.objective.terms(x.lp, x.lp_prox, x.A, x.m, x.eps_low, x.eps_high, None)
+        return _sequence_log_ratio(x.lp, x.lp_prox, x.m).exp(), terms.clipped

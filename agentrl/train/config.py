@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,25 +40,48 @@ class AlgoConfig(_Strict):
     """ε_high; None: the loss's paper default (GSPO 4e-4, GRPO 0.27)"""
     kl_coef: float = Field(0.0, ge=0.0)
     """β of a KL penalty to the initial policy; 0 turns it off (no reference model is kept)"""
-    tis_cap: float | None = Field(None, gt=0.0)
-    """truncated importance-sampling cap for engine/trainer mismatch (needs old_logprobs='recompute')"""
-    old_logprobs: Literal["engine", "recompute"] = "engine"
-    """lp_b: the engine's logprobs from the trajectory, or the trainer's own, scored before the first update"""
+    behaviour_weight: Literal["none", "truncate", "mask"] = "none"
+    """the decoupled objective (docs/design.md §4), for tokens sampled by an older policy version or an engine
+    whose numerics differ from the learner's. 'none': the ratio against the engine's lp_b, unweighted;
+    'truncate' / 'mask': the ratio against the learner's own lp_prox (before its first step on the batch), each
+    term weighted by w = exp(lp_prox − lp_b), truncated at behaviour_cap or zeroed above it"""
+    behaviour_cap: float = Field(2.0, gt=0.0, allow_inf_nan=False)
+    """C of behaviour_weight (unused under 'none'). 2, as truncated importance sampling (Yao et al., 2025) uses:
+    w is about 1 where the engine sampled as the learner would, and a stale or mismatched sequence (or token,
+    for grpo) weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
     async_level: int = Field(0, ge=0)
     """k: how many policy versions generation may run ahead of the learner. 0: rollout, update and sync in
     turn; k >= 1: the fleet samples the next batch while the learner trains (needs rollout.max_staleness >= k)"""
     filter_degenerate_groups: bool = False
     """leave groups whose rewards are all equal (zero advantage) out of the update, as dynamic sampling does"""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_keys(cls, data: Any) -> Any:
+        """Configs saved before behaviour_weight (tests/data/run_v0): old_logprobs 'engine' is 'none';
+        'recompute' with tis_cap C is 'truncate' at C, and without tis_cap (the ratio against lp_prox with no
+        correction for lp_b, biased) 'truncate' at the default cap."""
+        if not isinstance(data, dict) or not {"old_logprobs", "tis_cap"} & data.keys():
+            return data
+        data = dict(data)
+        old, cap = data.pop("old_logprobs", "engine"), data.pop("tis_cap", None)
+        if {"behaviour_weight", "behaviour_cap"} & data.keys():
+            raise ValueError("old_logprobs and tis_cap are the old spelling of behaviour_weight and behaviour_cap: "
+                             "set only the new keys")  # fmt: skip
+        if old not in ("engine", "recompute"):
+            raise ValueError(f"old_logprobs (now behaviour_weight) takes 'engine' or 'recompute', got {old!r}")
+        if old == "engine":
+            if cap is not None:
+                raise ValueError("tis_cap needs old_logprobs='recompute'; today both are behaviour_weight='truncate' "
+                                 "with behaviour_cap")  # fmt: skip
+            return data
+        return data | {"behaviour_weight": "truncate"} | ({} if cap is None else {"behaviour_cap": cap})
+
     @model_validator(mode="after")
     def _check(self) -> AlgoConfig:
         if self.loss == "gspo" and self.advantage == "turn":
             raise ValueError(
                 "loss 'gspo' takes one advantage per sequence: use advantage 'outcome' or loss 'gspo_token'"
-            )
-        if self.tis_cap is not None and self.old_logprobs != "recompute":
-            raise ValueError(
-                "tis_cap corrects the engine against the trainer's recomputed lp_b: set old_logprobs='recompute'"
             )
         return self
 

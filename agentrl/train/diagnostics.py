@@ -59,7 +59,8 @@ class Scored:
     logprobs: torch.Tensor
     """lp_θ (B, L), with its graph: detach what you keep"""
     old_logprobs: torch.Tensor
-    """lp_b (B, L) as the loss used it (the engine's, or recomputed by the trainer)"""
+    """lp_prox (B, L), the loss's ratio's reference: the engine's lp_b, or the learner's own before its first step
+    on the batch under a behaviour weight"""
     router_logits: tuple[torch.Tensor, ...] | None
     """per layer (B·L, E), MoE policies"""
 
@@ -74,18 +75,13 @@ class UpdateObserver:
 
 class Mismatch(UpdateObserver):
     """Engine against trainer on the same tokens, before any step (minibatch 0, the same weights that sampled
-    it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence.
-    `recomputed`: the trainer's side is the lp_b it recomputed (no grad, eval mode: no dropout)."""
-
-    def __init__(self, recomputed: bool = False) -> None:
-        self.recomputed = recomputed
+    it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence."""
 
     def minibatch(self, s: Scored, metrics: Metrics) -> None:
         if s.index or not s.n_local:
             return
         on = s.batch.loss_mask.bool()
-        trainer = s.old_logprobs if self.recomputed else s.logprobs.detach()
-        d = torch.where(on, trainer - s.batch.old_logprobs, 0.0)  # against the engine's lp_b, always
+        d = torch.where(on, s.logprobs.detach() - s.batch.old_logprobs, 0.0)
         k3 = torch.where(on, d.exp() - d - 1, 0.0)
         has = on.any(-1)
         metrics.log("mismatch_abs_logprob_diff", float(d.abs()[on].mean()), s.n_local)
@@ -143,7 +139,7 @@ class RowStats:
     """lp_θ per position of the row (0 on the first), scored when its minibatch was trained: before any
     step for minibatch 0, after `minibatch` steps of this update otherwise"""
     ratio: float
-    """s_i, the sequence ratio against lp_b at that moment"""
+    """s_i, the sequence ratio against lp_prox at that moment"""
     clipped: float
     """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
     minibatch: int

@@ -6,6 +6,11 @@ averages gradients; each rank's loss is rescaled so that the update is that of t
 minibatch: J is a mean over sequences, so rank r's mean over its n_r sequences weighs
 n_r / n (× the world size, which FSDP's average divides away).
 
+Decoupled (algo.behaviour_weight 'truncate' or 'mask', docs/design.md §4): the ratio is taken against
+lp_prox, the learner's logprobs before its first step on the batch, and lp_b weighs the terms. Minibatch
+0's lp_prox is its own first forward, detached (at M = 1 it costs nothing); the others' are scored in one
+no-grad pass before the first step.
+
 Scoring is `Scorer`'s (agentrl.train.scoring); what is watched besides the loss (engine/trainer
 mismatch, expert flips, the rows the run records) is done by observers the step calls
 (agentrl.train.diagnostics); handing the new weights to an engine is `WeightSync`'s.
@@ -88,7 +93,7 @@ class Trainer:
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
         self.aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss else 0.0
-        self.diagnostics: list[UpdateObserver] = [Mismatch(recomputed=cfg.algo.old_logprobs == "recompute")]
+        self.diagnostics: list[UpdateObserver] = [Mismatch()]
         """observers of every update"""
         if self.moe:
             self.diagnostics.append(ExpertFlips(self.top_k))
@@ -128,21 +133,22 @@ class Trainer:
         watching = [*self.diagnostics, *observers]
         shares = self._minibatches(batch)
         metrics = Metrics()
-        recomputed = []
-        if algo.old_logprobs == "recompute":  # lp_b from the trainer, before any step
+        decoupled = algo.behaviour_weight != "none"
+        proximal: list[torch.Tensor | None] = [None] * len(shares)
+        if decoupled:  # lp_prox: the weights before any step; minibatch 0's is its own forward's, detached
             with torch.no_grad():
-                for s in shares:
-                    recomputed.append(self.scorer(s.batch.input_ids, s.batch.attention_mask, s.batch.sampling)[0])
+                for m, s in enumerate(shares[1:], 1):
+                    proximal[m] = self.scorer(s.batch.input_ids, s.batch.attention_mask, s.batch.sampling)[0]
         self.scorer.train()
         for m, s in enumerate(shares):
             mb = s.batch
             lp, entropy, router = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling, entropy=True,
                                               router=self.moe)  # fmt: skip
             old, extra = mb.old_logprobs, {}
-            if recomputed:
-                old = recomputed[m]
-                if algo.tis_cap is not None:
-                    extra = {"behaviour_logprobs": mb.old_logprobs, "tis_cap": algo.tis_cap}
+            if decoupled:
+                old = lp.detach() if m == 0 else proximal[m]
+                extra = {"behaviour_logprobs": mb.old_logprobs, "behaviour_weight": algo.behaviour_weight,
+                         "behaviour_cap": algo.behaviour_cap}  # fmt: skip
             if algo.kl_coef:
                 extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
             if s.n_local:

@@ -26,16 +26,19 @@ def batch(seed: int, noise: float):
     return lp, lp_b, mask, A_tok, A_seq
 
 
-def reference(lp, lp_b, A, mask, mode, eps_low, eps_high, lp_e=None, cap=None):
-    """docs/design.md §4, one sequence and one token at a time; A is (B, T). With engine logprobs
-    lp_e and a cap, each sequence's (GSPO modes) or token's (GRPO) term is weighted by the
-    truncated importance weight min(exp(lp_b − lp_e), cap), at the ratio's level."""
+def reference(lp, lp_prox, A, mask, mode, eps_low, eps_high, lp_b=None, kind=None, cap=None):
+    """docs/design.md §4, one sequence and one token at a time; A is (B, T). With the engine's lp_b, each
+    sequence's (GSPO modes) or token's (GRPO) term is weighted by the behaviour weight: ŵ = exp(lp_prox − lp_b)
+    at the ratio's level, truncated at cap (kind "truncate") or 0 above it (kind "mask")."""
 
     def clip(x):
         return x.clamp(1 - eps_low, 1 + eps_high)
 
-    def tis(log_w):
-        return 1.0 if lp_e is None else min(math.exp(float(log_w)), cap)
+    def w(log_w):
+        if lp_b is None:
+            return 1.0
+        raw = math.exp(float(log_w))
+        return min(raw, cap) if kind == "truncate" else (0.0 if raw > cap else raw)
 
     J, n = 0.0, 0
     for i in range(lp.shape[0]):
@@ -43,8 +46,8 @@ def reference(lp, lp_b, A, mask, mode, eps_low, eps_high, lp_e=None, cap=None):
         if not T_i:
             continue
         n += 1
-        s_i = torch.exp(sum(lp[i, t] - lp_b[i, t] for t in T_i) / len(T_i))
-        w_i = tis(sum(lp_b[i, t] - lp_e[i, t] for t in T_i) / len(T_i)) if lp_e is not None else 1.0
+        s_i = torch.exp(sum(lp[i, t] - lp_prox[i, t] for t in T_i) / len(T_i))
+        w_i = w(sum(lp_prox[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) if lp_b is not None else 1.0
         if mode == "gspo":
             A_i = A[i, T_i[0]]
             J = J + w_i * torch.minimum(s_i * A_i, clip(s_i) * A_i)
@@ -57,15 +60,23 @@ def reference(lp, lp_b, A, mask, mode, eps_low, eps_high, lp_e=None, cap=None):
         else:
             terms = []
             for t in T_i:
-                w = torch.exp(lp[i, t] - lp_b[i, t])
-                w_t = tis(lp_b[i, t] - lp_e[i, t]) if lp_e is not None else 1.0
-                terms.append(w_t * torch.minimum(w * A[i, t], clip(w) * A[i, t]))
+                r = torch.exp(lp[i, t] - lp_prox[i, t])
+                w_t = w(lp_prox[i, t] - lp_b[i, t]) if lp_b is not None else 1.0
+                terms.append(w_t * torch.minimum(r * A[i, t], clip(r) * A[i, t]))
             J = J + sum(terms) / len(T_i)
     return -J / n
 
 
+def reference_weights(lp_prox, lp_b, mask, mode):
+    """ŵ per unit, before the cap: exp of the mean log-ratio per sequence, or per token for GRPO."""
+    rows = [[t for t in range(mask.shape[1]) if mask[i, t]] for i in range(mask.shape[0])]
+    if mode == "grpo":
+        return [math.exp(lp_prox[i, t] - lp_b[i, t]) for i, T_i in enumerate(rows) for t in T_i]
+    return [math.exp(sum(lp_prox[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) for i, T_i in enumerate(rows) if T_i]
+
+
 def reference_ratios(lp, lp_b, mask, mode):
-    """The ratios the metrics' quantiles are over: s_i per sequence, or w_{i,t} per token for GRPO."""
+    """The ratios the metrics' quantiles are over: s_i per sequence, or r_{i,t} per token for GRPO."""
     rows = [[t for t in range(lp.shape[1]) if mask[i, t]] for i in range(lp.shape[0])]
     if mode == "grpo":
         return [math.exp(lp[i, t] - lp_b[i, t]) for i, T_i in enumerate(rows) for t in T_i]
@@ -148,8 +159,10 @@ def test_bad_calls_are_refused_with_the_fix():
         policy_loss(lp, lp_b, A_tok, mask, mode="ppo")
     with pytest.raises(ValueError, match="kl_coef"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", ref_logprobs=lp_b)
-    with pytest.raises(ValueError, match="tis_cap"):
+    with pytest.raises(ValueError, match="needs both behaviour_logprobs and behaviour_cap"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", behaviour_logprobs=lp_b)
+    with pytest.raises(ValueError, match="valid: none, truncate, mask"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", **behaviour("clip", lp_b))
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", clip_low=1.0)
     with pytest.raises(ValueError, match="all zero"):
@@ -179,27 +192,74 @@ def test_kl_penalty_to_a_reference_policy():
     assert float(g_kl[i, t] - g_base[i, t]) == pytest.approx(expected, abs=1e-9)
 
 
+def behaviour(kind, lp_b, cap=2.0):
+    return {"behaviour_logprobs": lp_b, "behaviour_weight": kind, "behaviour_cap": cap}
+
+
+@pytest.mark.parametrize("kind", ["truncate", "mask"])
 @pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
-def test_truncated_importance_sampling(mode):
-    lp, lp_b, mask, A_tok, A_seq = batch(8, noise=2e-3 if mode != "grpo" else 0.4)
+def test_behaviour_weight_matches_the_equations(mode, kind):
+    """The decoupled objective against the transcription: ratio against lp_prox, each unit weighted by w."""
+    lp, lp_prox, mask, A_tok, A_seq = batch(8, noise=2e-3 if mode != "grpo" else 0.4)
     A = A_seq[:, None].expand(B, T) if mode == "gspo" else A_tok
-    plain, _ = policy_loss(lp, lp_b, A, mask, mode=mode)
-    same, metrics = policy_loss(lp, lp_b, A, mask, mode=mode, behaviour_logprobs=lp_b, tis_cap=2.0)
-    torch.testing.assert_close(plain, same)  # engine == trainer: every weight is 1
-    assert metrics["tis_weight_mean"] == pytest.approx(1.0)
-    # the engine's logprobs differ by token, ragged: some weights above the cap, most below it
+    # the engine's lp_b: a per-sequence shift (older or newer policies) and per-token noise, so that some
+    # units' ŵ fall above the cap and most below it
     g = torch.Generator().manual_seed(9)
-    engine = lp_b + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp_b = lp_prox - torch.linspace(-1, 1, B, dtype=torch.float64)[:, None] + 0.3 * torch.randn(B, T, generator=g)
     cap = 1.5
-    ours, g_ours, metrics = loss_and_grad(
-        lambda x: policy_loss(x, lp_b, A, mask, mode=mode, behaviour_logprobs=engine, tis_cap=cap), lp
-    )
+    ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
+                                                                **behaviour(kind, lp_b, cap)), lp)  # fmt: skip
     eps_low, eps_high = OBJECTIVES[mode].default_clip
-    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_b, A, mask, mode, eps_low, eps_high, engine, cap), lp)
+    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_prox, A, mask, mode, eps_low, eps_high, lp_b, kind, cap),
+                                  lp)  # fmt: skip
     torch.testing.assert_close(ours, ref, atol=1e-9, rtol=0)
     torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-9, rtol=0)
+    plain, _ = policy_loss(lp, lp_prox, A, mask, mode=mode)
     assert not torch.isclose(ours, plain), "the weights should change the loss"
-    assert 0.5 < metrics["tis_weight_mean"] < cap
+    raw = torch.tensor(reference_weights(lp_prox, lp_b, mask, mode), dtype=torch.float64)
+    for name, q in (("behaviour_weight_p05", 0.05), ("behaviour_weight_p50", 0.5), ("behaviour_weight_p95", 0.95)):
+        assert metrics[name] == pytest.approx(float(torch.quantile(raw, q)), abs=1e-12)
+    capped = "behaviour_truncated_fraction" if kind == "truncate" else "behaviour_masked_fraction"
+    assert metrics[capped] == pytest.approx(float((raw > cap).double().mean())) and 0 < metrics[capped] < 0.5
+
+
+@pytest.mark.parametrize("kind", ["truncate", "mask"])
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+def test_weight_one_is_the_coupled_loss_exactly(mode, kind):
+    """lp_b = lp_prox gives w = 1 on every unit: the decoupled loss is the coupled one, bit for bit."""
+    lp, lp_prox, mask, A_tok, A_seq = batch(12, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq if mode == "gspo" else A_tok
+    plain, g_plain, m_plain = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
+    same, g_same, m_same = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
+                                                               **behaviour(kind, lp_prox)), lp)  # fmt: skip
+    assert torch.equal(same, plain) and torch.equal(g_same, g_plain)
+    assert m_same.items() >= m_plain.items()
+    assert m_same["behaviour_weight_p05"] == m_same["behaviour_weight_p95"] == 1
+    assert m_same["behaviour_truncated_fraction" if kind == "truncate" else "behaviour_masked_fraction"] == 0
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
+def test_stale_tokens_are_weighted_not_clipped(mode):
+    """Tokens an older policy sampled (lp_b far from the learner's): against lp_b many fall outside the clip
+    and teach nothing; decoupled, at the first step (lp_θ = lp_prox) none is clipped, and each sequence's
+    (GRPO: token's) gradient is the on-policy one times its w."""
+    lp, _, mask, A_tok, A_seq = batch(13, noise=0.0)
+    A = A_seq if mode == "gspo" else A_tok
+    g = torch.Generator().manual_seed(14)
+    lp_prox = lp.detach()
+    lp_b = torch.where(mask.bool(), lp_prox, 0.0) + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    _, _, coupled = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
+    _, g_on, _ = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
+    _, g_dec, decoupled = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
+                                                              **behaviour("truncate", lp_b)), lp)  # fmt: skip
+    assert coupled["clip_fraction"] > 0.2 and decoupled["clip_fraction"] == 0
+    on = mask.bool()
+    log_w = torch.where(on, lp_prox - lp_b, 0.0)
+    if mode != "grpo":
+        log_w = (log_w.sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand(B, T)
+    w = log_w.exp().clamp(max=2.0)
+    torch.testing.assert_close(g_dec[on], (w * g_on)[on], atol=1e-12, rtol=0)
+    assert (g_dec[on] != 0).all(), "no unit should be clipped away"
 
 
 @pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])

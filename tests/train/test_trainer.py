@@ -1,5 +1,6 @@
 """The trainer in one process: batches from trajectories, updates, and weight sync to a real hf engine."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -109,6 +110,10 @@ def test_config_refuses_incompatible_settings_before_starting():
         AlgoConfig(loss="gspo", advantage="turn")
     with pytest.raises(ValidationError, match="recompute"):
         AlgoConfig(tis_cap=2.0)
+    with pytest.raises(ValidationError, match="set only the new keys"):
+        AlgoConfig(old_logprobs="recompute", behaviour_weight="mask")
+    with pytest.raises(ValidationError, match="greater than 0"):
+        AlgoConfig(behaviour_weight="truncate", behaviour_cap=0)
     with pytest.raises(ValidationError, match="minibatchs"):
         OptimConfig(minibatchs=4)
     with pytest.raises(ValueError, match="reference"):
@@ -139,25 +144,45 @@ def test_kl_to_the_starting_weights_holds_full_fine_tuning_back():
     assert kl_to_start(held) < 0.5 * kl_to_start(free)
 
 
+def test_configs_saved_with_old_logprobs_and_tis_cap_load_as_a_behaviour_weight():
+    """The keys before behaviour_weight: 'engine' is 'none', 'recompute' is 'truncate' (at tis_cap, or the
+    default cap); a config loaded and saved again has only the new keys."""
+    cases = [
+        ({"old_logprobs": "engine", "tis_cap": None}, ("none", 2.0)),
+        ({"old_logprobs": "recompute", "tis_cap": 1.5}, ("truncate", 1.5)),
+        ({"old_logprobs": "recompute"}, ("truncate", 2.0)),
+    ]
+    for old, (weight, cap) in cases:
+        cfg = AlgoConfig(loss="grpo", **old)
+        assert (cfg.loss, cfg.behaviour_weight, cfg.behaviour_cap) == ("grpo", weight, cap)
+        assert AlgoConfig(**cfg.model_dump()) == cfg and not {"old_logprobs", "tis_cap"} & cfg.model_dump().keys()
+    with pytest.raises(ValidationError, match="'engine' or 'recompute'"):
+        AlgoConfig(old_logprobs="trainer")
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen3", "llama"])
-@pytest.mark.parametrize("old", ["engine", "recompute"])
-def test_update_on_moe_and_dense_models(tmp_path, arch, old):
+@pytest.mark.parametrize("weight", ["none", "truncate"])
+def test_update_on_moe_and_dense_models(tmp_path, arch, weight):
     """From a saved Hugging Face folder; MoE models report routing diagnostics, dense ones do not."""
     from agentrl.models.tiny import save_tiny
     from agentrl.train.policy import load_policy
 
     policy = load_policy(ModelConfig(path=str(save_tiny(tmp_path / arch, arch))))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    trainer = Trainer(TrainerConfig(algo=AlgoConfig(old_logprobs=old), optim=OptimConfig(lr=1e-3)), policy)
+    trainer = Trainer(TrainerConfig(algo=AlgoConfig(behaviour_weight=weight), optim=OptimConfig(lr=1e-3)), policy)
     metrics = trainer.update(fixed_batch())
     moe = arch in ("qwen3_moe", "mixtral")
     assert ("expert_flip_rate" in metrics) == moe and ("router_aux_loss" in metrics) == moe
     assert 0 <= metrics.get("expert_flip_rate", 0) <= 1 and metrics["grad_norm"] > 0
     # the fixed batch's fake engine logprobs are far from the model's: a large mismatch either way
     assert metrics["mismatch_abs_logprob_diff"] > 0.5
-    if old == "recompute":  # lp_b is the trainer's own: the ratios stay near 1
+    if weight == "truncate":  # the ratio is against the learner's own lp_prox: it stays near 1; w carries the mismatch
         assert metrics["abs_logprob_diff"] < 0.1 * metrics["mismatch_abs_logprob_diff"]
-    else:  # lp_b is the engine's: the ratio carries the mismatch
+        # the learner's logprobs lie far below the fake engine's: ŵ = exp(mean(lp_prox − lp_b)) ≪ 1, never capped
+        assert -math.log(metrics["behaviour_weight_p50"]) == pytest.approx(metrics["mismatch_abs_logprob_diff"],
+                                                                           rel=0.2)  # fmt: skip
+        assert metrics["behaviour_truncated_fraction"] == 0
+    else:  # the ratio is against the engine's lp_b: it carries the mismatch
         assert metrics["abs_logprob_diff"] == pytest.approx(metrics["mismatch_abs_logprob_diff"], rel=0.2)
     assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
 
