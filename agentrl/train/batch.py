@@ -1,8 +1,8 @@
-"""From rollout groups to the tensors of one update: ids, loss mask, lp_b and advantages.
+"""From rollout groups to the tensors of one update: ids, loss mask, lp_b, advantages and token versions.
 
 Shapes: B trajectories, L tokens (right-padded), K turns. Every per-token tensor is aligned
-with `input_ids`: position t holds token t's loss mask, its engine logprob lp_b and its
-advantage; the trainer scores token t from the hidden state at t − 1.
+with `input_ids`: position t holds token t's loss mask, its engine logprob lp_b, its
+advantage and its policy version; the trainer scores token t from the hidden state at t − 1.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class TrainBatch:
     advantages: torch.Tensor  # (B, L) A_{i,t} (constant per sequence for "outcome")
     sampling: SamplingParams  # the distribution the tokens were drawn from (lp_θ is scored under it)
     episode_ids: list[str] = field(default_factory=list)  # row i's trajectory, for the run's records
+    token_versions: torch.Tensor | None = None  # (B, L) long: Trajectory.token_versions, -1 on padding; None: unknown
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -70,8 +71,8 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
     gids = torch.tensor([index[gi] for gi in group_of])  # (B,) dense group index
     B, L = len(trajs), max(len(t.token_ids) for t in trajs)
 
-    def padded(values: list[list], dtype: torch.dtype) -> torch.Tensor:
-        out = torch.zeros(B, L, dtype=dtype)
+    def padded(values: list[list], dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
+        out = torch.full((B, L), fill, dtype=dtype)
         for i, v in enumerate(values):
             out[i, : len(v)] = torch.tensor(v, dtype=dtype)
         return out
@@ -98,6 +99,7 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         advantages=advantages.float(),
         sampling=trajs[0].sampling,
         episode_ids=[t.episode_id for t in trajs],
+        token_versions=padded([t.token_versions for t in trajs], torch.long, fill=-1),
     )
     degenerate = int(torch.unique(gids[adv.degenerate]).numel())
     info = BatchInfo(groups=len(index), trajectories=B, degenerate_groups=degenerate, filtered_groups=0)

@@ -4,7 +4,8 @@
 step) and `finished` after the last step, on every rank (an observer may take part in collectives).
 An observer only reads what the step computed, plus what it computes itself without gradients,
 and logs into the update's `Metrics`. The trainer runs `Mismatch` and, for MoE policies,
-`ExpertFlips` on every update; the training loop adds a `RowRecorder` for the trajectories it saves.
+`ExpertFlips` on every update, and logs the batch's `staleness` when it knows its own policy version;
+the training loop adds a `RowRecorder` for the trajectories it saves.
 """
 
 from __future__ import annotations
@@ -86,6 +87,22 @@ class Mismatch(UpdateObserver):
         has = on.any(-1)
         metrics.log("mismatch_abs_logprob_diff", float(d.abs()[on].mean()), s.n_local)
         metrics.log("mismatch_seq_kl", float((k3.sum(-1)[has] / on.sum(-1)[has]).mean()), s.n_local)
+
+
+def staleness(token_versions: torch.Tensor, loss_mask: torch.Tensor, policy_version: int) -> dict[str, float]:
+    """Of the trained tokens (loss mask 1), how many policy versions each is behind `policy_version`, the
+    learner's before its first step on them: staleness_k, the count of tokens k behind for k = 0 to the
+    largest seen, and staleness_mean and staleness_max."""
+    versions = token_versions[loss_mask.bool()]
+    if not len(versions):
+        return {}
+    behind = policy_version - versions
+    if versions.min() < 0 or behind.min() < 0:
+        raise ValueError(f"trained tokens of versions {versions.min()} to {versions.max()} cannot be trained by the "
+                         f"learner at version {policy_version}")  # fmt: skip
+    counts = torch.bincount(behind).tolist()
+    hist = {f"staleness_{k}": float(c) for k, c in enumerate(counts)}
+    return hist | {"staleness_mean": float(behind.double().mean()), "staleness_max": float(len(counts) - 1)}
 
 
 FLIP_RATE_ROWS = 8

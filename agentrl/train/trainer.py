@@ -30,7 +30,7 @@ from agentrl.algo import policy_loss
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
-from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver
+from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver, staleness
 from agentrl.train.policy import causal_lm, prepare, train_device
 from agentrl.train.scoring import Scorer
 
@@ -126,13 +126,22 @@ class Trainer:
 
     # -- the update --------------------------------------------------------------------
 
-    def update(self, batch: TrainBatch, *observers: UpdateObserver) -> dict[str, float]:
+    def update(
+        self, batch: TrainBatch, *observers: UpdateObserver, policy_version: int | None = None
+    ) -> dict[str, float]:
         """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks).
-        `observers` (every rank passes the same) watch it besides `self.diagnostics`."""
+        `observers` (every rank passes the same) watch it besides `self.diagnostics`. `policy_version`: the
+        version of the weights held before the first step, to log the trained tokens' staleness (every rank
+        passes the same; the batch needs its token_versions)."""
         algo = self.cfg.algo
         watching = [*self.diagnostics, *observers]
         shares = self._minibatches(batch)
         metrics = Metrics()
+        if policy_version is not None:
+            if batch.token_versions is None:
+                raise ValueError("staleness needs the batch's token_versions (build_batch records them)")
+            for k, v in staleness(batch.token_versions, batch.loss_mask, policy_version).items():
+                metrics.log(k, v)
         decoupled = algo.behaviour_weight != "none"
         proximal: list[torch.Tensor | None] = [None] * len(shares)
         if decoupled:  # lp_prox: the weights before any step; minibatch 0's is its own forward's, detached

@@ -1,11 +1,14 @@
 """The decoupled objective in the trainer (docs/design.md §4): lp_prox is the learner before its first step on
-the batch."""
+the batch, and the batch's token versions give the staleness of what it trains."""
 
 import pytest
 import torch
 from fsdp_worker import fixed_batch  # this directory is on sys.path
 
+from agentrl.engine.base import Generation, SamplingParams
 from agentrl.models.tiny import tiny_model
+from agentrl.rollout import Group, Status, Trajectory
+from agentrl.train.batch import build_batch
 from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
 from agentrl.train.diagnostics import RowRecorder
 from agentrl.train.trainer import Trainer
@@ -33,3 +36,36 @@ def test_the_ratio_is_taken_against_the_learner_before_its_first_step(weight):
         elif weight == "truncate":  # the first step moved it: not a ratio against the weights after it
             assert abs(r.ratio - 1) > 1e-3
         assert r.ratio == pytest.approx(expected, rel=1e-5)
+
+
+def trajectory(name: str, pieces: list[tuple[int, int, int]]) -> Trajectory:
+    """A 3-token prompt, then per turn (n tokens, the version that sampled them, the oldest version in their KV)."""
+    t = Trajectory(episode_id=name, group_id="g", task_id="g", sampling=SamplingParams(temperature=1.0))
+    t.append_prompt([1, 2, 3])
+    for k, (n, version, kv) in enumerate(pieces):
+        t.append_generation(Generation([10 + k] * n, [-0.5] * n, [version] * n, "stop", kv_versions=[kv] * n))
+        t.turns[-1].reward = float(k)
+        t.append_observation([7, 8])
+    t.status, t.outcome_reward = Status.FINISHED, float(len(pieces))
+    return t
+
+
+def test_staleness_of_the_trained_tokens():
+    """Per token, versions behind the learner's (from the older of its sampler and its KV): a histogram of
+    token counts, with mean and max; logged only when the update is told the learner's version."""
+    trajs = [trajectory("a", [(2, 3, 3), (3, 2, 1)]), trajectory("b", [(4, 3, 3), (1, 0, 0)])]
+    batch, _ = build_batch([Group("g", "g", trajs)], AlgoConfig())
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        assert batch.token_versions[i, :n].tolist() == t.token_versions and (batch.token_versions[i, n:] == -1).all()
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(minibatches=2)), tiny_model("qwen3", seed=0))
+    metrics = trainer.update(batch, policy_version=3)
+    # a: 2 tokens 0 behind, 3 sampled by version 2 over KV of version 1: 2 behind; b: 4 at 0, 1 at 3
+    hist = {k: v for k, v in metrics.items() if k.startswith("staleness_")}
+    assert hist == {"staleness_0": 6, "staleness_1": 0, "staleness_2": 3, "staleness_3": 1,
+                    "staleness_mean": pytest.approx((2 * 3 + 3 * 1) / 10), "staleness_max": 3}  # fmt: skip
+    assert not any(k.startswith("staleness") for k in trainer.update(batch))
+    with pytest.raises(ValueError, match="version 2"):
+        trainer.update(batch, policy_version=2)  # tokens of version 3 cannot be trained by version 2
+    with pytest.raises(ValueError, match="token_versions"):
+        trainer.update(fixed_batch(), policy_version=0)
