@@ -40,6 +40,14 @@ class EngineConfig(BaseModel):
     """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
     served_model: str | None = None
     """openai: the served model to ask for; None: the first the server lists"""
+    server: Literal["auto", "agentrl", "vllm"] = "auto"
+    """openai: the kind of server, which decides how weight updates reach it: agentrl (agentrl serve: uploaded
+    over its HTTP API), vllm (`vllm serve`: written into weights_dir and loaded through vLLM's endpoints); auto:
+    agentrl when it answers GET /agentrl/version, else vllm"""
+    weights_dir: str | None = None
+    """openai, a vLLM server: a folder this process and the server both see at this path (a shared filesystem),
+    where each update is written for the server to load (a LoRA adapter in peft's format, or a safetensors
+    checkpoint); None: the server takes no weights from the run"""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
     options: dict[str, Any] = Field(default_factory=dict)
@@ -62,6 +70,12 @@ class EngineConfig(BaseModel):
             raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
         if self.served_model is not None and self.kind != "openai":
             raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")
+        if (self.server != "auto" or self.weights_dir is not None) and self.kind != "openai":
+            raise ValueError("engine.server and engine.weights_dir describe an openai engine's server: they need "
+                             "engine.kind=openai")  # fmt: skip
+        if self.weights_dir is not None and self.server == "agentrl":
+            raise ValueError("engine.weights_dir is where a vLLM server reads weights: agentrl serve takes them over "
+                             "HTTP")  # fmt: skip
         if self.dtype == "bfloat16_weights" and self.kind != "hf":
             raise ValueError("engine.dtype=bfloat16_weights needs engine.kind=hf")
         if self.record_routing and self.kind != "hf":
