@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -162,10 +163,10 @@ class Run:
         """M minibatch steps on the batch. Asynchronous: in a thread, so that the event loop goes on driving the
         episodes of the next rollouts meanwhile (torch releases the GIL in its kernels)."""
         batch = rollout.batch.to(self.trainer.device)
+        version = self.state.policy_version  # the learner's, before its first step on the batch
+        update = functools.partial(self.trainer.update, batch, *rollout.observers, policy_version=version)
         with self.sync.updating():
-            if self.cfg.algo.async_level:
-                return await asyncio.to_thread(self.trainer.update, batch, *rollout.observers)
-            return self.trainer.update(batch, *rollout.observers)
+            return await asyncio.to_thread(update) if self.cfg.algo.async_level else update()
 
     async def _roll_out(self, iteration: int) -> Rollout:
         lead, batch, t0 = self.lead, None, time.perf_counter()
@@ -283,14 +284,14 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
         if lead_rank:
             folder.truncate_logs(state.iteration)
     async with contextlib.AsyncExitStack() as stack:
-        lead = await _lead(cfg, folder, trainer, state, stack) if lead_rank else None
+        lead = await _lead(cfg, folder, trainer, state, stack, resumed=resumed) if lead_rank else None
         run = Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
         if cfg.algo.async_level and run.sync.in_place:
             raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
                              f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
                              "its own weights (engine.replicas)")  # fmt: skip
-        if resumed and not run.sync.in_place:  # the engine loaded the starting weights: send the checkpoint's
-            await run.push_weights()  # (a sync: the version goes up by one)
+        if resumed:  # the engine, one version behind, gets the checkpoint's weights (a copy loaded the starting ones)
+            await run.push_weights()
         if lead is not None:
             run.pipeline = await stack.enter_async_context(
                 Pipeline(run._roll_out, k=cfg.algo.async_level, first=state.iteration, last=cfg.iterations)
@@ -299,7 +300,7 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
 
 
 async def _lead(cfg: RunConfig, folder: RunDir, trainer: Trainer, state: LoopState,
-                stack: contextlib.AsyncExitStack) -> Lead:  # fmt: skip
+                stack: contextlib.AsyncExitStack, *, resumed: bool) -> Lead:  # fmt: skip
     """Rank 0's parts: the engine, env workers and sandboxes, the evaluator, the run folder's writers."""
     path = resolve_path(cfg.model.path)
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
@@ -307,7 +308,10 @@ async def _lead(cfg: RunConfig, folder: RunDir, trainer: Trainer, state: LoopSta
     # (FSDP2, a group of one included) cannot be sampled in place, so the engine loads its own copy.
     shared = None if dist.is_initialized() else trainer.policy
     model = EngineModel(path=path, module=shared, lora=cfg.model.lora, device=str(trainer.device))
-    engine = build_engine(cfg.engine, model, version=state.policy_version, seed=cfg.seed)
+    # resumed: one version behind, so that the sync of the checkpoint's weights brings it to the checkpoint's
+    # version (the tokens a checkpoint holds keep their staleness)
+    version = state.policy_version - resumed
+    engine = build_engine(cfg.engine, model, version=version, seed=cfg.seed)
     engine = await stack.enter_async_context(engine)
     controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat))
     held_out = await stack.enter_async_context(HeldOutEval(

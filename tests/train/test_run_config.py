@@ -19,7 +19,7 @@ def test_unknown_key_names_the_valid_ones_and_a_close_match():
         load(RunConfig, {"algo": {"lose": "grpo"}})
     msg = str(e.value)
     assert "algo.lose: unknown key (did you mean 'loss'?)" in msg
-    assert "valid keys here: advantage, clip_high, clip_low" in msg
+    assert "valid keys here: advantage, async_level, behaviour_cap" in msg
 
 
 def test_wrong_types_and_choices_are_refused_with_the_choices():
