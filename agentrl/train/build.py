@@ -294,7 +294,7 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
             await run.push_weights()
         if lead is not None:
             run.pipeline = await stack.enter_async_context(
-                Pipeline(run._roll_out, k=cfg.algo.async_level, first=state.iteration, last=cfg.iterations)
+                Pipeline(run._roll_out, k=cfg.algo.async_level, first=state.iteration, last=cfg.iterations, stop=stop)
             )
         yield run
 

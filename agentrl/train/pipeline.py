@@ -26,11 +26,14 @@ T = TypeVar("T")
 class Pipeline(Generic[T]):
     """The producer over `roll_out(iteration)` for iterations [first, last)."""
 
-    def __init__(self, roll_out: Callable[[int], Awaitable[T]], *, k: int, first: int, last: int) -> None:
+    def __init__(self, roll_out: Callable[[int], Awaitable[T]], *, k: int, first: int, last: int,
+                 stop: asyncio.Event) -> None:  # fmt: skip
         self.k = k
         self._roll_out = roll_out
         self._first, self._last = first, last
         self._allowed = first - 1  # the last iteration the producer may start
+        self._wanted = first - 1  # the last iteration the learner asked for
+        self._stop = stop
         self._held = False
         self._busy = False
         self._cv = asyncio.Condition()
@@ -52,8 +55,8 @@ class Pipeline(Generic[T]):
         for it in range(self._first, self._last):
             t0 = time.perf_counter()
             async with self._cv:
-                await self._cv.wait_for(lambda it=it: it <= self._allowed and not self._held)
-                self._busy = True  # after a stop too: a stopped rollout returns at once, with what is complete
+                await self._cv.wait_for(lambda it=it: self._may_start(it))
+                self._busy = True
             self.idle_s += time.perf_counter() - t0
             try:
                 item = await self._roll_out(it)
@@ -63,9 +66,15 @@ class Pipeline(Generic[T]):
                     self._cv.notify_all()
             self._queue.put_nowait(item)
 
+    def _may_start(self, it: int) -> bool:
+        # once stopping, only a rollout the learner waits for (it returns at once, with what is complete)
+        limit = self._wanted if self._stop.is_set() else self._allowed
+        return it <= limit and not self._held
+
     async def next(self, iteration: int) -> T:
         """Iteration `iteration`'s rollout (waiting for it); lets the producer run up to `iteration + k`."""
         async with self._cv:
+            self._wanted = iteration
             self._allowed = max(self._allowed, iteration + self.k)
             self._cv.notify_all()
         get = asyncio.ensure_future(self._queue.get())
