@@ -24,7 +24,8 @@ class EngineConfig(BaseModel):
     kind: str = "hf"
     """a registered engine: hf (transformers in this process; on one process it samples with the trainer's own
     weights, no copy), vllm (in-process vLLM, GPU, pip install agentrl[vllm]), openai (an OpenAI-compatible server
-    at base_url), or one another installed package registers (entry-point group agentrl.engines)"""
+    at base_url, or several at base_urls), or one another installed package registers (entry-point group
+    agentrl.engines)"""
     max_batch_size: int | None = Field(None, ge=1)
     """requests decoded together; None: the engine's own default (hf 64, vllm 256)"""
     prefix_cache_tokens: int = Field(65536, ge=0)
@@ -48,6 +49,21 @@ class EngineConfig(BaseModel):
     """openai, a vLLM server: a folder this process and the server both see at this path (a shared filesystem),
     where each update is written for the server to load (a LoRA adapter in peft's format, or a safetensors
     checkpoint); None: the server takes no weights from the run"""
+    replicas: int = Field(1, ge=1)
+    """engines sampling side by side, each a Ray actor loading its own copy of the weights, behind one engine that
+    routes requests and broadcasts weight updates (agentrl.engine.fleet): hf replicas on CPU, vllm one GPU each;
+    1: the one engine in this process"""
+    threads_per_replica: int = Field(1, ge=1)
+    """hf replicas: torch threads each, also the CPUs each reserves from Ray; 1 keeps R replicas on R cores
+    (a CPU decode step of a small batch gains little from more threads)"""
+    base_urls: list[str] = Field(default_factory=list)
+    """openai: several servers (instead of base_url), one client each, behind one engine that routes requests"""
+    affinity_slack_tokens: int = Field(4096, ge=0)
+    """replicas or base_urls: an episode's next turn goes to the replica that served its last one (its prefix is
+    cached there) unless that replica's outstanding work (prompt + max_tokens of its requests in flight) exceeds
+    the least-loaded replica's by more than this many tokens, about one long request"""
+    ray_address: str | None = None
+    """replicas: the Ray cluster to start them on when Ray is not running yet; None: a local Ray"""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
     options: dict[str, Any] = Field(default_factory=dict)
@@ -66,8 +82,26 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        if (self.kind == "openai") != (self.base_url is not None):
-            raise ValueError("engine.base_url is required with engine.kind=openai, and only there")
+        if self.kind == "openai" and (self.base_url is None) == (not self.base_urls):
+            raise ValueError("engine.base_url is required with engine.kind=openai (one server), or engine.base_urls "
+                             "(several)")  # fmt: skip
+        if self.kind != "openai" and (self.base_url is not None or self.base_urls):
+            raise ValueError("engine.base_url and engine.base_urls name OpenAI-compatible servers: they need "
+                             "engine.kind=openai")  # fmt: skip
+        if len(set(self.base_urls)) < len(self.base_urls):
+            raise ValueError("engine.base_urls lists a server twice")
+        if self.replicas > 1 and self.kind == "openai":
+            raise ValueError("engine.replicas starts engines as Ray actors; an openai engine is a client of servers "
+                             "you start: list them in engine.base_urls")  # fmt: skip
+        if self.replicas > 1 and self.kind not in ("hf", "vllm"):
+            raise ValueError(f"engine.replicas runs hf or vllm engines as Ray actors, not {self.kind}")
+        if self.threads_per_replica != 1 and not (self.kind == "hf" and self.replicas > 1):
+            raise ValueError("engine.threads_per_replica sets the torch threads of each hf replica: it needs "
+                             "engine.kind=hf and engine.replicas > 1")  # fmt: skip
+        if self.ray_address is not None and self.replicas == 1:
+            raise ValueError("engine.ray_address is where engine replicas start: it needs engine.replicas > 1")
+        if self.replicas > 1 and self.vllm.get("tensor_parallel_size", 1) != 1:
+            raise ValueError("engine.replicas runs one vllm engine per GPU: drop engine.vllm.tensor_parallel_size")
         if self.served_model is not None and self.kind != "openai":
             raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")
         if (self.server != "auto" or self.weights_dir is not None) and self.kind != "openai":
