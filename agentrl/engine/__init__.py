@@ -2,7 +2,8 @@
 factory every command builds them with.
 
 Built in: `hf` (transformers, CPU or GPU), `vllm` (in-process vLLM, GPU, extra `agentrl[vllm]`),
-`openai` (any OpenAI-compatible server over HTTP, `agentrl serve` included). Other packages add
+`openai` (any OpenAI-compatible server over HTTP, `agentrl serve` included); several of them behind one
+engine (`engine.replicas`, `engine.base_urls`: `agentrl.engine.fleet`). Other packages add
 engines through the entry-point group `agentrl.engines` (`name = "pkg.module:Class"`, a class
 implementing `InferenceEngine.from_config`); `agentrl train` (`engine.kind`) and `agentrl eval`
 (`--engine`) then build them like the built-in ones.
@@ -57,9 +58,23 @@ def engine_class(name: str) -> type[InferenceEngine]:
     return getattr(importlib.import_module(module), attr)
 
 
+def _engine_type(cfg: EngineConfig) -> type[InferenceEngine]:
+    if cfg.replicas > 1 or cfg.base_urls:
+        from agentrl.engine.fleet import Fleet
+
+        return Fleet
+    return engine_class(cfg.kind)
+
+
 def build_engine(cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> InferenceEngine:
-    """The engine `cfg` names, serving `model`, from policy `version` on (not started: `async with` it)."""
-    return engine_class(cfg.kind).from_config(cfg, model, version=version, seed=seed)
+    """The engine `cfg` names, serving `model`, from policy `version` on (not started: `async with` it); with
+    `engine.replicas` > 1 or `engine.base_urls`, a `Fleet` of them behind one engine (`agentrl.engine.fleet`)."""
+    return _engine_type(cfg).from_config(cfg, model, version=version, seed=seed)
+
+
+def engine_unavailable(cfg: EngineConfig) -> str | None:
+    """Why the engine `build_engine(cfg, ...)` would build cannot run here, or None (`InferenceEngine.unavailable`)."""
+    return _engine_type(cfg).unavailable(cfg)
 
 
 __all__ = [
@@ -75,5 +90,6 @@ __all__ = [
     "build_engine",
     "engine_class",
     "engine_entry_point",
+    "engine_unavailable",
     "register_engine",
 ]
