@@ -265,9 +265,9 @@ class Fleet(InferenceEngine):
         flight = self._flights[rid] = _Flight()
         try:
             for attempt in range(len(self._slots) + 1):
-                if flight.aborted:  # while its replica went down
-                    return Generation([], [], [], "aborted", len(prompt))
                 slot = await self._route(request_id, count=attempt == 0)
+                if flight.aborted:  # while its replica went down, or while it waited for a restart
+                    return Generation([], [], [], "aborted", len(prompt))
                 if request_id is not None:
                     self._remember(request_id, slot.replica)
                 flight.replica, flight.attempt = slot.replica, uuid.uuid4().hex
@@ -296,6 +296,8 @@ class Fleet(InferenceEngine):
         """The replica for this request: least outstanding work, or the one that served `request_id` last
         unless it is overloaded. `count`: the choice counts in the affinity hit rate."""
         while not (up := [s for s in self._slots if s.up]):
+            if self._closed:
+                raise RuntimeError("engine is closed")
             restarting = [s.restart for s in self._slots if s.restart is not None]
             if not restarting:
                 errors = "; ".join(f"replica {s.index}: {s.error}" for s in self._slots)
@@ -374,7 +376,7 @@ class Fleet(InferenceEngine):
 
     def _down(self, slot: _Slot, replica: Replica, error: ReplicaDown) -> None:
         """`replica` (in `slot`) failed: restart it, once however many of its requests report it."""
-        if slot.replica is not replica or not slot.up:
+        if slot.replica is not replica or not slot.up or self._closed:
             return
         log.warning("engine replica %d is down (%s): starting a new one", slot.index, error)
         slot.version = None

@@ -173,6 +173,11 @@ async def test_abort_reaches_the_replica_and_the_request_resumes(fleet):
     # a partial rollout resumes under the same id, on whichever replica
     resumed = await fleet.generate(PROMPT + gen.token_ids, SamplingParams(max_tokens=6), request_id="ep")
     assert resumed.finish_reason == "length" and len(resumed.token_ids) == 6
+    # an abort right behind its request (the actor may take the two in either order) still ends it
+    task = asyncio.create_task(fleet.generate(PROMPT, SamplingParams(max_tokens=2000), request_id="ep2"))
+    await asyncio.sleep(0)  # sent to its replica
+    await fleet.abort("ep2")
+    assert (await task).finish_reason == "aborted"
 
 
 async def test_a_killed_replica_is_retried_elsewhere_and_restarted(fleet):
