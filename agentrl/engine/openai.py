@@ -13,6 +13,24 @@ Failures: connection errors, timeouts and 5xx replies are retried with exponenti
 (a retried request starts over); a 4xx reply raises at once with the server's message
 (`ContextTooLong` for a context overflow, else `RequestRejected`); no answer after every
 retry raises `ServerUnavailable`.
+
+Weights reach the server its own way (`server`: agentrl, vllm, or auto: agentrl when it answers
+GET /agentrl/version):
+- agentrl serve: the tensors are uploaded (safetensors) to POST /agentrl/weights.
+- vLLM (`vllm serve`, >= 0.16.0): each update is written into `weights_dir`, a folder the server sees at
+  the same path (a shared filesystem), and loaded through vLLM's documented endpoints.
+  A LoRA adapter is written in peft's format and loaded under a new name per version
+  (POST /v1/load_lora_adapter; vLLM started with --enable-lora, a big enough --max-lora-rank, and
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); later requests name it as their `model` and the previous
+  one is unloaded (/v1/unload_lora_adapter), while requests in flight finish with the adapter they
+  were sent with. Full weights are written as a safetensors checkpoint (the checkpoint's layout) and
+  reloaded in place between two engine steps: POST /pause?mode=keep, POST /collective_rpc
+  {"method": "reload_weights", "kwargs": {"weights_path": DIR}} (the worker's reload_weights takes
+  weights_path since vLLM 0.16.0), POST /reset_prefix_cache?reset_running_requests=true (no KV of the
+  old weights is reused, requests in flight recompute theirs), POST /resume; these need the server
+  started with VLLM_SERVER_DEV_MODE=1. Nothing goes over NCCL or needs a GPU here. (vLLM's own weight
+  transfer endpoints, /init_weight_transfer_engine and /update_weights, carry only the control messages:
+  the tensors go over NCCL or CUDA IPC between the trainer's GPU and the server's.)
 """
 
 from __future__ import annotations
@@ -20,12 +38,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import httpx
 import torch
+from pydantic import BaseModel
 
 from agentrl.engine.base import (
     Capabilities,
@@ -36,17 +58,36 @@ from agentrl.engine.base import (
     SamplingParams,
 )
 from agentrl.engine.config import EngineConfig, EngineModel
-from agentrl.engine.protocol import Completion, CompletionChoice, CompletionRequest, ModelList, PolicyVersion
+from agentrl.engine.protocol import (
+    CollectiveRpc,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    LoadLoraAdapter,
+    ModelList,
+    PolicyVersion,
+    UnloadLoraAdapter,
+)
 
 MAX_BACKOFF_S = 8.0
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
-FOREIGN_WEIGHTS = (
-    "{url} is not an agentrl server, so it cannot take weights over HTTP. Load them the server's own way "
-    "(vLLM: restart it on the new checkpoint, or for a LoRA adapter start it with --enable-lora and "
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and POST /v1/load_lora_adapter), then call update_weights() with "
-    "no arguments to bump this engine's policy version. `agentrl serve` takes weights directly."
+ServerKind = Literal["auto", "agentrl", "vllm"]
+
+NO_WEIGHTS_DIR = (
+    "{url} is a vLLM server, which reads weights from files: set engine.weights_dir (OpenAIEngine(weights_dir=)) to "
+    "a folder it sees at the same path, or load them the server's own way and call update_weights() with no "
+    "arguments to bump this engine's policy version"
 )
+# What a vLLM server must be started with for the endpoints that do not exist otherwise.
+_VLLM_NEEDS = {
+    "/v1/load_lora_adapter": "--enable-lora and the environment VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+    "/v1/unload_lora_adapter": "--enable-lora and the environment VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+    "/pause": "the environment VLLM_SERVER_DEV_MODE=1 (vLLM >= 0.16.0)",
+    "/collective_rpc": "the environment VLLM_SERVER_DEV_MODE=1",
+    "/reset_prefix_cache": "the environment VLLM_SERVER_DEV_MODE=1",
+    "/resume": "the environment VLLM_SERVER_DEV_MODE=1",
+}
 
 
 class RequestRejected(ValueError):
@@ -72,6 +113,9 @@ class _Pending:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    kv_versions: list[int] = field(default_factory=list)
+    sent: int = 0
+    """this engine's policy version when the current attempt was sent"""
     finish: str | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
     """set once the server has sent a chunk: it holds the request"""
@@ -79,8 +123,9 @@ class _Pending:
     task: asyncio.Task[None] | None = None
     """the current attempt (one streaming POST)"""
 
-    def restart(self) -> None:
-        self.tokens, self.logprobs, self.versions, self.finish = [], [], [], None
+    def restart(self, version: int) -> None:
+        self.tokens, self.logprobs, self.versions, self.kv_versions, self.finish = [], [], [], [], None
+        self.sent = version
         self.started.clear()
 
 
@@ -90,14 +135,22 @@ class OpenAIEngine(InferenceEngine):
 
     base_url: the server, with or without the trailing `/v1`.
     model: the served model to ask for; None takes the first in `/v1/models`.
+    server: agentrl (agentrl serve), vllm (`vllm serve`), or auto: agentrl when it answers GET
+        /agentrl/version, else vllm. It decides how weights reach the server (see the module's doc).
+    weights_dir: vllm: where updates are written for the server to load (the same path on both
+        sides); None: this engine takes no tensors, `update_weights()` only moves its version.
+    policy: vllm: the policy's checkpoint folder (`path`: full weights are written in its layout, the
+        adapter config for its model) and its LoRA settings (`lora`: needed for adapter updates).
+    version: vllm: the policy version to start from (agentrl serve reports its own).
     timeout_s: the longest wait for a connection or for the next bytes of a reply (agentrl
         serve sends a request's tokens when it ends: keep it above the longest generation).
     max_retries: further attempts after a connection error, timeout or 5xx reply.
     max_context: the context length; None reads `max_model_len` from `/v1/models`.
 
-    Policy versions: each token carries the server's `policy_versions` when it sends them
-    (agentrl serve), else this engine's own counter, which `update_weights()` with no
-    arguments bumps after the weights of a foreign server were changed its own way.
+    Policy versions: each token carries the server's `policy_versions` and `policy_kv_versions` when it
+    sends them (agentrl serve), else, for both, this engine's own version when the request was sent
+    (the server's can only be newer): the counter that this engine's weight updates move, and that
+    `update_weights()` with no arguments bumps after a foreign server's weights were changed its own way.
     """
 
     name = "openai"
@@ -112,25 +165,34 @@ class OpenAIEngine(InferenceEngine):
     # logprobs are taken after temperature and top-k/top-p, and for greedy requests before temperature.
 
     def __init__(self, base_url: str, model: str | None = None, *, timeout_s: float = 600.0, max_retries: int = 5,
-                 retry_backoff_s: float = 0.5, max_context: int | None = None) -> None:  # fmt: skip
+                 retry_backoff_s: float = 0.5, max_context: int | None = None, server: ServerKind = "auto",
+                 weights_dir: str | Path | None = None, policy: EngineModel | None = None,
+                 version: int = 0) -> None:  # fmt: skip
         if max_retries < 0 or retry_backoff_s < 0 or timeout_s <= 0:
             raise ValueError("need max_retries >= 0, retry_backoff_s >= 0 and timeout_s > 0")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
+        self.server = server
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
+        self.policy = policy or EngineModel()
         self._max_context = max_context
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s))
-        self._version = 0
+        self._version = version
         self._agentrl: bool | None = None  # whether the server is agentrl serve; None until connected
         self._updates: frozenset[str] = frozenset()  # the weight updates agentrl serve takes
+        self._adapter: str | None = None  # vLLM: the LoRA adapter requests name, once one was loaded
+        self._written: list[Path] = []  # vLLM: the update folders this engine wrote and keeps, oldest first
+        self._tag = uuid.uuid4().hex[:8]  # in adapter names: a long-lived server may hold an earlier run's
         self._connecting = asyncio.Lock()
         self._inflight: dict[str, _Pending] = {}
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> OpenAIEngine:
-        """A client of `cfg.base_url`; the server holds the weights (and reports its own policy version)."""
-        return cls(cfg.base_url, cfg.served_model)
+        """A client of `cfg.base_url`; the server holds the weights (agentrl serve reports its own policy version)."""
+        return cls(cfg.base_url, cfg.served_model, server=cfg.server, weights_dir=cfg.weights_dir, policy=model,
+                   version=version)  # fmt: skip
 
     @classmethod
     def unavailable(cls, cfg: EngineConfig) -> str | None:
@@ -139,13 +201,20 @@ class OpenAIEngine(InferenceEngine):
             httpx.get(url, timeout=5).raise_for_status()
         except httpx.HTTPError as e:
             return f"{url} does not answer ({type(e).__name__}: {e}): start the server (agentrl serve --model DIR)"
+        if cfg.weights_dir is not None and not Path(cfg.weights_dir).is_dir():
+            return f"engine.weights_dir {cfg.weights_dir} is not a folder: create it where the server sees it too"
         return None
 
     @property
     def capabilities(self) -> Capabilities:
-        """What agentrl serve says it takes (full state dicts; LoRA adapters if started with --lora-rank); another
-        server's weights change by other means: `update_weights()` with no tensors only moves the version."""
-        return Capabilities(weight_updates=self._updates)
+        """agentrl serve: what it says it takes (full state dicts; LoRA adapters if started with --lora-rank).
+        vLLM: full state dicts, and LoRA adapters of a LoRA policy, once `weights_dir` is set; else nothing:
+        `update_weights()` with no tensors only moves the version."""
+        if self._agentrl:
+            return Capabilities(weight_updates=self._updates)
+        if self.weights_dir is None:
+            return Capabilities(weight_updates=frozenset())
+        return Capabilities(weight_updates=frozenset({"full", "lora"} if self.policy.lora else {"full"}))
 
     async def start(self) -> None:
         await self.connect()
@@ -176,7 +245,13 @@ class OpenAIEngine(InferenceEngine):
             self.model = card.id
             if self._max_context is None:
                 self._max_context = card.max_model_len
+            if self.server == "vllm":
+                self._agentrl = False
+                return self
             resp = await self._send("GET", "/agentrl/version")
+            if resp.status_code != 200 and self.server == "agentrl":
+                raise RequestRejected(f"{self.base_url} is not agentrl serve: GET /agentrl/version answered HTTP "
+                                      f"{resp.status_code} (set server to vllm or auto)")  # fmt: skip
             self._agentrl = resp.status_code == 200
             if self._agentrl:
                 served = PolicyVersion.model_validate(resp.json())
@@ -198,8 +273,8 @@ class OpenAIEngine(InferenceEngine):
         try:
             for attempt in range(self.max_retries + 1):
                 if attempt:
-                    st.restart()  # a retry generates from the prompt again
                     await asyncio.sleep(self._backoff(attempt - 1))
+                st.restart(self._version)  # a retry generates from the prompt again
                 if st.aborted:
                     break
                 st.task = asyncio.create_task(self._stream(body, st))
@@ -223,7 +298,8 @@ class OpenAIEngine(InferenceEngine):
             finish = "aborted"
         else:
             raise ServerError(f"{self.base_url}: the stream ended without a finish_reason (got {st.finish!r})")
-        return Generation(st.tokens, st.logprobs, st.versions, finish, prompt_len=len(prompt_ids))
+        return Generation(st.tokens, st.logprobs, st.versions, finish, prompt_len=len(prompt_ids),
+                          kv_versions=st.kv_versions)  # fmt: skip
 
     async def abort(self, request_id: str) -> None:
         st = self._inflight.get(request_id)
@@ -241,22 +317,27 @@ class OpenAIEngine(InferenceEngine):
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
                              lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
         """agentrl serve: upload the weights (safetensors), returning the server's new version.
-        A foreign server: only `update_weights()` with no arguments, after its weights changed."""
+        vLLM: write them into `weights_dir` and have the server load them (the module's doc says how);
+        with no arguments, only bump this engine's version, after the server's weights changed its own way."""
         if state_dict is not None and lora is not None:
             raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
         await self.connect()
         tensors = lora if lora is not None else state_dict
         if not self._agentrl:
-            if tensors is not None:
-                raise NotImplementedError(FOREIGN_WEIGHTS.format(url=self.base_url))
-            self._version += 1
+            if tensors is None:
+                self._version += 1
+            elif self.weights_dir is None:
+                raise NotImplementedError(NO_WEIGHTS_DIR.format(url=self.base_url))
+            elif lora is not None:
+                await self._load_adapter(lora)
+            else:
+                await self._reload(state_dict)
             return self._version
         if tensors is None:
             raise ValueError("agentrl serve holds its own copy of the weights: pass the new state_dict or LoRA adapter")
         import safetensors.torch
 
-        # Fresh CPU copies: safetensors refuses tensors that share storage (tied weights).
-        payload = safetensors.torch.save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()})
+        payload = await asyncio.to_thread(lambda: safetensors.torch.save(_cpu_copies(tensors)))
         resp = await self._send("POST", "/agentrl/weights", content=payload, resend=False,
                                 params={"lora": 1} if lora is not None else None,
                                 headers={"content-type": "application/octet-stream"})  # fmt: skip
@@ -266,12 +347,86 @@ class OpenAIEngine(InferenceEngine):
     async def close(self) -> None:
         await self._client.aclose()
 
+    # -- weights for a vLLM server -----------------------------------------------------
+
+    async def _load_adapter(self, lora: Mapping[str, torch.Tensor]) -> None:
+        """Serve the adapter under a new name, which requests sent from now on name."""
+        if self.policy.lora is None or self.policy.path is None:
+            raise ValueError(
+                "a LoRA update for a vLLM server needs the policy's LoRA settings and checkpoint "
+                "folder for the adapter's config: OpenAIEngine(policy=EngineModel(path, lora=...))"
+            )
+        from agentrl.engine.vllm import _meta_model
+        from agentrl.models.lora import peft_config
+
+        config = peft_config(self.policy.lora, _meta_model(self.policy.path))
+
+        def write(folder: Path) -> None:
+            import safetensors.torch
+
+            config.save_pretrained(str(folder))  # adapter_config.json
+            safetensors.torch.save_file(_cpu_copies(lora), str(folder / "adapter_model.safetensors"))
+
+        name = f"agentrl-{self._tag}-v{self._version + 1}"
+        # The previous adapter's folder stays: vLLM may read it again for a request in flight that still uses it.
+        async with self._update_folder(name, write, keep=2) as folder:
+            await self._vllm("/v1/load_lora_adapter", LoadLoraAdapter(lora_name=name, lora_path=str(folder.resolve())))
+        previous, self._adapter = self._adapter, name
+        self._version += 1
+        if previous is not None:
+            await self._vllm("/v1/unload_lora_adapter", UnloadLoraAdapter(lora_name=previous))
+
+    async def _reload(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Reload the server's weights in place from a checkpoint folder written here."""
+        from agentrl.engine.vllm import checkpoint_layout
+
+        def write(folder: Path) -> None:
+            import safetensors.torch
+
+            tensors = checkpoint_layout(self.policy.path, state_dict) if self.policy.path else state_dict
+            safetensors.torch.save_file(_cpu_copies(tensors), str(folder / "model.safetensors"))
+
+        async with self._update_folder(f"agentrl-{self._tag}-v{self._version + 1}", write, keep=1) as folder:
+            await self._vllm("/pause", params={"mode": "keep"})  # requests in flight stay, frozen
+            try:
+                reload = CollectiveRpc(method="reload_weights", kwargs={"weights_path": str(folder.resolve())})
+                await self._vllm("/collective_rpc", reload)
+                await self._vllm("/reset_prefix_cache", params={"reset_running_requests": "true"})
+            finally:
+                await self._vllm("/resume")
+        self._version += 1
+
+    @contextlib.asynccontextmanager
+    async def _update_folder(self, name: str, write: Callable[[Path], None], *, keep: int) -> AsyncIterator[Path]:
+        """A new folder `name` in `weights_dir`, filled by `write(folder)` in a thread (it may hold gigabytes), for
+        the server to load inside the block. Kept if the block succeeds, with the `keep - 1` this engine wrote
+        before it (the older ones are deleted); deleted if anything fails."""
+        folder = self.weights_dir / name
+        folder.mkdir()
+        try:
+            await asyncio.to_thread(write, folder)
+            yield folder
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._written.append(folder)
+        for old in self._written[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._written = self._written[-keep:]
+
+    async def _vllm(self, path: str, body: BaseModel | None = None, params: dict[str, str] | None = None) -> None:
+        """POST to one of vLLM's endpoints; one that is not served names the flag the server needs."""
+        resp = await self._send("POST", path, json=body.model_dump() if body else None, params=params, resend=False)
+        if resp.status_code == 404 and _is_missing_route(resp):
+            raise RequestRejected(f"{self.base_url}{path} is not served: start vLLM with {_VLLM_NEEDS[path]}")
+        self._ok(resp)
+
     # -- HTTP ------------------------------------------------------------------------
 
     def _body(self, prompt_ids: list[int], p: SamplingParams, rid: str) -> dict:
         req = CompletionRequest(
-            model=self.model, prompt=prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-            top_k=p.top_k, stop_token_ids=list(p.stop_token_ids), seed=p.seed, logprobs=0, stream=True,
+            model=self._adapter or self.model, prompt=prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature,
+            top_p=p.top_p, top_k=p.top_k, stop_token_ids=list(p.stop_token_ids), seed=p.seed, logprobs=0, stream=True,
             return_token_ids=True, return_tokens_as_token_ids=True, request_id=rid,
             repetition_penalty=1.0, min_p=0.0, ignore_eos=True,
         )  # fmt: skip
@@ -302,10 +457,15 @@ class OpenAIEngine(InferenceEngine):
         logprobs = lp.token_logprobs if lp else []
         if len(logprobs) != len(ids) or any(x is None for x in logprobs):
             raise ServerError(f"{self.base_url} sent {len(ids)} token ids but logprobs {logprobs}: need one per token")
-        versions = choice.policy_versions if choice.policy_versions is not None else [self._version] * len(ids)
+        # A server that does not say (vLLM) gets the version this request was sent under, for the tokens and
+        # for the KV they were sampled over: its weights can only be as new or newer, so staleness is not
+        # under-counted (and a vLLM request keeps the LoRA adapter it was sent with to its end).
+        versions = choice.policy_versions if choice.policy_versions is not None else [st.sent] * len(ids)
+        kv = choice.policy_kv_versions if choice.policy_kv_versions is not None else [st.sent] * len(ids)
         st.tokens += ids
         st.logprobs += logprobs
         st.versions += versions
+        st.kv_versions += kv
         if versions:
             self._version = max(self._version, versions[-1])  # follow the server's updates made by others
         if choice.finish_reason is not None:
@@ -358,6 +518,19 @@ class OpenAIEngine(InferenceEngine):
 
     def _backoff(self, attempt: int) -> float:
         return min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)
+
+
+def _cpu_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fresh contiguous CPU copies: safetensors refuses tensors that share storage (tied weights)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+
+
+def _is_missing_route(resp: httpx.Response) -> bool:
+    """FastAPI's own 404 (the path is not served), not an endpoint's "not found" about what it was asked."""
+    try:
+        return resp.json() == {"detail": "Not Found"}
+    except ValueError:
+        return False
 
 
 def _token_id(token: str) -> int:

@@ -5,9 +5,13 @@ extensions agentrl needs (top_k, stop_token_ids, return_token_ids, return_tokens
 request_id, ...). They are strict: a field the server would ignore is an error, because an
 ignored sampling setting would silently change what the returned logprobs mean.
 
-Responses (and the stream chunks, which have the same shape) add `choices[].policy_versions`,
-the policy version of each generated token. They are parsed leniently, so that a vLLM
-server's replies, with their extra fields, parse too.
+Responses (and the stream chunks, which have the same shape) add, per generated token,
+`choices[].policy_versions` (the policy version of the weights that sampled it) and
+`choices[].policy_kv_versions` (the oldest policy version among the KV it was sampled over:
+`Generation.kv_versions`). They are parsed leniently, so that a vLLM server's replies, with
+their extra fields and without these two, parse too.
+
+At the end: the bodies of vLLM's own endpoints that `OpenAIEngine` installs weights on a vLLM server with.
 """
 
 from __future__ import annotations
@@ -145,6 +149,8 @@ class CompletionChoice(_Reply):
     prompt_token_ids: list[int] | None = None
     policy_versions: list[int] | None = None
     """agentrl extension: the policy version of each generated token"""
+    policy_kv_versions: list[int] | None = None
+    """agentrl extension: per generated token, the oldest policy version among the KV it was sampled over"""
 
 
 class Usage(_Reply):
@@ -203,3 +209,36 @@ class PolicyVersion(_Reply):
     version: int
     weight_updates: list[str] | None = None
     """GET /agentrl/version: the updates POST /agentrl/weights takes ("full", "lora": the served engine's)"""
+
+
+# vLLM's own endpoints, with which `OpenAIEngine` installs weights on a `vllm serve` server (shapes as in
+# vLLM 0.16.0's vllm/entrypoints/serve/lora/protocol.py and serve/rpc/api_router.py; vLLM ignores extra fields).
+
+
+class LoadLoraAdapter(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM started with --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str
+    """the name requests then give as `model`; a name already loaded is refused"""
+    lora_path: str
+    """a folder in peft's format (adapter_config.json, adapter_model.safetensors), read by the server"""
+
+
+class UnloadLoraAdapter(BaseModel):
+    """POST /v1/unload_lora_adapter: new requests can no longer name it (requests in flight keep it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str
+
+
+class CollectiveRpc(BaseModel):
+    """POST /collective_rpc (vLLM with VLLM_SERVER_DEV_MODE=1): call `method` on every worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    kwargs: dict[str, str] = {}
+    """keyword arguments; vLLM passes only strings over HTTP"""

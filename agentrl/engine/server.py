@@ -4,8 +4,8 @@ Token ids in, token ids out, as vLLM serves them (the wire format is `agentrl.en
 
 - `GET /health`; `GET /v1/models` (with `max_model_len`, as vLLM reports it);
 - `POST /v1/completions`: `prompt` is token ids; `choices[0].token_ids` (with `return_token_ids`),
-  `.logprobs.token_logprobs` (with `logprobs: 0`), `.policy_versions` (always), `finish_reason`
-  "stop" | "length" | "abort". With `stream: true`, server-sent events: a first chunk once the
+  `.logprobs.token_logprobs` (with `logprobs: 0`), `.policy_versions` and `.policy_kv_versions`
+  (always), `finish_reason` "stop" | "length" | "abort". With `stream: true`, server-sent events: a first chunk once the
   engine holds the request, one chunk per generated token, a last chunk with the finish
   reason, then `data: [DONE]`;
 - `POST /agentrl/abort` {"request_id"}: the request ends early and its reply (or stream) carries
@@ -161,13 +161,12 @@ class _Reply:
         self.req, self.rid, self.model, self.created, self.tokenizer = req, rid, model, created, tokenizer
 
     def completion(self, gen: Generation) -> Completion:
-        choice = self._choice(gen.token_ids, gen.logprobs, gen.versions, self._decode(gen.token_ids),
-                              FINISH[gen.finish_reason], prompt=True)  # fmt: skip
+        choice = self._choice(gen, slice(None), self._decode(gen.token_ids), FINISH[gen.finish_reason], prompt=True)
         return self._wrap([choice], self._usage(gen))
 
     async def events(self, engine: InferenceEngine, task: asyncio.Future[Generation], request: Request
                      ) -> AsyncIterator[str]:  # fmt: skip
-        yield _sse(self._wrap([self._choice([], [], [], "", None, prompt=True)]))
+        yield _sse(self._wrap([self._choice(None, prompt=True)]))
         try:
             gen = await _until_done(engine, task, self.rid, request)
         except Exception as e:  # the status line has gone out: report the failure in the stream, as vLLM does
@@ -175,21 +174,25 @@ class _Reply:
             return
         if gen is None:
             return
-        texts = self._text_deltas(gen.token_ids)
-        for t, lp, v, text in zip(gen.token_ids, gen.logprobs, gen.versions, texts, strict=True):
-            yield _sse(self._wrap([self._choice([t], [lp], [v], text, None)]))
+        for i, text in enumerate(self._text_deltas(gen.token_ids)):
+            yield _sse(self._wrap([self._choice(gen, slice(i, i + 1), text)]))
         usage = self._usage(gen) if self.req.stream_options and self.req.stream_options.include_usage else None
-        yield _sse(self._wrap([self._choice([], [], [], "", FINISH[gen.finish_reason])], usage))
+        yield _sse(self._wrap([self._choice(None, finish=FINISH[gen.finish_reason])], usage))
         yield "data: [DONE]\n\n"
 
-    def _choice(self, ids: list[int], lps: list[float], versions: list[int], text: str, finish: str | None,
+    def _choice(self, gen: Generation | None, tokens: slice = slice(0), text: str = "", finish: str | None = None,
                 *, prompt: bool = False) -> CompletionChoice:  # fmt: skip
-        """prompt: carry `prompt_token_ids` (vLLM sends them in a reply, or a stream's first chunk)."""
+        """The `tokens` of `gen` (None: no tokens); prompt: carry `prompt_token_ids` (vLLM sends them in a
+        reply, or a stream's first chunk)."""
+        ids = gen.token_ids[tokens] if gen else []
         logprobs = None
         if self.req.logprobs is not None:
-            logprobs = CompletionLogprobs(tokens=[self._token(t) for t in ids], token_logprobs=lps)
+            logprobs = CompletionLogprobs(tokens=[self._token(t) for t in ids],
+                                          token_logprobs=gen.logprobs[tokens] if gen else [])  # fmt: skip
         ids_out = self.req.return_token_ids
-        return CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish, policy_versions=versions,
+        return CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish,
+                                policy_versions=gen.versions[tokens] if gen else [],
+                                policy_kv_versions=gen.kv_versions[tokens] if gen else [],
                                 token_ids=ids if ids_out else None,
                                 prompt_token_ids=self.req.prompt if ids_out and prompt else None)  # fmt: skip
 

@@ -15,11 +15,13 @@ import pytest
 import torch
 from cli import listening_url, start_agentrl
 from typer.testing import CliRunner
+from vllm_standin import serving
 
 from agentrl.cli import app as cli
 from agentrl.engine import ContextTooLong, EngineConfig, EngineModel, SamplingParams, build_engine
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.openai import OpenAIEngine, RequestRejected, ServerUnavailable
+from agentrl.engine.server import create_app
 from agentrl.models.tiny import save_tiny, tiny_model
 
 ARCH = "qwen3_moe"
@@ -174,7 +176,8 @@ async def test_reply_shape_and_stream_chunks(url):
         assert reply["object"] == "text_completion" and isinstance(choice["text"], str)
         assert len(choice["token_ids"]) == 5 and choice["finish_reason"] == "length"
         assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
-        assert choice["policy_versions"] == [0] * 5 and choice["prompt_token_ids"] == [1, 2, 3]
+        assert choice["policy_versions"] == choice["policy_kv_versions"] == [0] * 5
+        assert choice["prompt_token_ids"] == [1, 2, 3]
         assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
 
         stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -183,8 +186,10 @@ async def test_reply_shape_and_stream_chunks(url):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e)["choices"][0] for e in events[1:-2]]
     assert [c["token_ids"] for c in chunks] == [[t] for t in choice["token_ids"]]
-    assert [c["logprobs"]["token_logprobs"][0] for c in chunks] == choice["logprobs"]["token_logprobs"]
-    assert all(c["policy_versions"] == [0] and c["finish_reason"] is None for c in chunks)
+    # the stream's prompt KV comes from the prefix cache (the reply's): equal up to float rounding
+    streamed = [c["logprobs"]["token_logprobs"][0] for c in chunks]
+    assert streamed == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-5)
+    assert all(c["policy_versions"] == c["policy_kv_versions"] == [0] and c["finish_reason"] is None for c in chunks)
     last = json.loads(events[-2])
     assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 5
 
@@ -219,6 +224,29 @@ async def test_client_raises_what_the_server_refused(url, remote):
     with pytest.raises(RequestRejected, match="does not serve model 'no-such-model'"):
         await other.connect()
     await other.close()
+
+
+async def test_weight_update_mid_request_later_tokens_are_newer_than_their_kv():
+    """A weight update landing mid-request: the tokens after it carry the new version and still the old KV
+    version (the prompt's and earlier tokens' KV came from the old weights). Both come from the server: the
+    client sends at version 0, not knowing that another client's update made it 1."""
+    engine = HFEngine(tiny_model("qwen3", seed=0))
+    async with serving(create_app(engine, model_name="tiny")) as url, OpenAIEngine(url) as client:
+        async with OpenAIEngine(url) as learner:
+            assert await learner.update_weights(tiny_model("qwen3", seed=5).state_dict()) == 1
+            assert client.version == 0
+            running = asyncio.create_task(client.generate([1, 2, 3], SamplingParams(max_tokens=3000, seed=0),
+                                                          request_id="long"))  # fmt: skip
+            await asyncio.sleep(0.3)
+            assert await learner.update_weights(tiny_model("qwen3", seed=6).state_dict()) == 2
+        await asyncio.sleep(0.2)
+        await client.abort("long")  # its tokens so far, some sampled after the update
+        gen = await running
+    await engine.close()
+    assert gen.finish_reason == "aborted"
+    assert gen.versions[0] == 1 and gen.versions[-1] == 2 and gen.versions == sorted(gen.versions)
+    assert set(gen.kv_versions) == {1}
+    assert client.version == 2  # learnt from the tokens
 
 
 async def test_context_too_long(url, remote):
