@@ -11,6 +11,7 @@ import pytest
 import ray
 import torch
 from cli import serving
+from peft import get_peft_model_state_dict
 from pydantic import ValidationError
 from test_hf import teacher_forced
 
@@ -18,6 +19,7 @@ from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_unava
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.fleet import Fleet, FleetDown
 from agentrl.engine.hf import HFEngine
+from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import save_tiny, tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 
@@ -205,6 +207,30 @@ async def test_a_killed_replica_is_retried_elsewhere_and_restarted(fleet):
         await asyncio.sleep(0.2)
     assert now.pid != stats.replicas[victim].pid and now.version == version
     await assert_every_replica_matches(fleet, learner, FP32_ATOL)  # the new replica holds the current weights
+
+
+@pytest.mark.slow
+async def test_lora_replicas_take_adapters_and_a_restart_gets_the_latest(ray_local, model_dir):
+    """Replicas with the policy's adapters take LoRA updates; a replica that died comes back as the base
+    weights plus the latest adapter."""
+    settings = LoraSettings(rank=4, alpha=8)
+    learner = with_lora(tiny_model(ARCH, seed=0), settings)  # the base model_dir holds, adapters trained below
+    async with build_engine(EngineConfig(replicas=2), EngineModel(str(model_dir), lora=settings)) as fleet:
+        assert fleet.capabilities.weight_updates == {"full", "lora"}
+        for step in range(2):
+            with torch.no_grad():
+                for name, p in learner.named_parameters():
+                    if "lora_" in name:
+                        p.copy_(torch.randn_like(p) * 0.3)
+            assert await fleet.update_weights(lora=get_peft_model_state_dict(learner)) == step + 1
+        await assert_every_replica_matches(fleet, learner, FP32_ATOL)
+        os.kill(fleet.fleet_stats().replicas[0].pid, signal.SIGKILL)
+        await fleet.generate(PROMPT, GREEDY)  # the idle fleet's first choice: finds replica 0 dead, goes to 1
+        deadline = time.monotonic() + 120
+        while fleet.fleet_stats().replicas[0].restarts == 0:
+            assert time.monotonic() < deadline, "the replica was not restarted"
+            await asyncio.sleep(0.2)
+        await assert_every_replica_matches(fleet, learner, FP32_ATOL)
 
 
 @pytest.mark.slow
