@@ -82,7 +82,16 @@ async def test_weight_update_reaches_every_replica(fleet):
     assert caps.dtype == "float32" and caps.weight_updates == {"full"} and not caps.shares_module and not caps.pausable
 
 
-@pytest.mark.slow
+async def test_requests_in_flight_go_on_through_a_weight_update(fleet):
+    version = fleet.version
+    task = asyncio.create_task(fleet.generate(PROMPT, SamplingParams(max_tokens=1500, seed=0)))
+    await asyncio.sleep(0.3)  # generating
+    await fleet.update_weights(tiny_model(ARCH, seed=11).state_dict())
+    gen = await task
+    assert gen.versions[0] == version and gen.versions[-1] == version + 1 and gen.versions == sorted(gen.versions)
+    assert set(gen.kv_versions) == {version}, "later tokens were sampled over KV the old weights computed"
+
+
 async def test_bfloat16_weight_replicas_take_updates_rounded(ray_local, model_dir):
     """Replicas with bf16-rounded weights (float32 compute) round every update; closing the fleet kills its
     actors and leaves the Ray it did not start running."""
