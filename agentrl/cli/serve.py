@@ -61,7 +61,7 @@ def serve(
     from transformers.utils import logging as transformers_logging
 
     from agentrl.config import ConfigError, load
-    from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_class
+    from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_unavailable
     from agentrl.engine.server import create_app
     from agentrl.models.tiny import save_tiny
 
@@ -75,7 +75,7 @@ def serve(
         try:  # a bad setting, or --lora-experts on a dense model: one line, not a traceback
             cfg = load(EngineConfig, {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype},
                        source="--engine/--max-batch-size/--dtype")  # fmt: skip
-            if why := engine_class(cfg.kind).unavailable(cfg):
+            if why := engine_unavailable(cfg):
                 fail(f"--engine {cfg.kind}: {why}")
             # zero-initialised adapters (peft's B = 0): the base model until the first update
             lora = None

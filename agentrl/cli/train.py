@@ -243,9 +243,9 @@ def _check_env(cfg: RunConfig) -> list[str]:
 
 def _check_engine(cfg: RunConfig) -> list[str]:
     """The engine can run here (vLLM installed and a GPU; a server answering)."""
-    from agentrl.engine import engine_class
+    from agentrl.engine import engine_unavailable
 
-    why = engine_class(cfg.engine.kind).unavailable(cfg.engine)
+    why = engine_unavailable(cfg.engine)
     return [f"engine.kind={cfg.engine.kind}: {why}"] if why else []
 
 

@@ -59,7 +59,7 @@ def engine_class(name: str) -> type[InferenceEngine]:
 
 
 def _engine_type(cfg: EngineConfig) -> type[InferenceEngine]:
-    if cfg.replicas > 1 or cfg.base_urls:
+    if cfg.replicas is not None or cfg.base_urls:
         from agentrl.engine.fleet import Fleet
 
         return Fleet
@@ -68,7 +68,7 @@ def _engine_type(cfg: EngineConfig) -> type[InferenceEngine]:
 
 def build_engine(cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> InferenceEngine:
     """The engine `cfg` names, serving `model`, from policy `version` on (not started: `async with` it); with
-    `engine.replicas` > 1 or `engine.base_urls`, a `Fleet` of them behind one engine (`agentrl.engine.fleet`)."""
+    `engine.replicas` or `engine.base_urls`, a `Fleet` of them behind one engine (`agentrl.engine.fleet`)."""
     return _engine_type(cfg).from_config(cfg, model, version=version, seed=seed)
 
 

@@ -144,6 +144,11 @@ class InferenceEngine(ABC):
         """What this engine takes and does (the defaults: full state dicts, nothing else)."""
         return Capabilities()
 
+    def metrics(self) -> dict[str, float]:
+        """Counters for a run's metrics log (a fleet: requests and tokens per replica, the affinity hit rate);
+        none by default."""
+        return {}
+
     async def start(self) -> None:  # noqa: B027 (optional hook: most engines are ready once built)
         """Ready the engine (a client connects); later calls return at once. Nothing to do by default."""
 

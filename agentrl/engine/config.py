@@ -49,10 +49,11 @@ class EngineConfig(BaseModel):
     """openai, a vLLM server: a folder this process and the server both see at this path (a shared filesystem),
     where each update is written for the server to load (a LoRA adapter in peft's format, or a safetensors
     checkpoint); None: the server takes no weights from the run"""
-    replicas: int = Field(1, ge=1)
-    """engines sampling side by side, each a Ray actor loading its own copy of the weights, behind one engine that
-    routes requests and broadcasts weight updates (agentrl.engine.fleet): hf replicas on CPU, vllm one GPU each;
-    1: the one engine in this process"""
+    replicas: int | None = Field(None, ge=1)
+    """engines sampling side by side, each a Ray actor (its own process) loading its own copy of the weights,
+    behind one engine that routes requests and broadcasts weight updates (agentrl.engine.fleet): hf replicas on
+    CPU, vllm one GPU each; 1 is one such actor (an asynchronous run's engine beside the learner); None: the one
+    engine in this process"""
     threads_per_replica: int = Field(1, ge=1)
     """hf replicas: torch threads each, also the CPUs each reserves from Ray; 1 keeps R replicas on R cores
     (a CPU decode step of a small batch gains little from more threads)"""
@@ -90,17 +91,17 @@ class EngineConfig(BaseModel):
                              "engine.kind=openai")  # fmt: skip
         if len(set(self.base_urls)) < len(self.base_urls):
             raise ValueError("engine.base_urls lists a server twice")
-        if self.replicas > 1 and self.kind == "openai":
+        if self.replicas is not None and self.kind == "openai":
             raise ValueError("engine.replicas starts engines as Ray actors; an openai engine is a client of servers "
                              "you start: list them in engine.base_urls")  # fmt: skip
-        if self.replicas > 1 and self.kind not in ("hf", "vllm"):
+        if self.replicas is not None and self.kind not in ("hf", "vllm"):
             raise ValueError(f"engine.replicas runs hf or vllm engines as Ray actors, not {self.kind}")
-        if self.threads_per_replica != 1 and not (self.kind == "hf" and self.replicas > 1):
+        if self.threads_per_replica != 1 and not (self.kind == "hf" and self.replicas is not None):
             raise ValueError("engine.threads_per_replica sets the torch threads of each hf replica: it needs "
-                             "engine.kind=hf and engine.replicas > 1")  # fmt: skip
-        if self.ray_address is not None and self.replicas == 1:
-            raise ValueError("engine.ray_address is where engine replicas start: it needs engine.replicas > 1")
-        if self.replicas > 1 and self.vllm.get("tensor_parallel_size", 1) != 1:
+                             "engine.kind=hf and engine.replicas")  # fmt: skip
+        if self.ray_address is not None and self.replicas is None:
+            raise ValueError("engine.ray_address is where engine replicas start: it needs engine.replicas")
+        if self.replicas is not None and self.vllm.get("tensor_parallel_size", 1) != 1:
             raise ValueError("engine.replicas runs one vllm engine per GPU: drop engine.vllm.tensor_parallel_size")
         if self.served_model is not None and self.kind != "openai":
             raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")

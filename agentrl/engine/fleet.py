@@ -186,6 +186,9 @@ class Fleet(InferenceEngine):
             raise RuntimeError("the fleet's capabilities are known once it has started: `await fleet.start()`")
         return self._capabilities
 
+    def metrics(self) -> dict[str, float]:
+        return self.fleet_stats().metrics()
+
     def fleet_stats(self) -> FleetStats:
         """Requests and generated tokens per replica, the affinity hit rate, retries and restarts."""
         replicas = tuple(ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid)

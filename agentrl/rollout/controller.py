@@ -5,8 +5,9 @@ Each episode is one asyncio task: reset on an env worker, then turns of
 is requested the moment an episode needs it, so the engine batches whichever episodes are
 not waiting on a sandbox. One iteration (`run_iteration`):
 
-1. drops parked trajectories that would be more than `max_staleness` policy versions behind when
-   trained (`ahead`: the versions the learner may move on before it trains this batch);
+1. drops trajectories of live groups (parked, or finished and waiting for the rest of their group)
+   that would be more than `max_staleness` policy versions behind when trained (`ahead`: the
+   versions the learner may move on before it trains this batch);
 2. starts new groups (G episodes of one task) until `groups_in_flight` groups are live;
 3. drives every live episode. With partial rollouts, once `groups_per_iteration` groups
    are complete (or `iteration_token_budget` tokens were generated) the rest stop: an
@@ -258,11 +259,14 @@ class RolloutController:
         self._stopping = asyncio.Event()
         self._partial = self.cfg.partial and not drain
         version = self.engine.version
-        for ep in self._live():
-            if ep.traj.staleness(version) + ahead > self.cfg.max_staleness:
-                ep.traj.status = Status.DROPPED
-                self._counts.dropped += 1
+        waiting = (Status.RUNNING, Status.FINISHED)  # a finished member waiting for its group ages like a parked one
+        for ep in (ep for eps in self._groups.values() for ep in eps if ep.traj.status in waiting):
+            if ep.traj.staleness(version) + ahead <= self.cfg.max_staleness:
+                continue
+            if not ep.final:
                 await self._close_env(ep)
+            ep.traj.status = Status.DROPPED
+            self._counts.dropped += 1
         n_new = 0 if drain else max(0, self.cfg.groups_in_flight - len(self._groups))
         requested = list(task_ids or [])[:n_new]
         if len(requested) < n_new:

@@ -168,9 +168,9 @@ class Run:
         with self.sync.updating():
             return await asyncio.to_thread(update) if self.cfg.algo.async_level else update()
 
-    async def _roll_out(self, iteration: int) -> Rollout:
+    async def _roll_out(self, iteration: int, ahead: int) -> Rollout:
         lead, batch, t0 = self.lead, None, time.perf_counter()
-        work = lead.controller.run_iteration(ahead=self.cfg.algo.async_level)
+        work = lead.controller.run_iteration(ahead=ahead)
         episodes = await self._stoppable(work, lead.controller)
         metrics = _rollout_metrics(iteration, episodes) | {"rollout/restore_dropped": lead.restore_dropped}
         lead.restore_dropped = 0
@@ -222,6 +222,7 @@ class Run:
         metrics = rollout.metrics | {f"train/{k}": v for k, v in update.items()} | {"policy_version": s.policy_version}
         metrics |= {f"time/{k}": v for k, v in times.items()} | {"time/elapsed_s": s.elapsed_s, "time/left_s": left}
         metrics["time/rollout_idle_s"] = self.pipeline.idle_s  # so far: the rollouts waiting for the learner
+        metrics |= self.lead.engine.metrics()  # a fleet's counters, so far
         self.lead.tracker.log(metrics)
         views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
         self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)

@@ -5,9 +5,10 @@ Asking for iteration i lets the producer start every rollout up to i + k: with k
 starts only when the learner asks for it (rollout, update and sync take turns, as a synchronous
 loop); with k = 1 rollout i + 1 samples while the learner trains on batch i, and so on. Rollout i
 then starts after at least i − k weight syncs of this process and is trained after i, so its new
-tokens are at most k versions old when trained; parked episodes are kept only while they stay
-within `rollout.max_staleness` (the controller's `ahead`), and `Run.check_staleness` checks every
-trained token against the bound.
+tokens are at most k versions old when trained; episodes waiting in the controller (parked, or
+finished beside a parked one) are kept only while they stay within `rollout.max_staleness` when
+trained (the controller's `ahead`), and `Run._check_staleness` checks every trained token against
+the bound.
 
 A checkpoint needs the controller between two rollouts: `quiesce` stops new ones and waits for
 the one running, and returns what is queued and not trained yet (saved with the checkpoint).
@@ -24,9 +25,11 @@ T = TypeVar("T")
 
 
 class Pipeline(Generic[T]):
-    """The producer over `roll_out(iteration)` for iterations [first, last)."""
+    """The producer over `roll_out(iteration, ahead)` for iterations [first, last); `ahead`: the weight syncs
+    that may still come before the learner trains that iteration's batch (the learner is on `_wanted`, and
+    syncs once per iteration)."""
 
-    def __init__(self, roll_out: Callable[[int], Awaitable[T]], *, k: int, first: int, last: int,
+    def __init__(self, roll_out: Callable[[int, int], Awaitable[T]], *, k: int, first: int, last: int,
                  stop: asyncio.Event) -> None:  # fmt: skip
         self.k = k
         self._roll_out = roll_out
@@ -59,7 +62,7 @@ class Pipeline(Generic[T]):
                 self._busy = True
             self.idle_s += time.perf_counter() - t0
             try:
-                item = await self._roll_out(it)
+                item = await self._roll_out(it, it - self._wanted)
             finally:
                 async with self._cv:
                     self._busy = False

@@ -67,6 +67,8 @@ class RunConfig(_Strict):
         if self.rollout.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
                              "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
+        if self.engine.replicas is not None and self.engine.ray_address is None:
+            self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
         if self.algo.async_level > self.rollout.max_staleness:
             raise ValueError(f"algo.async_level={self.algo.async_level} lets tokens be that many versions old when "
                              f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "

@@ -63,7 +63,7 @@ def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
     shutil.copytree(MODEL, tmp_path / "model")
     proc = start_agentrl("train", "--env", "code_sandbox", *sets(*RUN, "iterations=50"), cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    for line in proc.stdout:  # once an iteration is logged, the next rollout runs ahead of the learner
+    for _ in proc.stdout:  # once an iteration is logged, the next rollout runs ahead of the learner
         if (tmp_path / "run" / "metrics.jsonl").exists():
             break
     proc.send_signal(signal.SIGINT)
