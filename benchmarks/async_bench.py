@@ -81,12 +81,13 @@ def throughput(out: Path, iterations: int, splits: list[str], extra: list[str]) 
 async def generate(replicas: int | None, threads: int, requests: int, max_tokens: int) -> dict:
     """Tokens/s of `requests` chat prompts sampled at once (replicas None: the in-process engine)."""
     from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
+    from transformers import AutoTokenizer
+
     from agentrl.models.default import resolve_path
-    from agentrl.models.tokenizer import load_tokenizer
     from agentrl.rollout import ChatFormat
 
     path = resolve_path("default")
-    chat = ChatFormat(load_tokenizer(path))
+    chat = ChatFormat(AutoTokenizer.from_pretrained(path))
     extra = {} if replicas is None else {"replicas": replicas, "threads_per_replica": threads}
     torch.set_num_threads(threads)
     prompt = chat.prompt_ids([{"role": "user", "content": "Write a Python function that reverses a list."}])

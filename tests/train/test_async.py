@@ -1,8 +1,9 @@
 """`algo.async_level` k = 1: the next batch is sampled while the learner trains on this one. No trained
 token may be more than `rollout.max_staleness` versions behind (KV included), a checkpoint taken while a
-rollout runs ahead resumes, and Ctrl-C parks what is in flight."""
+rollout runs ahead resumes, Ctrl-C parks what is in flight, and a killed engine replica costs no episode."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -74,3 +75,27 @@ def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
     assert json.loads((latest / "state.json").read_text())["controller"]["groups"]  # parked and queued, kept
     agentrl("train", "--resume", "run", *sets(f"iterations={len(read_jsonl(tmp_path / 'run' / 'metrics.jsonl')) + 1}"),
             cwd=tmp_path)  # fmt: skip
+
+
+def test_a_replica_killed_mid_iteration_costs_no_episode(tmp_path):
+    """SIGKILL one engine replica while it samples: its requests go on elsewhere, it is restarted with the current
+    weights, no episode fails or is retried, and the run finishes."""
+    shutil.copytree(MODEL, tmp_path / "model")
+    longer = sets(*RUN, "iterations=3", "rollout.sampling.max_tokens=64")  # requests in flight when it dies
+    proc = start_agentrl("train", "--env", "code_sandbox", *longer, cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        for _ in proc.stdout:  # iteration 0 is logged: the replicas are up and sampling iteration 1 ahead
+            if (tmp_path / "run" / "metrics.jsonl").exists():
+                break
+        replicas = subprocess.run(["pgrep", "-f", "ray::EngineReplica"], capture_output=True, text=True).stdout.split()
+        os.kill(int(replicas[0]), signal.SIGKILL)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["fleet/restarts"] >= 1, rows[-1]
+    assert sum(r["rollout/failed"] + r["rollout/retried"] for r in rows) == 0
