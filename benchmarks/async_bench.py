@@ -5,9 +5,9 @@
    - the baseline: the default run (one process; the hf engine samples with the learner's own module,
      each phase on every core), with its per-phase times and the ideal overlap bound
      (rollout + update) / max(rollout, update);
-   - `algo.async_level` k = 1 and 2: the engine in its own process (one replica actor) and a split of
-     the cores between it and the learner (`--split`: learner threads / replica threads), with the
-     learner-idle share (waiting for a batch) and the fleet-idle share (a rollout waiting for the learner).
+   - each `--setup k/R/L/T`: `algo.async_level` k, the engine as R replica actors of T torch threads
+     each, the learner with L threads, with the learner-idle share (waiting for a batch) and the
+     fleet-idle share (a rollout waiting for the learner).
 2. `generation`: generated tokens per second on generation alone, through 1 and 2 replicas (each
    replica its share of the cores), against the in-process engine on every core.
 3. `learning` (`--learning`, long): held-out success of k = 0 against k = 1 on paired seeds after the
@@ -37,8 +37,11 @@ from agentrl.runs import read_jsonl
 EVAL = ["eval.tasks=8", "eval.every=0"]  # evaluations are left out of the timing; keep them short
 
 
-def train(out: Path, sets: list[str]) -> list[dict]:
-    """One `agentrl train` of the default recipe with `sets`; its metrics rows."""
+def train(out: Path, sets: list[str], *, again: bool = True) -> list[dict]:
+    """One `agentrl train` of the default recipe with `sets` (again=False: read the run made earlier); its
+    metrics rows."""
+    if not again:
+        return read_jsonl(out / "metrics.jsonl")
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox", "--set", f"out={out}",
            *(a for s in sets for a in ("--set", s))]  # fmt: skip
     with open(f"{out}.log", "w") as log:
@@ -48,11 +51,12 @@ def train(out: Path, sets: list[str]) -> list[dict]:
 
 
 def steady(rows: list[dict]) -> dict:
-    """Throughput and idle shares over the iterations after the first."""
-    rows = rows[1:]
-    wall = sum(r["time/wait_s"] + r["time/update_s"] + r["time/sync_s"] for r in rows)
-    episodes = sum(r.get("batch/trajectories", 0) for r in rows)
+    """Throughput and idle shares over the iterations after the first: the wall from the first iteration's log
+    line to the last one's (updates, syncs, waits, logging and checkpoints; no evaluation runs in between)."""
+    wall = rows[-1]["time/elapsed_s"] - rows[0]["time/elapsed_s"]
     idle = rows[-1]["time/rollout_idle_s"] - rows[0]["time/rollout_idle_s"]  # cumulative; the first row's is startup
+    rows = rows[1:]
+    episodes = sum(r.get("batch/trajectories", 0) for r in rows)
     mean = lambda k: statistics.mean(r[k] for r in rows)  # noqa: E731
     return {
         "episodes_per_min": round(60 * episodes / wall, 2), "iteration_s": round(wall / len(rows), 2),
@@ -62,27 +66,25 @@ def steady(rows: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def throughput(out: Path, iterations: int, splits: list[str], extra: list[str]) -> dict:
-    base = steady(train(out / "sync", [f"iterations={iterations}", *EVAL, *extra]))
+def throughput(out: Path, iterations: int, setups: list[str], extra: list[str], again: bool) -> dict:
+    base = steady(train(out / "sync", [f"iterations={iterations}", *EVAL, *extra], again=again))
     base["overlap_bound"] = round((base["rollout_s"] + base["update_s"]) / max(base["rollout_s"], base["update_s"]), 2)
     result = {"baseline": base}
-    for k in (1, 2):
-        for split in splits:
-            learner, replica = split.split("/")
-            rows = train(out / f"k{k}_{learner}_{replica}", [
-                f"iterations={iterations}", *EVAL, *extra, f"algo.async_level={k}", "engine.replicas=1",
-                f"engine.threads_per_replica={replica}", f"threads={learner}"])  # fmt: skip
-            r = steady(rows)
-            r["speedup"] = round(r["episodes_per_min"] / base["episodes_per_min"], 2)
-            result[f"k{k}_threads_{learner}_{replica}"] = r
+    for setup in setups:
+        k, replicas, learner, threads = setup.split("/")
+        name = f"k{k}_replicas{replicas}x{threads}_learner{learner}"
+        rows = train(out / name, [f"iterations={iterations}", *EVAL, *extra, *setup_sets(setup)], again=again)
+        r = steady(rows)
+        r["speedup"] = round(r["episodes_per_min"] / base["episodes_per_min"], 2)
+        result[name] = r
     return result
 
 
 async def generate(replicas: int | None, threads: int, requests: int, max_tokens: int) -> dict:
     """Tokens/s of `requests` chat prompts sampled at once (replicas None: the in-process engine)."""
-    from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
     from transformers import AutoTokenizer
 
+    from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
     from agentrl.models.default import resolve_path
     from agentrl.rollout import ChatFormat
 
@@ -113,12 +115,19 @@ def generation(requests: int, max_tokens: int) -> dict:
     return result
 
 
-def learning(out: Path, seeds: list[int], extra: list[str]) -> dict:
+def setup_sets(setup: str) -> list[str]:
+    """k/R/L/T as run settings."""
+    k, replicas, learner, threads = setup.split("/")
+    return [f"algo.async_level={k}", f"engine.replicas={replicas}", f"engine.threads_per_replica={threads}",
+            f"threads={learner}"]  # fmt: skip
+
+
+def learning(out: Path, seeds: list[int], setup: str, extra: list[str]) -> dict:
+    """The default run as it is (k = 0) against `setup` with the behaviour weight correcting stale tokens."""
     runs = {}
     for k in (0, 1):
         for seed in seeds:
-            async_sets = [] if k == 0 else ["algo.async_level=1", "engine.replicas=1", "engine.threads_per_replica=1",
-                                            "threads=1"]  # fmt: skip
+            async_sets = [] if k == 0 else [*setup_sets(setup), "algo.behaviour_weight=truncate"]
             d = out / f"learn_k{k}_s{seed}"
             train(d, [f"seed={seed}", *async_sets, *extra])
             evals = read_jsonl(d / "eval.jsonl")
@@ -131,21 +140,30 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("runs/async_bench"))
     p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--split", dest="splits", nargs="+", default=["1/1"], help="learner threads / replica threads")
+    p.add_argument(
+        "--setup",
+        dest="setups",
+        nargs="+",
+        default=["1/1/1/1", "2/1/1/1", "0/2/2/1", "1/2/2/1"],
+        help="k/R/L/T: async_level, engine replicas, learner threads, threads per replica",
+    )
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--learning", action="store_true")
+    p.add_argument("--learning-setup", default="1/1/1/1", help="the k = 1 side of the learning comparison, k/R/L/T")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--summarize-only", action="store_true", help="read the throughput runs under --out, start none")
     p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}}
     if not args.skip_throughput:
-        result["throughput"] = throughput(args.out, args.iterations, args.splits, args.sets)
-        result["generation"] = generation(args.requests, args.max_tokens)
+        result["throughput"] = throughput(args.out, args.iterations, args.setups, args.sets, not args.summarize_only)
+        if not args.summarize_only:
+            result["generation"] = generation(args.requests, args.max_tokens)
     if args.learning:
-        result["learning"] = learning(args.out, args.seeds, args.sets)
+        result["learning"] = learning(args.out, args.seeds, args.learning_setup, args.sets)
     print(json.dumps(result, indent=1))
 
 
