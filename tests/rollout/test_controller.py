@@ -9,18 +9,20 @@ import ray
 import torch
 
 import agentrl
+from agentrl.engine import EngineConfig, EngineModel
 from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.fleet import Fleet
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.sampling import token_logprobs
-from agentrl.models.tiny import tiny_model
+from agentrl.models.tiny import save_tiny, tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, ControllerState, RolloutConfig, RolloutController, Segment, Status
 
 pytestmark = pytest.mark.docker
 
 
-class RecordingEngine(HFEngine):
-    """The real hf engine, keeping every prompt it received and every generation it returned."""
+class Recording:
+    """An engine that keeps every prompt it received and every generation it returned."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -30,6 +32,14 @@ class RecordingEngine(HFEngine):
         gen = await super().generate(prompt_ids, params, request_id=request_id)
         self.calls.setdefault(request_id, []).append((list(prompt_ids), gen))
         return gen
+
+
+class RecordingEngine(Recording, HFEngine):
+    """The real hf engine, recording."""
+
+
+class RecordingFleet(Recording, Fleet):
+    """Real hf replicas (Ray actors) behind a fleet, recording."""
 
 
 def config(**kw) -> RolloutConfig:
@@ -44,9 +54,9 @@ def chat() -> ChatFormat:
     return ChatFormat(load_tokenizer("qwen3"))
 
 
-def assert_token_exact(engine: RecordingEngine, traj) -> list[list[int]]:
+def assert_token_exact(engine: Recording, traj, model: torch.nn.Module | None = None) -> list[list[int]]:
     """The trajectory is every prompt the engine received and every token it produced, turn by turn,
-    and its logprobs are the model's own. Returns the observation deltas."""
+    and its logprobs are the model's own (`model`, by default the engine's). Returns the observation deltas."""
     calls = engine.calls[traj.episode_id]
     assert len(calls) == len(traj.turns)  # one generation per turn
     rebuilt: list[int] = []
@@ -65,7 +75,7 @@ def assert_token_exact(engine: RecordingEngine, traj) -> list[list[int]]:
     assert traj.outcome_reward == pytest.approx(sum(t.reward for t in traj.turns))
     # the logprobs are the model's own, position by position (invariant 2 through the whole loop)
     with torch.no_grad():
-        logits = engine.model(torch.tensor([traj.token_ids])).logits[0, :-1]
+        logits = (model or engine.model)(torch.tensor([traj.token_ids])).logits[0, :-1]
     lp = token_logprobs(logits, torch.tensor(traj.token_ids[1:]), traj.sampling)
     mask = torch.tensor(traj.loss_mask[1:]).bool()
     torch.testing.assert_close(lp[mask], torch.tensor(traj.logprobs[1:])[mask], atol=1e-4, rtol=0)
@@ -83,6 +93,22 @@ async def test_trajectories_are_token_exact(ray_local):
         for delta in assert_token_exact(engine, traj):
             assert "<|im_start|>" in chat().tokenizer.decode(delta)
         assert traj.truncated and traj.truncation == "env" and traj.status is Status.FINISHED
+
+
+@pytest.mark.slow  # the fast tier samples through a fleet in tests/engine/test_fleet.py
+async def test_trajectories_are_token_exact_through_a_fleet(ray_local, tmp_path):
+    """Two replica actors sample the episodes (turns may land on either): the same invariants hold, with
+    the logprobs of the model the replicas loaded."""
+    path = save_tiny(tmp_path / "model", "qwen3_moe", seed=0)
+    engine = RecordingFleet(EngineConfig(replicas=2), EngineModel(str(path)))
+    async with engine, RolloutController(config(), engine, chat()) as ctl:
+        batch = await ctl.run_iteration()
+    assert batch.stats.groups_finished == 2 and batch.stats.failed == 0
+    model = tiny_model("qwen3_moe", seed=0).eval()
+    for traj in batch.trajectories:
+        assert len(traj.turns) == 3
+        assert_token_exact(engine, traj, model)
+    assert all(r.requests for r in engine.fleet_stats().replicas), "both replicas sampled"
 
 
 # A scripted episode: two runs in the sandbox, then a submission that is graded.
