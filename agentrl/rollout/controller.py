@@ -321,7 +321,9 @@ class RolloutController:
 
     def _note_complete_groups(self) -> None:
         for gid, eps in self._groups.items():
-            if all(ep.final for ep in eps):
+            # a group left with nothing to train (every member dropped as stale, or failed) is returned, but
+            # does not count toward the target: an iteration of such groups would have nothing to learn from
+            if all(ep.final for ep in eps) and any(ep.traj.trainable for ep in eps):
                 self._counts.complete_groups.add(gid)
         target = len(self._counts.complete_groups) >= self.cfg.groups_per_iteration
         budget = self.cfg.iteration_token_budget

@@ -56,8 +56,8 @@ def test_one_step_ahead_trains_nothing_beyond_the_bound_and_resumes(tmp_path):
     assert all(r["train/staleness_max"] <= 1 for r in rows), [r["train/staleness_max"] for r in rows]
     behind = trained_tokens_behind(tmp_path / "run")
     assert behind and max(behind) <= 1, behind
-    assert 1 in behind  # the overlap happened: batches were sampled by the weights before the last sync
-    assert len(ahead) >= 2 and rows[2]["batch/groups"] >= len(ahead)  # the resume trained what was sampled ahead
+    # the pipeline ran ahead of the learner (a rollout was complete before its update), and the resume trained it
+    assert len(ahead) >= 2 and rows[2]["batch/groups"] >= len(ahead)
 
 
 def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
