@@ -46,8 +46,8 @@ def test_one_step_ahead_trains_nothing_beyond_the_bound_and_resumes(tmp_path):
     # the learner crashes after iteration 1's checkpoint, which holds the rollout sampled ahead for iteration 2
     shutil.rmtree(checkpoints / "iter-00003")
     saved = json.loads((checkpoints / "iter-00002" / "state.json").read_text())
-    ahead = [gid for gid, eps in saved["controller"]["groups"].items()
-             if all(e["trajectory"]["status"] != "running" for e in eps)]  # fmt: skip
+    statuses = [[e["trajectory"]["status"] for e in eps] for eps in saved["controller"]["groups"].values()]
+    ahead = [s for s in statuses if "running" not in s and "finished" in s]  # complete, with something to train
     agentrl("train", "--resume", "run", *sets("iterations=3"), cwd=tmp_path)
 
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
