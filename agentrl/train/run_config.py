@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from agentrl.cluster import ClusterConfig
 from agentrl.engine.config import EngineConfig
 from agentrl.eval import EvalConfig
 from agentrl.rollout import RolloutConfig
@@ -59,6 +60,8 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """where the parts run on a Ray cluster (agentrl/cluster.py); default: this machine"""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -67,6 +70,12 @@ class RunConfig(_Strict):
         if self.rollout.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
                              "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
+        if (address := self.cluster.address) is not None:  # one cluster for every part
+            for section, cfg in (("rollout", self.rollout), ("engine", self.engine)):
+                if cfg.ray_address not in (None, address):
+                    raise ValueError(f"{section}.ray_address={cfg.ray_address!r} differs from cluster.address="
+                                     f"{address!r}: set only cluster.address")  # fmt: skip
+            self.rollout.ray_address = address
         if self.engine.replicas is not None and self.engine.ray_address is None:
             self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
         if self.algo.async_level > self.rollout.max_staleness:
