@@ -31,7 +31,7 @@ from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
 from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver, staleness
-from agentrl.train.policy import causal_lm, prepare, train_device
+from agentrl.train.policy import causal_lm, full_state_dict, load_policy, prepare, train_device
 from agentrl.train.scoring import Scorer
 
 
@@ -104,6 +104,26 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, o.warmup_steps, o.decay_steps, o.min_lr_ratio)
         )
+
+    @classmethod
+    def build(cls, cfg: TrainerConfig) -> Trainer:
+        """The trainer of `cfg.model.path`, loaded and sharded over this process group (every rank calls it).
+        Full fine-tuning with a KL penalty also loads its reference: the starting weights, from the model path
+        (on resume too)."""
+        reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
+        return cls(cfg, load_policy(cfg.model), reference)
+
+    def engine_weights(self) -> dict[str, torch.Tensor] | None:
+        """What a weight sync sends an engine that holds its own copy: the full state dict, or under LoRA the
+        adapter alone (peft's key names). Every rank calls it (gathering shards is collective); rank 0 gets it."""
+        state = full_state_dict(self.scorer)
+        if self.rank != 0:
+            return None
+        if not self.lora:
+            return state
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.policy, state_dict=state)
 
     # -- data split --------------------------------------------------------------------
 
