@@ -67,6 +67,13 @@ def train(
         typer.Option(help="Continue the run in this folder from its last checkpoint.", exists=True, file_okay=False),
     ] = None,
     build_image: Annotated[bool, typer.Option(help="Build a missing sandbox image without asking.")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on this Ray cluster (ADDR, or auto): learner ranks, engine replicas and env workers "
+            "placed by the config's cluster: section."
+        ),
+    ] = None,
 ) -> None:
     """Train an agent with GSPO-token: rollouts in Docker sandboxes, updates, weight sync, evaluation.
 
@@ -78,10 +85,14 @@ def train(
     from agentrl.train.build import broadcast
     from agentrl.train.policy import init_distributed, shutdown_distributed
 
+    if ray_address is not None:
+        set_ = [*set_, f"cluster.address={ray_address}"]
     try:
         cfg = resolve_config(env, config, set_, resume)
     except (ConfigError, ValueError) as e:
         fail(e)
+    if cfg.cluster.address is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        fail("cluster.address places the learner ranks as Ray actors: start one `agentrl train`, not torchrun")
     # Before any process group or Ray actor: what this machine cannot run. Every rank (torchrun's RANK)
     # checks the env, the model and the engine, and says what it finds wrong (a check may fail on one rank
     # only: another node); rank 0 alone checks Docker and the image, and builds it if asked.
@@ -91,7 +102,8 @@ def train(
         error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:
         raise typer.Exit(2)
-    lead = init_distributed(cfg.model)
+    # on a cluster this process is the driver: the learner ranks join their own process group
+    lead = init_distributed(cfg.model) if cfg.cluster.address is None else True
     try:
         ready = _create_run_folder(cfg, resume) if lead else True
         ready, cfg.out = broadcast((ready, cfg.out))

@@ -1,25 +1,27 @@
 """The setup of one `agentrl train` run, and the parts of an iteration that only rank 0 does.
 
-`build` makes every part once: the trainer (FSDP2 when torch.distributed is initialised), the
-loop state (from the latest checkpoint on resume), and on rank 0 the inference engine
-(`agentrl.engine.build_engine`), the rollout controller over env worker actors, the held-out
-evaluator and the tracker; then the weight sync for that engine. `Run`'s methods hide the rank
-handling from the loop: rank 0 rolls out, evaluates and logs, and what every rank needs (the
-batch, the rows to record, the policy version, a stop) is broadcast from it. Rank 0's rollouts run
-in a `Pipeline` (agentrl/train/pipeline.py), up to `algo.async_level` versions ahead of the learner.
+`build` makes every part once: the learner (agentrl/train/learner.py: the trainer in this process, FSDP2 when
+torch.distributed is initialised, or with `cluster.address` its ranks as Ray actors), the loop state (from the
+latest checkpoint on resume), and on the lead (rank 0, or the driver of Ray-actor ranks) the inference engine
+(`agentrl.engine.build_engine`), the rollout controller over env worker actors, the held-out evaluator and the
+tracker; then the weight sync for that engine. `Run`'s methods hide the rank handling from the loop: the lead rolls
+out, evaluates and logs; under torchrun what every rank needs (the batch, the rows to record, the policy version,
+a stop) is broadcast from rank 0. The lead's rollouts run in a `Pipeline` (agentrl/train/pipeline.py), up to
+`algo.async_level` versions ahead of the learner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import ray
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
@@ -31,11 +33,11 @@ from agentrl.eval.bench import run_bench
 from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat, ControllerState, Group, RolloutBatch, RolloutController, Trajectory
 from agentrl.runs import RunDir
-from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.diagnostics import RowRecorder
+from agentrl.train.learner import Learner, LocalLearner
 from agentrl.train.pipeline import Pipeline
-from agentrl.train.policy import load_policy
+from agentrl.train.ray_learner import RayLearner
 from agentrl.train.run_config import RunConfig
 from agentrl.train.tracking import Tracker
 from agentrl.train.trainer import Trainer
@@ -110,7 +112,7 @@ class Rollout:
 class Run:
     cfg: RunConfig
     folder: RunDir
-    trainer: Trainer
+    learner: Learner
     sync: WeightSync
     state: LoopState
     display: Display
@@ -160,13 +162,11 @@ class Run:
                                    f"(rollout.max_staleness={bound})")  # fmt: skip
 
     async def update(self, rollout: Rollout) -> dict[str, float]:
-        """M minibatch steps on the batch. Asynchronous: in a thread, so that the event loop goes on driving the
-        episodes of the next rollouts meanwhile (torch releases the GIL in its kernels)."""
-        batch = rollout.batch.to(self.trainer.device)
+        """M minibatch steps on the batch (asynchronous: the event loop goes on driving the episodes of the next
+        rollouts meanwhile)."""
         version = self.state.policy_version  # the learner's, before its first step on the batch
-        update = functools.partial(self.trainer.update, batch, *rollout.observers, policy_version=version)
         with self.sync.updating():
-            return await asyncio.to_thread(update) if self.cfg.algo.async_level else update()
+            return await self.learner.update(rollout.batch, rollout.recorder, version)
 
     async def _roll_out(self, iteration: int, ahead: int) -> Rollout:
         lead, batch, t0 = self.lead, None, time.perf_counter()
@@ -239,17 +239,17 @@ class Run:
             self.state.controller = self.lead.controller.state(pending=[g for r in queued for g in r.groups])
         try:
             path = self.folder.checkpoint(self.state.iteration)
-            checkpoint.save(path, self.trainer, self.state.model_dump(mode="json"))
-            if self.trainer.rank == 0:
+            await self.learner.save(path, self.state.model_dump(mode="json"))
+            if self.lead is not None:
                 for old in sorted(self.folder.checkpoints.glob("iter-*"))[: -self.cfg.checkpoint.keep]:
                     shutil.rmtree(old, ignore_errors=True)
         finally:
             if self.pipeline is not None:
                 await self.pipeline.release()
 
-    def export(self) -> None:
+    async def export(self) -> None:
         """The final policy as a Hugging Face folder, with its tokenizer."""
-        checkpoint.export_hf(self.trainer.scorer, self.folder.final)
+        await self.learner.export(self.folder.final)
         if self.lead is not None:
             self.lead.chat.tokenizer.save_pretrained(self.folder.final)
 
@@ -274,19 +274,17 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
     torch.manual_seed(cfg.seed)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    # full fine-tuning's KL reference: the starting weights, from the model path (on resume too)
-    reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
-    trainer = Trainer(cfg.trainer(), load_policy(cfg.model), reference)
-    state, resumed = LoopState(), False
-    if resume and (ckpt := folder.latest_checkpoint()) is not None:
-        resumed = True
-        state = LoopState.model_validate(checkpoint.load(ckpt, trainer))
-        display.message(f"resumed from {ckpt}: iteration {state.iteration}, policy version {state.policy_version}")
-        if lead_rank:
-            folder.truncate_logs(state.iteration)
     async with contextlib.AsyncExitStack() as stack:
-        lead = await _lead(cfg, folder, trainer, state, stack, resumed=resumed) if lead_rank else None
-        run = Run(cfg, folder, trainer, weight_sync(trainer, lead and lead.engine), state, display, stop, lead)
+        learner = await _learner(cfg, stack)
+        state, resumed = LoopState(), False
+        if resume and (ckpt := folder.latest_checkpoint()) is not None:
+            resumed = True
+            state = LoopState.model_validate(await learner.load(ckpt))
+            display.message(f"resumed from {ckpt}: iteration {state.iteration}, policy version {state.policy_version}")
+            if lead_rank:
+                folder.truncate_logs(state.iteration)
+        lead = await _lead(cfg, folder, learner, state, stack, resumed=resumed) if lead_rank else None
+        run = Run(cfg, folder, learner, weight_sync(learner, lead and lead.engine), state, display, stop, lead)
         if cfg.algo.async_level and run.sync.in_place:
             raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
                              f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
@@ -300,15 +298,27 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
         yield run
 
 
-async def _lead(cfg: RunConfig, folder: RunDir, trainer: Trainer, state: LoopState,
+async def _learner(cfg: RunConfig, stack: contextlib.AsyncExitStack) -> Learner:
+    """The trainer in this process (a torchrun rank, or the only process), or with `cluster.address` its ranks as
+    Ray actors placed by `cluster.learner` (Ray joined here first: the env workers and replicas go there too)."""
+    if cfg.cluster.address is None:
+        return LocalLearner(Trainer.build(cfg.trainer()), in_thread=bool(cfg.algo.async_level))
+    if not ray.is_initialized():
+        ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING)
+        stack.callback(ray.shutdown)
+    learner = await RayLearner.start(cfg.trainer(), cfg.cluster.learner, threads=cfg.threads)
+    stack.push_async_callback(learner.close)
+    return learner
+
+
+async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopState,
                 stack: contextlib.AsyncExitStack, *, resumed: bool) -> Lead:  # fmt: skip
-    """Rank 0's parts: the engine, env workers and sandboxes, the evaluator, the run folder's writers."""
+    """The lead's parts: the engine, env workers and sandboxes, the evaluator, the run folder's writers."""
     path = resolve_path(cfg.model.path)
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
-    # In one process an in-process engine may sample with the trainer's own module; sharded weights
-    # (FSDP2, a group of one included) cannot be sampled in place, so the engine loads its own copy.
-    shared = None if dist.is_initialized() else trainer.policy
-    model = EngineModel(path=path, module=shared, lora=cfg.model.lora, device=str(trainer.device))
+    # In one unsharded process an in-process engine may sample with the trainer's own module; otherwise the
+    # engine loads its own copy.
+    model = EngineModel(path=path, module=learner.shared_module, lora=cfg.model.lora, device=learner.engine_device)
     # resumed: one version behind, so that the sync of the checkpoint's weights brings it to the checkpoint's
     # version (the tokens a checkpoint holds keep their staleness)
     version = state.policy_version - resumed

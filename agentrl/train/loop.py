@@ -50,6 +50,6 @@ async def train(cfg: RunConfig, folder: RunDir, *, resume: bool = False, display
             if stopping:
                 display.message(f"stopped after iteration {it}; resume with: agentrl train --resume {folder.path}")
                 break
-    if cfg.checkpoint.export_final and state.iteration == cfg.iterations:
-        run.export()
+        if cfg.checkpoint.export_final and state.iteration == cfg.iterations:
+            await run.export()
     return state

@@ -6,8 +6,8 @@ is built, from what the engine declares (`InferenceEngine.capabilities`) and whe
 - `LoraAdapter`: only the adapter's tensors are sent;
 - `FullState`: the full state dict, gathered from the shards.
 
-Every rank calls `updating()` and `push()` (gathering shards is collective); only rank 0 holds an
-engine, and only there does `push` return the new policy version.
+Every rank calls `updating()` and `push()` (gathering shards is collective); only the lead (rank 0, or a
+`RayLearner`'s driver) holds an engine, and only there does `push` return the new policy version.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from contextlib import AbstractContextManager
 from typing import ClassVar
 
 from agentrl.engine.base import InferenceEngine
-from agentrl.train.policy import full_state_dict
-from agentrl.train.trainer import Trainer
+from agentrl.train.learner import Learner
 
 
 class WeightSync(ABC):
     in_place: ClassVar[bool] = False
     """the engine samples the learner's own module: it never holds weights of its own to refresh"""
 
-    def __init__(self, trainer: Trainer, engine: InferenceEngine | None) -> None:
-        self.trainer = trainer
+    def __init__(self, learner: Learner, engine: InferenceEngine | None) -> None:
+        self.learner = learner
         self.engine = engine
         """None on ranks > 0"""
 
@@ -42,18 +41,14 @@ class WeightSync(ABC):
 
 class FullState(WeightSync):
     async def push(self) -> int | None:
-        state = full_state_dict(self.trainer.scorer)
+        state = await self.learner.engine_weights()
         return None if self.engine is None else await self.engine.update_weights(state)
 
 
 class LoraAdapter(WeightSync):
     async def push(self) -> int | None:
-        state = full_state_dict(self.trainer.scorer)
-        if self.engine is None:
-            return None
-        from peft import get_peft_model_state_dict
-
-        return await self.engine.update_weights(lora=get_peft_model_state_dict(self.trainer.policy, state_dict=state))
+        adapter = await self.learner.engine_weights()
+        return None if self.engine is None else await self.engine.update_weights(lora=adapter)
 
 
 class SharedModule(WeightSync):
@@ -66,17 +61,17 @@ class SharedModule(WeightSync):
         return await self.engine.update_weights()
 
 
-def weight_sync(trainer: Trainer, engine: InferenceEngine | None) -> WeightSync:
+def weight_sync(learner: Learner, engine: InferenceEngine | None) -> WeightSync:
     """The sync for this learner and engine (a started one: its capabilities are known). Every rank
     chooses alike: an engine shares the module only in a single process, and LoRA is the learner's."""
     if engine is not None and engine.capabilities.shares_module:
         if not engine.capabilities.pausable:
             raise ValueError(f"the {engine.name} engine shares the learner's module but cannot pause: an update "
                              "would change weights under a decode step")  # fmt: skip
-        return SharedModule(trainer, engine)
-    kind = "lora" if trainer.lora else "full"
+        return SharedModule(learner, engine)
+    kind = "lora" if learner.lora else "full"
     if engine is not None and kind not in engine.capabilities.weight_updates:
         takes = ", ".join(sorted(engine.capabilities.weight_updates)) or "no tensors"
         raise ValueError(f"the {engine.name} engine takes {takes} as weight updates, and this run sends "
                          f"{'LoRA adapters' if kind == 'lora' else 'full state dicts'}")  # fmt: skip
-    return LoraAdapter(trainer, engine) if kind == "lora" else FullState(trainer, engine)
+    return LoraAdapter(learner, engine) if kind == "lora" else FullState(learner, engine)
