@@ -38,7 +38,9 @@ class Learner(ABC):
         return None
 
     @abstractmethod
-    async def update(self, batch: TrainBatch, recorder: RowRecorder | None, policy_version: int) -> dict[str, float]:
+    async def update(
+        self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None
+    ) -> dict[str, float]:
         """M optimizer steps on `batch` (`Trainer.update`); `recorder`'s rows end up recorded here."""
 
     @abstractmethod
@@ -81,7 +83,9 @@ class LocalLearner(Learner):
         # sharded weights (FSDP2, a group of one included) cannot be sampled in place
         return None if dist.is_initialized() else self.trainer.policy
 
-    async def update(self, batch: TrainBatch, recorder: RowRecorder | None, policy_version: int) -> dict[str, float]:
+    async def update(
+        self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None
+    ) -> dict[str, float]:
         observers = (recorder,) if recorder is not None else ()
         step = functools.partial(self.trainer.update, batch.to(self.trainer.device), *observers,
                                  policy_version=policy_version)  # fmt: skip

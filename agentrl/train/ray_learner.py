@@ -60,7 +60,7 @@ class LearnerRank:
         self.trainer = Trainer.build(cfg)
 
     def update(self, batch: TrainBatch, recorder: RowRecorder | None,
-               policy_version: int) -> tuple[dict[str, float], dict[int, RowStats] | None]:  # fmt: skip
+               policy_version: int | None) -> tuple[dict[str, float], dict[int, RowStats] | None]:  # fmt: skip
         observers = (recorder,) if recorder is not None else ()
         metrics = self.trainer.update(batch.to(self.trainer.device), *observers, policy_version=policy_version)
         return metrics, (recorder.stats if recorder is not None else None)
@@ -142,7 +142,9 @@ class RayLearner(Learner):
             raise LearnerDown(f"a learner rank died during {method}: {e}. Resume the run from its last checkpoint "
                               "(agentrl train --resume RUN_DIR)") from e  # fmt: skip
 
-    async def update(self, batch: TrainBatch, recorder: RowRecorder | None, policy_version: int) -> dict[str, float]:
+    async def update(
+        self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None
+    ) -> dict[str, float]:
         ref = ray.put(batch)  # one copy in the object store, read by every rank
         results = await self._all("update", ref, recorder, policy_version)
         metrics, stats = results[0]  # the metrics are reduced over ranks; the recorded rows gathered on rank 0
@@ -171,4 +173,3 @@ class RayLearner(Learner):
         for r in self.ranks:
             ray.kill(r)
         remove_placement_group(self.group)
-
