@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from agentrl.cluster import InferencePlacement
 from agentrl.models.lora import LoraSettings
 
 if TYPE_CHECKING:
@@ -69,6 +70,17 @@ class EngineConfig(BaseModel):
     """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """an engine from another package: its own settings, passed to its `from_config`"""
+    # A run's `cluster.inference` (agentrl/cluster.py), set by the run config: not a key of this section, so that
+    # the cluster's layout is said in one place.
+    _placement: InferencePlacement = PrivateAttr(default_factory=InferencePlacement)
+
+    @property
+    def placement(self) -> InferencePlacement:
+        """What each replica reserves on a Ray cluster beyond the defaults (GPUs, CPUs, custom node resources)."""
+        return self._placement
+
+    def place(self, placement: InferencePlacement) -> None:
+        self._placement = placement
 
     @field_validator("kind")
     @classmethod

@@ -61,6 +61,8 @@ class ReplicaStats:
     restarts: int
     pid: int | None
     """its process (an actor's); None for a server's client"""
+    node: str | None = None
+    """its Ray node's id (an actor's); None for a server's client"""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class _Slot:
     version: int | None = None
     """None: down (dead, or restarting)"""
     pid: int | None = None
+    node: str | None = None
     work: int = 0
     """prompt + max_tokens of its requests in flight"""
     in_flight: int = 0
@@ -191,7 +194,7 @@ class Fleet(InferenceEngine):
 
     def fleet_stats(self) -> FleetStats:
         """Requests and generated tokens per replica, the affinity hit rate, retries and restarts."""
-        replicas = tuple(ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid)
+        replicas = tuple(ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid, s.node)
                          for s in self._slots)  # fmt: skip
         return FleetStats(replicas, self._hits, self._misses, self._retried)
 
@@ -218,7 +221,7 @@ class Fleet(InferenceEngine):
                 self._shutdown_ray()
                 raise
             for slot, info in zip(slots, infos, strict=True):
-                slot.version, slot.pid = info.version, info.pid
+                slot.version, slot.pid, slot.node = info.version, info.pid, info.node
             self._version = versions.pop()
             self._capabilities = replace(caps.pop(), shares_module=False, pausable=False)
             self._max_context = min(i.max_context for i in infos)
@@ -398,7 +401,7 @@ class Fleet(InferenceEngine):
                 except BaseException:
                     await replica.close()
                     raise
-                slot.replica, slot.version, slot.pid = replica, info.version, info.pid
+                slot.replica, slot.version, slot.pid, slot.node = replica, info.version, info.pid, info.node
                 slot.restarts += 1
             log.warning("engine replica %d is back, at policy version %d", slot.index, info.version)
         except Exception as e:

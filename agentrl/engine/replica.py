@@ -45,6 +45,8 @@ class ReplicaInfo:
     version: int
     pid: int | None
     """its process (an actor's), None for a client of a server"""
+    node: str | None = None
+    """its Ray node's id (an actor's), None for a client of a server"""
 
 
 class Replica(ABC):
@@ -105,7 +107,8 @@ class EngineReplica:
             await engine.update_weights(**update)
         assert engine.version == version, f"replica reached version {engine.version}, not {version}"
         self.engine = engine
-        return ReplicaInfo(engine.capabilities, engine.max_context, engine.version, os.getpid())
+        node = ray.get_runtime_context().get_node_id()
+        return ReplicaInfo(engine.capabilities, engine.max_context, engine.version, os.getpid(), node)
 
     async def generate(self, prompt: list[int], params: SamplingParams, attempt: str) -> Generation:
         # Ray does not promise an async actor runs calls in the order they were sent: an abort may come first
@@ -137,7 +140,8 @@ class ActorReplica(Replica):
     @classmethod
     def create(cls, cfg: EngineConfig, model: EngineModel, *, slot: int, seed: int) -> ActorReplica:
         hf = cfg.kind == "hf"
-        resources = {"num_cpus": cfg.threads_per_replica} if hf else {"num_cpus": 1, "num_gpus": 1}
+        need = ActorReplica.resources(cfg.model_copy(update={"replicas": 1}))
+        resources = {"num_cpus": need.pop("CPU"), "num_gpus": need.pop("GPU", 0), "resources": need}
         # the actor loads the weights from the path (never the caller's module); hf replicas run on CPU
         # (vllm places itself on the actor's GPU)
         model = replace(model, module=None, device="cpu")
@@ -146,10 +150,13 @@ class ActorReplica(Replica):
 
     @staticmethod
     def resources(cfg: EngineConfig) -> dict[str, float]:
-        """What the replicas of `cfg` reserve from Ray, all together."""
-        if cfg.kind == "hf":
-            return {"CPU": cfg.replicas * cfg.threads_per_replica}
-        return {"CPU": cfg.replicas, "GPU": cfg.replicas}
+        """What the replicas of `cfg` reserve from Ray, all together: per replica its CPUs (hf: its threads), GPUs
+        (vllm: one) and custom node resources, as `cfg.placement` (a run's cluster.inference) may say."""
+        p, hf = cfg.placement, cfg.kind == "hf"
+        cpus = p.cpus_per_replica if p.cpus_per_replica is not None else cfg.threads_per_replica if hf else 1
+        gpus = p.gpus_per_replica if p.gpus_per_replica is not None else 0 if hf else 1
+        one = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **p.resources}
+        return {k: v * cfg.replicas for k, v in one.items()}
 
     @staticmethod
     def ship(tensors: Tensors | None) -> Any:

@@ -76,6 +76,7 @@ class RunConfig(_Strict):
                     raise ValueError(f"{section}.ray_address={cfg.ray_address!r} differs from cluster.address="
                                      f"{address!r}: set only cluster.address")  # fmt: skip
             self.rollout.ray_address = address
+            self.engine.place(self.cluster.inference)
         if self.engine.replicas is not None and self.engine.ray_address is None:
             self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
         if self.algo.async_level > self.rollout.max_staleness:
