@@ -275,7 +275,7 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     async with contextlib.AsyncExitStack() as stack:
-        learner = await _learner(cfg, stack)
+        learner = await _learner(cfg, folder, stack)
         state, resumed = LoopState(), False
         if resume and (ckpt := folder.latest_checkpoint()) is not None:
             resumed = True
@@ -298,7 +298,7 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
         yield run
 
 
-async def _learner(cfg: RunConfig, stack: contextlib.AsyncExitStack) -> Learner:
+async def _learner(cfg: RunConfig, folder: RunDir, stack: contextlib.AsyncExitStack) -> Learner:
     """The trainer in this process (a torchrun rank, or the only process), or with `cluster.address` its ranks as
     Ray actors placed by `cluster.learner` (Ray joined here first: the env workers and replicas go there too)."""
     if cfg.cluster.address is None:
@@ -306,7 +306,7 @@ async def _learner(cfg: RunConfig, stack: contextlib.AsyncExitStack) -> Learner:
     if not ray.is_initialized():
         ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING)
         stack.callback(ray.shutdown)
-    learner = await RayLearner.start(cfg.trainer(), cfg.cluster.learner, threads=cfg.threads)
+    learner = await RayLearner.start(cfg.trainer(), cfg.cluster.learner, run_dir=folder.path, threads=cfg.threads)
     stack.push_async_callback(learner.close)
     return learner
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,14 @@ class LearnerRank:
         checkpoint.export_hf(self.trainer.scorer, path)
 
     def node(self) -> str:
-        return ray.util.get_node_ip_address()
+        return ray.get_runtime_context().get_node_id()
+
+    def sees(self, marker: str, token: str) -> bool:
+        """Whether this rank reads `token` in the file the driver just wrote (a folder shared with it)."""
+        try:
+            return Path(marker).read_text() == token
+        except OSError:
+            return False
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -101,9 +109,10 @@ class RayLearner(Learner):
         self._nodes: list[str] = []
 
     @classmethod
-    async def start(cls, cfg: TrainerConfig, placement: LearnerPlacement, *, threads: int | None = None,
-                    ready_timeout_s: float = 300.0) -> RayLearner:  # fmt: skip
-        """Reserve, start and set up `placement.ranks` ranks on the running Ray cluster (`ray.init` first)."""
+    async def start(cls, cfg: TrainerConfig, placement: LearnerPlacement, *, run_dir: Path | None = None,
+                    threads: int | None = None, ready_timeout_s: float = 300.0) -> RayLearner:  # fmt: skip
+        """Reserve, start and set up `placement.ranks` ranks on the running Ray cluster (`ray.init` first).
+        `run_dir`: the run folder, where every rank writes its checkpoint shards: refused unless every rank sees it."""
         bundle = {"CPU": placement.cpus_per_rank, **placement.resources}
         if placement.gpus_per_rank:
             bundle["GPU"] = placement.gpus_per_rank
@@ -124,6 +133,8 @@ class RayLearner(Learner):
         ]  # fmt: skip
         learner = cls(ranks, group, cfg.model.lora is not None)
         try:
+            if run_dir is not None:
+                await learner._check_shared(run_dir)
             host, port = await ranks[0].address.remote()
             n = threads or max(1, int(placement.cpus_per_rank))
             await learner._all("setup", cfg, host, port, timeout_s=placement.collective_timeout_s, threads=n,
@@ -133,6 +144,19 @@ class RayLearner(Learner):
             await learner.close()
             raise
         return learner
+
+    async def _check_shared(self, run_dir: Path) -> None:
+        marker, token = run_dir / ".shared-check", secrets.token_hex(8)
+        marker.write_text(token)
+        try:
+            seen = await self._all("sees", str(marker), token)
+        finally:
+            marker.unlink(missing_ok=True)
+        if not all(seen):
+            blind = [n for n, ok in zip(await self._all("node"), seen, strict=True) if not ok]
+            raise RuntimeError(f"the run folder {run_dir} is not visible from the learner ranks on node(s) {blind}: "
+                               "every rank writes its checkpoint shards there; put it on a filesystem every node "
+                               "mounts at the same path (--set out=...)")  # fmt: skip
 
     async def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`method` on every rank at once (their collectives need each other); a dead rank ends the run."""

@@ -34,7 +34,8 @@ async def test_actor_ranks_reproduce_one_process_and_idle_past_the_collective_ti
     expected = one.update(fixed_batch())
     expected_state = one.engine_weights()
     timeout = 2.0
-    learner = await RayLearner.start(cfg, LearnerPlacement(ranks=2, cpus_per_rank=1, collective_timeout_s=timeout))
+    placement = LearnerPlacement(ranks=2, cpus_per_rank=1, collective_timeout_s=timeout)
+    learner = await RayLearner.start(cfg, placement, run_dir=tmp_path)
     try:
         assert len(learner.placement()) == 2
         metrics = await learner.update(fixed_batch())
