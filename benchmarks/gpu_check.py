@@ -1,0 +1,647 @@
+"""Every CUDA path of agentrl in one command, written as one JSON report (`bash scripts/gpu_check.sh`).
+
+    bash scripts/gpu_check.sh [--out gpu_check.json]      # on a GPU machine: every check on CUDA
+    bash scripts/gpu_check.sh --cpu-dry-run               # the same code paths on the CPU, shrunk (CI runs it)
+    bash scripts/gpu_check.sh --only hf_engine logprob_parity
+
+The checks, in order, each in a process of its own (a crash, a hang past its time limit or a CUDA error in
+one leaves the others running; the exit status is 1 if any failed):
+
+1. fsdp_bf16: a few `Trainer.update` steps of a small random-init Qwen3-MoE, bf16 mixed precision by FSDP2
+   over a process group of one (as `agentrl train` shards a single GPU): finite losses, weights changed,
+   float32 master weights, decoder layers computing in bf16.
+2. hf_engine: the `hf` engine loading a random-init Qwen3-MoE folder (the "1b" shapes of
+   benchmarks/train_step_bench.py) onto CUDA, float32 (its default) and bfloat16, and decoding a batch of
+   sampled requests: tokens per second, every logprob finite.
+3. logprob_parity: the engine's logprob of each token it sampled against the learner's score of the same
+   tokens (`Trainer.scorer`, the forward pass the update uses), max and mean |difference|: float32 engine
+   against float32 learner, and against the bf16 FSDP2 learner each engine dtype (float32, `agentrl
+   train`'s default; bfloat16; bfloat16_weights).
+4. agentrl_train: `agentrl train --env tool_use` for 2 iterations on that "1b" model, bf16, the engine's copy
+   on the learner's GPU. It needs Docker (sandboxes; `agentrl train` checks for it first), the sandbox image
+   and Ray: without them the check is skipped, with the reason.
+5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included.
+
+--cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
+and a small benchmark, so that every line of this script runs without a GPU. A check whose Python packages
+are missing is skipped, with the missing package named. Nothing is estimated: every figure is measured.
+
+Report: {"mode", "ok", "counts", "seconds", "started", "machine", "checks": [{"name", "status" (ok | failed |
+skipped), "seconds", "figures", "error" (failed: the error text), "reason" (skipped: why)}]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "train_step_bench.py"
+CHECKS = ("fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench")
+TIMEOUT_S = {  # per check, GPU run / dry run
+    "fsdp_bf16": (600, 300),
+    "hf_engine": (900, 300),
+    "logprob_parity": (900, 300),
+    "agentrl_train": (1800, 300),
+    "train_step_bench": (1800, 300),
+}
+FP32_PARITY_MAX = 5e-3
+"""float32 engine against float32 learner: the same math in other kernels and batch shapes (~1e-6 measured on
+CPU, tests/engine/test_hf.py); beyond this the two do not compute the same distribution"""
+BF16_PARITY_MEAN_MAX = 0.1
+"""a sanity bound on the mean |difference| with bf16 on either side, not a target: above it something other
+than rounding differs"""
+
+
+class Skip(Exception):
+    """The check cannot run here (a missing package, no Docker engine): skipped, with this reason."""
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+@dataclass
+class Ctx:
+    dry: bool
+    workdir: Path
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.dry else "cuda"
+
+    @property
+    def small(self) -> str:
+        """The small model of fsdp_bf16: the benchmark's "small" Qwen3-MoE on GPU."""
+        return "tiny" if self.dry else "small"
+
+    @property
+    def big(self) -> str:
+        """The model of hf_engine, logprob_parity and agentrl_train: the benchmark's "1b" on GPU."""
+        return "tiny" if self.dry else "1b"
+
+
+# -- shared pieces (in a check's process) --------------------------------------------------------------
+
+
+def need_cuda(ctx: Ctx) -> None:
+    import torch
+
+    if not ctx.dry and not torch.cuda.is_available():
+        raise CheckFailed(f"torch.cuda.is_available() is False (torch {torch.__version__}, built for CUDA "
+                          f"{torch.version.cuda}): no GPU to check; --cpu-dry-run runs the CPU variant")  # fmt: skip
+
+
+def model_config(size: str):
+    """A Qwen3-MoE config with the project tokenizer's special tokens: tiny_config's defaults ("tiny") or the
+    shapes of benchmarks/train_step_bench.py's SIZES."""
+    from train_step_bench import SIZES
+
+    from agentrl.models.tiny import tiny_config
+
+    return tiny_config("qwen3_moe", **({} if size == "tiny" else SIZES[size]))
+
+
+def describe(cfg) -> str:
+    from train_step_bench import active_params
+
+    return f"qwen3_moe: {n_params(cfg) / 1e6:.1f}M parameters, {active_params(cfg) / 1e6:.1f}M active"
+
+
+def n_params(cfg) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+
+
+def random_model(size: str, device: str = "cpu"):
+    """A random-init float32 Qwen3-MoE (the same weights for the same size), initialised on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(model_config(size), dtype=torch.float32)
+
+
+def model_folder(ctx: Ctx, size: str) -> Path:
+    """A Hugging Face folder of `random_model(size)` with the project tokenizer, in the work folder: made by the
+    first check that needs it, reused by the next ones."""
+    from agentrl.models.tokenizer import load_tokenizer
+
+    path = ctx.workdir / f"model-{size}"
+    if not (path / "complete").exists():
+        shutil.rmtree(path, ignore_errors=True)
+        random_model(size, ctx.device).save_pretrained(path)
+        load_tokenizer().save_pretrained(path)
+        (path / "complete").touch()
+    return path
+
+
+def prompts(n: int) -> list[list[int]]:
+    from agentrl.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    texts = ["def add(a, b):", "What is 12 * 34? Use the calculator.", "hello " * 9, "x", "<tool_call>",
+             "The quick brown fox jumps over the lazy dog. " * 3, "import numpy as np\n", "Answer:"]  # fmt: skip
+    return [tok.encode(f"{texts[i % len(texts)]} #{i}") for i in range(n)]
+
+
+def generate(engine, requests: list[list[int]], params) -> tuple[list, float]:
+    """Every request at once through `engine` (started and closed here); the generations and the seconds."""
+
+    async def go():
+        async with engine:
+            t0 = time.perf_counter()
+            gens = await asyncio.gather(
+                *(engine.generate(p, params.model_copy(update={"seed": i})) for i, p in enumerate(requests))
+            )
+            return gens, time.perf_counter() - t0
+
+    return asyncio.run(go())
+
+
+def gpu_memory(figures: dict[str, Any]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        figures["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+def free_memory() -> None:
+    """Give back what the models just dropped held (on the GPU, to the next model of the check)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def full_params(module) -> dict[str, Any]:
+    """Every parameter, unsharded (a DTensor under FSDP2), float32 on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone()
+            for n, p in module.named_parameters()}  # fmt: skip
+
+
+# -- the checks -----------------------------------------------------------------------------------------
+
+
+def check_fsdp_bf16(ctx: Ctx, figures: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from train_step_bench import synthetic_batch
+
+    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.policy import init_distributed, shutdown_distributed
+    from agentrl.train.trainer import Trainer
+
+    need_cuda(ctx)
+    model_cfg = ModelConfig(dtype="bfloat16")
+    init_distributed(model_cfg)
+    try:
+        expect(dist.is_initialized(), "model.dtype=bfloat16 did not start a process group")
+        figures["process_group"] = f"{dist.get_backend()}, world size {dist.get_world_size()}"
+        policy = random_model(ctx.small)
+        figures["model"] = describe(policy.config)
+        computed: set[str] = set()  # the dtype the first decoder layer computes in
+
+        def note_dtype(_, args, kwargs) -> None:
+            computed.add(str((args[0] if args else kwargs["hidden_states"]).dtype).removeprefix("torch."))
+
+        policy.model.layers[0].register_forward_pre_hook(note_dtype, with_kwargs=True)
+        trainer = Trainer(TrainerConfig(model=model_cfg, optim=OptimConfig(lr=1e-4, minibatches=2)), policy)
+        figures["trainer_device"] = str(trainer.device)
+        expect(trainer.device.type == ctx.device, f"the trainer took {trainer.device}, not {ctx.device}")
+        B, L = (8, 128) if not ctx.dry else (4, 32)
+        batch = synthetic_batch(B, L, policy.config.vocab_size, str(trainer.device))
+        figures["batch"] = f"{B} x {L} tokens, 2 minibatches"
+        before = full_params(trainer.scorer)
+        figures["master_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.scorer.parameters()})
+        steps = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            m = trainer.update(batch)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            steps.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "s": time.perf_counter() - t0})
+        figures["updates"] = steps
+        after = full_params(trainer.scorer)
+        change = {n: float((after[n] - before[n]).abs().max()) for n in before}
+        figures["max_abs_weight_change"] = max(change.values())
+        figures["tensors_changed"] = f"{sum(c > 0 for c in change.values())} of {len(change)}"
+        figures["compute_dtypes"] = sorted(computed)
+        gpu_memory(figures)
+        expect(all(math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"]) for s in steps), "a non-finite loss")
+        expect(figures["max_abs_weight_change"] > 0, "the weights did not change")
+        expect(figures["master_dtypes"] == ["float32"], f"master weights in {figures['master_dtypes']}")
+        expect(figures["compute_dtypes"] == ["bfloat16"], f"decoder layers computed in {figures['compute_dtypes']}")
+    finally:
+        shutdown_distributed()
+
+
+def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
+    from agentrl.engine import EngineConfig, EngineModel, build_engine
+    from agentrl.engine.base import SamplingParams
+
+    need_cuda(ctx)
+    path = model_folder(ctx, ctx.big)
+    figures["model"] = describe(model_config(ctx.big))
+    n, T = (16, 128) if not ctx.dry else (4, 16)
+    params = SamplingParams(temperature=1.0, max_tokens=T)
+    requests = prompts(n)
+    for dtype in ("auto", "bfloat16"):
+        t0 = time.perf_counter()
+        engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=ctx.device))
+        load_s = time.perf_counter() - t0
+        weights = next(engine.model.parameters())
+        gens, seconds = generate(engine, requests, params)
+        tokens = sum(len(g.token_ids) for g in gens)
+        lps = [lp for g in gens for lp in g.logprobs]
+        figures[dtype] = {
+            "weights": f"{str(weights.dtype).removeprefix('torch.')} on {weights.device}",
+            "load_s": load_s, "requests": n, "max_tokens": T, "generated_tokens": tokens, "decode_s": seconds,
+            "tokens_per_s": tokens / seconds, "finish_reasons": sorted({g.finish_reason for g in gens}),
+            "mean_logprob": sum(lps) / len(lps),
+        }  # fmt: skip
+        expect(weights.device.type == ctx.device, f"engine.dtype={dtype}: weights on {weights.device}")
+        expect(tokens == n * T, f"engine.dtype={dtype}: {tokens} tokens generated, {n * T} asked")
+        expect(all(math.isfinite(lp) and lp <= 0 for lp in lps), f"engine.dtype={dtype}: a logprob not in (-inf, 0]")
+        del engine, weights
+        free_memory()
+    gpu_memory(figures)
+
+
+def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
+    """Engine (own copy, a dtype each) against learner (Trainer.scorer) on the tokens the engine sampled."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.hf import HFEngine
+    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.policy import init_distributed, shutdown_distributed
+    from agentrl.train.trainer import Trainer
+
+    need_cuda(ctx)
+    figures["model"] = describe(model_config(ctx.big))
+    base = AutoModelForCausalLM.from_pretrained(model_folder(ctx, ctx.big), dtype=torch.float32)
+    n, T = (16, 64) if not ctx.dry else (4, 16)
+    params = SamplingParams(temperature=1.0, max_tokens=T)
+    requests = prompts(n)
+    figures["tokens_per_pair"] = n * T
+    figures["sampling"] = "temperature 1.0, no top-k / top-p"
+    if torch.cuda.is_available():
+        figures["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+
+    def engine_tokens(dtype: str) -> list:
+        module = copy.deepcopy(base)
+        if dtype == "bfloat16":
+            module = module.to(torch.bfloat16)
+        engine = HFEngine(module.to(ctx.device).eval(), bf16_weights=dtype == "bfloat16_weights", seed=0)
+        gens = generate(engine, requests, params)[0]
+        del engine, module
+        free_memory()
+        return gens
+
+    def compare(trainer: Trainer, gens: list) -> dict[str, Any]:
+        L = max(len(p) + len(g.token_ids) for p, g in zip(requests, gens, strict=True))
+        ids = torch.zeros(n, L, dtype=torch.long)
+        mask = torch.zeros(n, L, dtype=torch.long)
+        for i, (p, g) in enumerate(zip(requests, gens, strict=True)):
+            ids[i, : len(p) + len(g.token_ids)] = torch.tensor(p + g.token_ids)
+            mask[i, : len(p) + len(g.token_ids)] = 1
+        with torch.no_grad():
+            lp = trainer.scorer(ids.to(trainer.device), mask.to(trainer.device), params)[0].float().cpu()
+        learner = torch.cat([lp[i, len(p) : len(p) + len(g.token_ids)] for i, (p, g) in
+                             enumerate(zip(requests, gens, strict=True))])  # fmt: skip
+        engine = torch.tensor([x for g in gens for x in g.logprobs])
+        d = (learner - engine).abs()
+        finite = torch.isfinite(d)
+        return {"tokens": len(d), "max_abs_diff": float(d[finite].max()), "mean_abs_diff": float(d[finite].mean()),
+                "tokens_outside_learner_support": int((~finite).sum()),
+                "mean_engine_logprob": float(engine.mean())}  # fmt: skip
+
+    pairs = figures["pairs"] = {}
+    # float32 learner: a plain module (no process group), as `agentrl train` runs model.dtype=float32
+    trainer = Trainer(TrainerConfig(model=ModelConfig(), optim=OptimConfig()), copy.deepcopy(base))
+    pairs["fp32"] = {"learner": f"float32 on {trainer.device}", "engine": "float32"} | compare(
+        trainer, engine_tokens("float32")
+    )
+    del trainer
+    free_memory()
+    # bf16 learner: FSDP2 mixed precision over a group of one, against each engine dtype
+    bf16 = ModelConfig(dtype="bfloat16")
+    init_distributed(bf16)
+    try:
+        trainer = Trainer(TrainerConfig(model=bf16, optim=OptimConfig()), copy.deepcopy(base))
+        for name, dtype in (("bf16", "bfloat16"), ("bf16_learner_fp32_engine", "float32"),
+                            ("bf16_learner_bf16_weights_engine", "bfloat16_weights")):  # fmt: skip
+            pairs[name] = {"learner": f"bfloat16 FSDP2 on {trainer.device}", "engine": dtype} | compare(
+                trainer, engine_tokens(dtype)
+            )
+        gpu_memory(figures)
+    finally:
+        shutdown_distributed()
+    for name, pair in pairs.items():
+        expect(pair["tokens_outside_learner_support"] == 0, f"{name}: a sampled token the learner scores -inf")
+    expect(pairs["fp32"]["max_abs_diff"] <= FP32_PARITY_MAX,
+           f"fp32: max |engine - learner| {pairs['fp32']['max_abs_diff']:.3g} > {FP32_PARITY_MAX}")  # fmt: skip
+    for name in ("bf16", "bf16_learner_fp32_engine", "bf16_learner_bf16_weights_engine"):
+        mean = pairs[name]["mean_abs_diff"]
+        expect(mean <= BF16_PARITY_MEAN_MAX, f"{name}: mean |engine - learner| {mean:.3g} > {BF16_PARITY_MEAN_MAX}")
+
+
+def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
+    """2 iterations of `agentrl train --env tool_use`, bf16, on the check's model."""
+    import importlib
+
+    for package in ("ray", "docker", "gymnasium"):
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError:
+            raise Skip(f"`agentrl train` needs the package {package} (pip install -e . installs it)") from None
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandbox import image as sandbox_image
+    from agentrl.sandbox.docker_sandbox import docker_client
+
+    try:
+        client = docker_client()
+    except SandboxError as e:
+        raise Skip(f"`agentrl train` runs its env's sandboxes in Docker, and no Docker engine answers here ({e}); "
+                   "tool_use, the built-in env that needs the fewest, still starts them") from None  # fmt: skip
+    tag = sandbox_image.image_tag()
+    if not sandbox_image.image_exists(client, tag):
+        raise Skip(f"the sandbox image {tag} is missing: build it with `agentrl sandbox build` (offline if need be)")
+    need_cuda(ctx)
+    path = model_folder(ctx, ctx.big)
+    figures["model"] = describe(model_config(ctx.big))
+    run = ctx.workdir / "train-run"
+    shutil.rmtree(run, ignore_errors=True)
+    G, groups, T, tasks = (4, 2, 64, 4) if not ctx.dry else (2, 2, 16, 2)
+    settings = ["iterations=2", f"model.path={path}", "model.dtype=bfloat16", f"out={run}", f"rollout.group_size={G}",
+                f"rollout.groups_per_iteration={groups}", "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
+                f"rollout.sampling.max_tokens={T}", f"eval.tasks={tasks}", "eval.every=0",
+                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "checkpoint.export_final=false",
+                "log.tensorboard=false", 'log.wandb="off"']  # fmt: skip
+    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "tool_use", *(a for s in settings for a in ("--set", s))]
+    figures["command"] = " ".join(["agentrl", *cmd[3:]])
+    t0 = time.perf_counter()
+    with GpuMemorySampler() as sampler:  # no nvidia-smi (the dry run): no figure
+        r = subprocess.run(cmd, cwd=ctx.workdir, capture_output=True, text=True, env=child_env(ctx),
+                           timeout=TIMEOUT_S["agentrl_train"][ctx.dry] - 60)  # fmt: skip
+    figures["wall_s"] = time.perf_counter() - t0
+    if sampler.peak_mib is not None:
+        figures["gpu_memory_used_peak_mib"] = sampler.peak_mib
+    expect(r.returncode == 0, f"agentrl train exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = ("loss", "grad_norm", "mismatch_abs_logprob_diff", "entropy")
+    figures["iterations"] = [
+        {"iteration": m["iteration"], "policy_version": m["policy_version"]}
+        | {k: m.get(f"train/{k}") for k in keys}
+        | {"rollout_tokens_per_s": m["rollout/tokens_per_s"], "generated_tokens": m["rollout/generated_tokens"],
+           "rollout_s": m["time/rollout_s"], "update_s": m["time/update_s"], "sync_s": m["time/sync_s"]}
+        for m in rows
+    ]  # fmt: skip
+    evals = run / "eval.jsonl"
+    if evals.exists():
+        figures["held_out"] = [json.loads(line) for line in evals.read_text().splitlines()]
+    expect([m["iteration"] for m in rows] == [0, 1], f"iterations logged: {[m['iteration'] for m in rows]}")
+    expect(rows[-1]["policy_version"] == 2, f"policy version {rows[-1]['policy_version']} after 2 iterations")
+    expect(all(math.isfinite(m["train/loss"]) for m in rows), "a non-finite loss")
+
+
+def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
+    need_cuda(ctx)
+    args = (["--device", "cuda", "--size", "1b"] if not ctx.dry else
+            ["--dtype", "bfloat16", "--size", "small", "--batch", "4", "--length", "64", "--minibatches", "2",
+             "--rounds", "1", "--repeats", "1"])  # fmt: skip
+    figures["command"] = " ".join(["benchmarks/train_step_bench.py", *args])
+    r = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, env=child_env(ctx),
+                       timeout=TIMEOUT_S["train_step_bench"][ctx.dry] - 30)  # fmt: skip
+    expect(r.returncode == 0, f"train_step_bench exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    result = figures["result"] = json.loads(r.stdout)
+    for key in ("gspo_token_update", "plain_forward_backward"):
+        expect(math.isfinite(result[key]["tokens_per_s_per_device"]), f"{key}: no throughput")
+        if not ctx.dry:
+            expect("mfu" in result[key], f"{key}: no MFU on CUDA")
+
+
+CHECK_FUNCTIONS = {
+    "fsdp_bf16": check_fsdp_bf16,
+    "hf_engine": check_hf_engine,
+    "logprob_parity": check_logprob_parity,
+    "agentrl_train": check_agentrl_train,
+    "train_step_bench": check_train_step_bench,
+}
+
+
+class GpuMemorySampler:
+    """The GPU's used memory (all processes, nvidia-smi) every second while the block runs: its peak."""
+
+    def __init__(self) -> None:
+        self.peak_mib: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+                used = max(float(x) for x in out.split())
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return  # no nvidia-smi: no figure
+            self.peak_mib = max(self.peak_mib or 0.0, used)
+
+    def __enter__(self) -> GpuMemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- the check's process --------------------------------------------------------------------------------
+
+
+def child_env(ctx: Ctx) -> dict[str, str]:
+    """The environment of a check's process and of what it starts: this checkout importable (installed or not),
+    Ray without auth; the dry run sees no GPU."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    if ctx.dry:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run_check(name: str, ctx: Ctx, result: Path) -> None:
+    """In the check's own process: run it, write {status, figures, error, reason} to `result`."""
+    figures: dict[str, Any] = {}
+    status, error, reason = "ok", None, None
+    try:
+        CHECK_FUNCTIONS[name](ctx, figures)
+    except Skip as e:
+        status, reason = "skipped", str(e)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] != "agentrl":
+            status, reason = "skipped", f"needs the package {e.name}, not installed here"
+        else:
+            status, error = "failed", traceback.format_exc()
+    except Exception as e:
+        status, error = "failed", str(e) if isinstance(e, CheckFailed) else traceback.format_exc()
+    result.write_text(json.dumps({"status": status, "figures": finite(figures), "error": error, "reason": reason}))
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+
+
+def finite(x: Any) -> Any:
+    """JSON without NaN / Infinity: a non-finite float becomes its string ("nan", "inf", "-inf")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [finite(v) for v in x]
+    return x
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                            "python": platform.python_version()}  # fmt: skip
+    try:
+        import torch
+
+        info |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                 "cuda_available": torch.cuda.is_available()}  # fmt: skip
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError as e:
+        info["torch"] = f"not importable: {e}"
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)  # fmt: skip
+        if smi.returncode == 0:
+            info["nvidia_smi"] = smi.stdout.strip().splitlines()
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+        if git.returncode == 0:
+            info["commit"] = git.stdout.strip()
+    return info
+
+
+def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
+    """Run one check in its own process, within its time limit: its entry of the report."""
+    result = ctx.workdir / f"{name}.result.json"
+    result.unlink(missing_ok=True)
+    logfile = ctx.workdir / f"{name}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result", str(result),
+           "--workdir", str(ctx.workdir), *(["--cpu-dry-run"] if ctx.dry else [])]  # fmt: skip
+    timeout = TIMEOUT_S[name][ctx.dry]
+    t0 = time.perf_counter()
+    with logfile.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(ctx), start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the check and whatever it started
+            proc.wait()
+            rc = None
+    seconds = time.perf_counter() - t0
+    entry: dict[str, Any] = {"name": name, "status": "failed", "seconds": seconds, "figures": {}, "error": None,
+                             "reason": None}  # fmt: skip
+    if result.exists():
+        entry |= json.loads(result.read_text())
+    tail = logfile.read_text(errors="replace")[-4000:]
+    if rc is None:
+        entry["status"] = "failed"
+        entry["error"] = f"ran past its time limit of {timeout} s (killed); its output ended:\n{tail}"
+    elif not result.exists():
+        entry["error"] = f"its process exited {rc} without a result; its output ended:\n{tail}"
+    log(f"[{entry['status']}] {name} ({seconds:.1f} s)"
+        + (f": {entry['reason']}" if entry["reason"] else "")
+        + (f": {entry['error'].strip().splitlines()[-1]}" if entry["error"] else ""))  # fmt: skip
+    return entry
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON report (default %(default)s)")
+    p.add_argument("--cpu-dry-run", action="store_true", help="the same steps on the CPU, shrunk (no GPU needed)")
+    p.add_argument("--only", nargs="+", choices=CHECKS, help="run only these checks")
+    p.add_argument("--workdir", type=Path, help="keep models, run folders and each check's log here "
+                   "(default: a temporary folder, removed at the end)")  # fmt: skip
+    p.add_argument("--child", choices=CHECKS, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.child:
+        run_check(args.child, Ctx(args.cpu_dry_run, args.workdir), args.result)
+        return 0
+
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrl-gpu-check-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(args.cpu_dry_run, workdir.resolve())
+    t0 = time.perf_counter()
+    try:
+        checks = [drive(name, ctx, lambda m: print(m, file=sys.stderr, flush=True))
+                  for name in CHECKS if not args.only or name in args.only]  # fmt: skip
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    counts = {s: sum(c["status"] == s for c in checks) for s in ("ok", "failed", "skipped")}
+    report = {
+        "mode": "cpu-dry-run" if args.cpu_dry_run else "gpu",
+        "ok": counts["failed"] == 0,
+        "counts": counts,
+        "seconds": time.perf_counter() - t0,
+        "started": started,
+        "machine": machine(),
+        "checks": checks,
+    }
+    text = json.dumps(finite(report), indent=2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(text)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

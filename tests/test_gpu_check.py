@@ -1,0 +1,59 @@
+"""scripts/gpu_check.sh, the one command for every CUDA path: CI runs its CPU dry run, which must pass every check;
+without a GPU its GPU run fails each check with the reason, skips what cannot run here, and goes on."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from cli import env
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
+CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench"]
+
+
+def gpu_check(*args: object, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out = Path(args[args.index("--out") + 1])
+    r = subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=env())  # fmt: skip
+    report = json.loads(out.read_text())
+    assert json.loads(r.stdout) == report  # printed as written
+    return r, report
+
+
+@pytest.mark.slow  # ~1 min on 2 cores; the GPU run's failures below take seconds
+@pytest.mark.docker  # the agentrl_train check's sandboxes
+def test_the_cpu_dry_run_passes_every_check(tmp_path):
+    r, report = gpu_check("--cpu-dry-run", "--out", tmp_path / "report.json", timeout=600)
+    summary = [(c["name"], c["status"], c["error"] or c["reason"]) for c in report["checks"]]
+    assert r.returncode == 0 and report["ok"], (summary, r.stderr[-4000:])
+    assert [(name, status) for name, status, _ in summary] == [(name, "ok") for name in CHECKS], summary
+    assert report["mode"] == "cpu-dry-run" and report["counts"] == {"ok": 5, "failed": 0, "skipped": 0}
+    figures = {c["name"]: c["figures"] for c in report["checks"]}
+    fsdp = figures["fsdp_bf16"]
+    assert fsdp["process_group"] == "gloo, world size 1" and fsdp["compute_dtypes"] == ["bfloat16"]
+    assert fsdp["max_abs_weight_change"] > 0
+    assert {f["weights"] for k, f in figures["hf_engine"].items() if k != "model"} == {"float32 on cpu",
+                                                                                        "bfloat16 on cpu"}  # fmt: skip
+    pairs = figures["logprob_parity"]["pairs"]
+    assert pairs["fp32"]["max_abs_diff"] < 1e-4  # the same math (tests/engine/test_hf.py's bound)
+    assert all(0 < p["mean_abs_diff"] < 0.1 for name, p in pairs.items() if name != "fp32")  # bf16 rounding shows
+    assert [i["policy_version"] for i in figures["agentrl_train"]["iterations"]] == [1, 2]
+    assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the GPU run would run")
+def test_without_a_gpu_the_gpu_run_fails_each_check_and_goes_on(tmp_path):
+    """No GPU: each check that needs one fails with the reason; agentrl_train, with no Docker engine in reach
+    (this test has no docker marker), is skipped first; the exit status is 1."""
+    only = ["fsdp_bf16", "agentrl_train", "train_step_bench"]
+    r, report = gpu_check("--only", *only, "--out", tmp_path / "report.json", timeout=300)
+    assert r.returncode == 1 and report["mode"] == "gpu" and not report["ok"]
+    assert [(c["name"], c["status"]) for c in report["checks"]] == [
+        ("fsdp_bf16", "failed"), ("agentrl_train", "skipped"), ("train_step_bench", "failed")]  # fmt: skip
+    assert report["counts"] == {"ok": 0, "failed": 2, "skipped": 1}
+    fsdp, train, bench = report["checks"]
+    assert all("torch.cuda.is_available() is False" in c["error"] for c in (fsdp, bench))
+    assert "no Docker engine answers" in train["reason"] and train["error"] is None
+    assert all(c["seconds"] > 0 for c in report["checks"])
