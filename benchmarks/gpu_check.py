@@ -70,6 +70,11 @@ BF16_PARITY_MEAN_MAX = 0.1
 than rounding differs"""
 
 
+OPTIONAL_PACKAGES = {"ray", "docker", "gymnasium"}
+"""agentrl's dependencies that a GPU machine may lack (no internet to install them): a check that needs one is
+skipped. Any other missing package (torch, transformers, ...) fails the check: those are what it checks."""
+
+
 class Skip(Exception):
     """The check cannot run here (a missing package, no Docker engine): skipped, with this reason."""
 
@@ -383,11 +388,11 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     """2 iterations of `agentrl train --env tool_use`, bf16, on the check's model."""
     import importlib
 
-    for package in ("ray", "docker", "gymnasium"):
+    for package in sorted(OPTIONAL_PACKAGES):
         try:
             importlib.import_module(package)
         except ModuleNotFoundError:
-            raise Skip(f"`agentrl train` needs the package {package} (pip install -e . installs it)") from None
+            raise Skip(f"`agentrl train` needs the package {package}, not installed here") from None
     from agentrl.sandbox import SandboxError
     from agentrl.sandbox import image as sandbox_image
     from agentrl.sandbox.docker_sandbox import docker_client
@@ -409,7 +414,8 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     settings = ["iterations=2", f"model.path={path}", "model.dtype=bfloat16", f"out={run}", f"rollout.group_size={G}",
                 f"rollout.groups_per_iteration={groups}", "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
                 f"rollout.sampling.max_tokens={T}", f"eval.tasks={tasks}", "eval.every=0",
-                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "checkpoint.export_final=false",
+                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "checkpoint.every=0", "checkpoint.keep=1",
+                "checkpoint.export_final=false",
                 "log.tensorboard=false", 'log.wandb="off"']  # fmt: skip
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "tool_use", *(a for s in settings for a in ("--set", s))]
     figures["command"] = " ".join(["agentrl", *cmd[3:]])
@@ -513,8 +519,10 @@ def run_check(name: str, ctx: Ctx, result: Path) -> None:
     except Skip as e:
         status, reason = "skipped", str(e)
     except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] != "agentrl":
-            status, reason = "skipped", f"needs the package {e.name}, not installed here"
+        if (e.name or "").split(".")[0] in OPTIONAL_PACKAGES:
+            ours = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).is_relative_to(ROOT)]
+            at = f" (imported at {Path(ours[-1].filename).relative_to(ROOT)}:{ours[-1].lineno})" if ours else ""
+            status, reason = "skipped", f"needs the package {e.name}, not installed here{at}"
         else:
             status, error = "failed", traceback.format_exc()
     except Exception as e:

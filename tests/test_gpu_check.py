@@ -2,6 +2,7 @@
 without a GPU its GPU run fails each check with the reason, skips what cannot run here, and goes on."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -13,10 +14,10 @@ SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
 CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench"]
 
 
-def gpu_check(*args: object, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict]:
+def gpu_check(*args: object, timeout: float, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = Path(args[args.index("--out") + 1])
     r = subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       env=env())  # fmt: skip
+                       env=env(**extra_env))  # fmt: skip
     report = json.loads(out.read_text())
     assert json.loads(r.stdout) == report  # printed as written
     return r, report
@@ -57,3 +58,32 @@ def test_without_a_gpu_the_gpu_run_fails_each_check_and_goes_on(tmp_path):
     assert all("torch.cuda.is_available() is False" in c["error"] for c in (fsdp, bench))
     assert "no Docker engine answers" in train["reason"] and train["error"] is None
     assert all(c["seconds"] > 0 for c in report["checks"])
+
+
+# Put first on PYTHONPATH, it makes the packages BLOCKED names impossible to import, as on a machine without them.
+BLOCKER = """
+import os, sys
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in os.environ["BLOCKED"].split(","):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+def test_a_check_whose_optional_package_is_missing_is_skipped_with_the_reason(tmp_path):
+    """A GPU machine may lack Ray (no internet to install it): a check that imports it is skipped, naming the
+    package (and where agentrl imports it); the exit status stays 0."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    r, report = gpu_check("--cpu-dry-run", "--only", "fsdp_bf16", "agentrl_train", "--out", tmp_path / "report.json",
+                          timeout=300, PYTHONPATH=str(tmp_path), BLOCKED="ray")  # fmt: skip
+    assert r.returncode == 0 and report["ok"] and report["counts"]["failed"] == 0, report
+    fsdp, train = report["checks"]
+    assert train["status"] == "skipped"
+    assert train["reason"] == "`agentrl train` needs the package ray, not installed here"
+    if fsdp["status"] != "ok":  # the Trainer imports Ray today (agentrl.train.batch imports agentrl.rollout)
+        assert fsdp["status"] == "skipped" and fsdp["error"] is None
+        assert re.fullmatch(r"needs the package ray, not installed here \(imported at agentrl/\S+\.py:\d+\)",
+                            fsdp["reason"]), fsdp["reason"]  # fmt: skip
