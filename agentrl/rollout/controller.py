@@ -20,6 +20,12 @@ not waiting on a sandbox. One iteration (`run_iteration`):
 An infrastructure failure (the env reports infra_error, or its worker actor dies) never
 becomes a zero reward: the episode is restarted (`on_infra_failure="retry"`) or marked
 failed, left out of the loss, and counted either way.
+
+Where the env workers run: without a placement, `rollout.num_workers` of them wherever Ray
+puts them (a local run: this machine). With one (`cluster.envs` of a run on a Ray cluster),
+`workers_per_node` on every Docker node, prepared first (orphans removed, the sandbox image
+shipped where missing); a dead worker's replacement goes to a surviving Docker node
+(`agentrl.rollout.placement`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import logging
 import time
 import uuid
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +44,12 @@ import ray
 import ray.exceptions
 from pydantic import BaseModel
 
+from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine
 from agentrl.env.base import FailureClass
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.placement import EnvPlacer, NodeWorkers, pinned
 from agentrl.rollout.trajectory import Status, Trajectory
 from agentrl.rollout.workers import RemoteEnvWorker
 
@@ -150,10 +159,20 @@ class _Counts:
     complete_groups: set[str] = field(default_factory=set)
 
 
-class RolloutController:
-    """Drives episodes on env worker actors with one inference engine. `async with` closes it."""
+# A worker is dead for the controller when a call to it raises one of these (a worker pinned to a node that died
+# before it started is unschedulable: a RayError, but no RayActorError).
+_WORKER_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 
-    def __init__(self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat) -> None:
+
+class RolloutController:
+    """Drives episodes on env worker actors with one inference engine. `async with` closes it.
+
+    `placement` (a run on a Ray cluster): env workers on every alive node advertising
+    `placement.node_resource`, `placement.workers_per_node` each (`rollout.num_workers` is then not used);
+    None: `rollout.num_workers` workers wherever Ray puts them."""
+
+    def __init__(self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat,
+                 placement: EnvPlacement | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
@@ -167,18 +186,56 @@ class RolloutController:
         self._background: set[asyncio.Task] = set()  # aborts and reaps, referenced until done
         self._replaced_workers = 0
         self._started_ray = False
+        self.placement = placement
+        self._placer = EnvPlacer(placement) if placement is not None else None
+        self._worker_nodes: list[str] = []  # with a placement: each worker's node id, parallel to `workers`
+        self._dead: set[int] = set()  # id() of workers known dead, not replaced yet (placement only)
+        self._replace_lock = asyncio.Lock()
+        self._image = ""
 
     async def start(self) -> RolloutController:
         await self.engine.start()  # a client learns its server's context length (idempotent)
         if not ray.is_initialized():
             ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
             self._started_ray = True
-        self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
+        if self._placer is None:
+            self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
+            return self
+        from agentrl.sandbox.image import image_tag
+
+        self._image = image_tag()
+        self._worker_nodes = await asyncio.to_thread(self._placer.start, self._image)
+        self.workers = [self._new_worker(node) for node in self._worker_nodes]
+        log.info("%s", self.describe_placement())
         return self
 
-    def _new_worker(self) -> Any:
-        return RemoteEnvWorker.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker,
-                                      self.cfg.sandbox_reuse)  # fmt: skip
+    def _new_worker(self, node_id: str | None = None) -> Any:
+        cls = RemoteEnvWorker if node_id is None else RemoteEnvWorker.options(scheduling_strategy=pinned(node_id))
+        return cls.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker, self.cfg.sandbox_reuse)
+
+    # -- where the workers are ------------------------------------------------------------
+
+    def nodes(self) -> list[NodeWorkers]:
+        """With a placement: each Docker node with live env workers (id, IP, workers, how its image got there),
+        following replacements; without one: [] (the workers are wherever Ray put them)."""
+        return self._placer.summary(self._worker_nodes) if self._placer is not None else []
+
+    def placement_metrics(self) -> dict[str, float]:
+        """`rollout/nodes` (distinct nodes with env workers) and `rollout/env_workers`, with a placement; {} without."""
+        if self._placer is None:
+            return {}
+        return {"rollout/nodes": float(len(self.nodes())), "rollout/env_workers": float(len(self.workers))}
+
+    def describe_placement(self) -> str:
+        """What to print at the start of a run: where the env workers are, one line per node."""
+        if self._placer is None:
+            return f"env workers: {len(self.workers) or self.cfg.num_workers}, placed by Ray (no cluster placement)"
+        nodes = self.nodes()
+        p = self.placement
+        lines = [f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
+                 f"({p.workers_per_node} per node), sandbox image {self._image}"]  # fmt: skip
+        lines += [f"  {n.ip}  node {n.node_id}: {n.workers} worker(s), image {n.image}" for n in nodes]
+        return "\n".join(lines)
 
     async def __aenter__(self) -> RolloutController:
         return await self.start()
@@ -349,8 +406,8 @@ class RolloutController:
             try:
                 await self._play(ep)
             except (ray.exceptions.RayError, _InfraFailure) as e:
-                if isinstance(e, ray.exceptions.RayActorError):
-                    self._replace_worker(ep.worker)
+                if isinstance(e, _WORKER_DEAD):
+                    await self._replace_worker(ep.worker)
                 await self._close_env(ep)
                 if self.cfg.on_infra_failure == "retry" and ep.attempt < self.cfg.max_retries:
                     log.warning("episode %s: infrastructure failure, retrying: %s", ep.traj.episode_id, e)
@@ -421,8 +478,11 @@ class RolloutController:
     # -- workers ----------------------------------------------------------------------
 
     def _pick_worker(self) -> Any:
-        w = self.workers[self._next_worker % len(self.workers)]
-        self._next_worker += 1
+        for _ in range(len(self.workers)):  # skip a worker known dead while its replacement is being placed
+            w = self.workers[self._next_worker % len(self.workers)]
+            self._next_worker += 1
+            if id(w) not in self._dead:
+                return w
         return w
 
     async def _sample_tasks(self, n: int, seed: int) -> list[str]:
@@ -431,19 +491,55 @@ class RolloutController:
         w = self.workers[0]
         try:
             return await w.sample_tasks.remote(n, seed)
-        except ray.exceptions.RayActorError:
-            self._replace_worker(w)
+        except _WORKER_DEAD:
+            await self._replace_worker(w)
             return await self.workers[0].sample_tasks.remote(n, seed)
 
-    def _replace_worker(self, dead: Any) -> None:
+    async def _replace_worker(self, dead: Any) -> None:
         """A worker actor died: its episodes fail; a fresh one takes its place, and the dead one's
         sandboxes (whose owner process is gone) are removed now rather than at the next start."""
+        if self._placer is not None:
+            return await self._replace_placed(dead)
         for i, w in enumerate(self.workers):
             if w is dead:
                 log.warning("env worker %d died; starting a replacement", i)
                 self.workers[i] = self._new_worker()
                 self._replaced_workers += 1
                 task = asyncio.ensure_future(asyncio.to_thread(_reap_orphans))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _replace_placed(self, dead: Any) -> None:
+        """`_replace_worker` with a placement: the replacement goes to the alive Docker node with the fewest
+        workers. If the dead worker's node is gone, every worker of that node is replaced now (their episodes
+        fail on their own); if it is alive, the dead worker's sandboxes are removed there. A node's death also
+        kills its workers' sandboxes' owner processes without atexit: their watchdogs remove the containers."""
+        if not any(w is dead for w in self.workers):
+            return  # replaced already
+        self._dead.add(id(dead))
+        async with self._replace_lock:
+            slots = [i for i, w in enumerate(self.workers) if w is dead]
+            if not slots:
+                return
+            node = self._worker_nodes[slots[0]]
+            alive = await asyncio.to_thread(self._placer.alive)
+            if node not in {x.node_id for x in alive}:  # the node is gone: so are its other workers
+                slots = [i for i, n in enumerate(self._worker_nodes) if n == node]
+                log.warning("env node %s is gone: replacing its %d worker(s) on the other nodes", node, len(slots))
+            load = Counter(n for i, (n, w) in enumerate(zip(self._worker_nodes, self.workers, strict=True))
+                           if i not in slots and id(w) not in self._dead)  # fmt: skip
+            targets = await asyncio.to_thread(self._placer.replacements, alive, load, len(slots), self._image)
+            for i, target in zip(slots, targets, strict=True):
+                old = self.workers[i]
+                log.warning("env worker %d (node %s) died; starting a replacement on node %s", i, node, target)
+                with contextlib.suppress(Exception):
+                    ray.kill(old)  # it may be alive but unreachable: its sandboxes must not stay
+                self.workers[i] = self._new_worker(target)
+                self._worker_nodes[i] = target
+                self._dead.discard(id(old))
+                self._replaced_workers += 1
+            if node in {x.node_id for x in alive}:
+                task = asyncio.ensure_future(asyncio.to_thread(self._placer.reap, {node}))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
@@ -454,15 +550,29 @@ class RolloutController:
             await ep.worker.close.remote(ep.traj.episode_id)
 
     async def close(self) -> None:
-        """Close parked episodes' envs and stop the workers (their sandbox pools close)."""
+        """Close parked episodes' envs and stop the workers (their sandbox pools close); with a placement, then
+        remove orphaned sandboxes on every Docker node still alive."""
         for ep in self._live():
             await self._close_env(ep)
         self._groups.clear()
-        for w in self.workers:
-            with contextlib.suppress(ray.exceptions.RayError):
-                await w.shutdown.remote()
-            ray.kill(w)
+        if self._placer is None:
+            for w in self.workers:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    await w.shutdown.remote()
+                ray.kill(w)
+        else:
+            await asyncio.gather(*(self._shutdown(w) for w in self.workers))
         self.workers = []
+        self._worker_nodes = []
+        if self._placer is not None and self._placer.nodes:
+            await asyncio.gather(*self._background, return_exceptions=True)
+            try:
+                removed = await asyncio.to_thread(self._placer.reap)
+            except Exception as e:  # a node's daemon that fails now: its next start removes them
+                log.warning("could not remove orphaned sandboxes on the env nodes: %s", e)
+            else:
+                if removed:
+                    log.warning("removed %d orphaned sandbox(es) on the env nodes", removed)
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
@@ -470,4 +580,14 @@ class RolloutController:
             # Reap again: the reap at a worker's death can run before its killed process is gone (its
             # containers still look owned), and that worker's sandboxes must not outlive the run.
             await asyncio.gather(*self._background, return_exceptions=True)
-            await asyncio.to_thread(_reap_orphans)
+            if self._placer is None:
+                await asyncio.to_thread(_reap_orphans)
+
+    @staticmethod
+    async def _shutdown(w: Any, timeout_s: float = 60.0) -> None:
+        """Stop one worker: its pools close its sandboxes; one that does not answer (its node died) is killed,
+        its watchdog removes them."""
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            await asyncio.wait_for(w.shutdown.remote(), timeout_s)
+        with contextlib.suppress(Exception):
+            ray.kill(w)

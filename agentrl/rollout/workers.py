@@ -2,7 +2,13 @@
 
 The controller reaches them only through Ray, so the same code runs with a local
 `ray.init()` and on a cluster (`ray.address`). One worker runs many episodes at once on
-its own event loop (an async actor); its envs share one warm `SandboxPool`.
+its own event loop (an async actor); its envs share one warm `SandboxPool`, on the Docker
+daemon of the worker's own node (DOCKER_HOST as the node's raylet was started with).
+Where workers go on a cluster: `agentrl.rollout.placement`.
+
+A worker can die without running atexit (SIGKILL, or its raylet killed: Ray's workers then exit
+at once): before its first sandbox it starts a watchdog (`reaper.watch`) that removes its
+containers from its node's daemon once it is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import ray
 
 from agentrl.env.base import Message, TextEnv
 from agentrl.env.sandboxes import SandboxSource
+from agentrl.sandbox import reaper
 
 
 def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
@@ -45,9 +52,11 @@ class EnvWorker:
         self.source: SandboxSource | None = None
         self.envs: dict[str, TextEnv] = {}
         self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
+        self.watchdog: int | None = None
 
     def _make(self) -> TextEnv:
         if self.source is None:  # created on the actor's own event loop; warm until shutdown
+            self.watchdog = reaper.watch()
             self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
         return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
@@ -108,10 +117,16 @@ class EnvWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def where(self) -> dict[str, Any]:
+        """This worker's node id, pid, sandbox session, watchdog pid and DOCKER_HOST (None: the default socket)."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "session": reaper.SESSION_ID,
+                "watchdog": self.watchdog, "docker_host": os.environ.get("DOCKER_HOST")}  # fmt: skip
+
 
 # Actors cost no CPU reservation: they wait on sandboxes, and the machine's cores belong to
-# the engine and the trainer. Concurrency is unbounded in effect (Ray's default for an async
-# actor is 1000 calls): a step can wait for a sandbox, and once the waiters fill every slot, the
-# calls of the episodes holding the sandboxes (their next step, their close) could never run.
+# the engine and the trainer (nor any of the Docker node resource: `placement.py` says why).
+# Concurrency is unbounded in effect (Ray's default for an async actor is 1000 calls): a step
+# can wait for a sandbox, and once the waiters fill every slot, the calls of the episodes
+# holding the sandboxes (their next step, their close) could never run.
 MAX_CALLS = 1 << 20
 RemoteEnvWorker = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=MAX_CALLS)(EnvWorker)

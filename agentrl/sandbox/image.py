@@ -145,3 +145,24 @@ def bootstrap_base(
             if tar.wait() != 0:
                 raise RuntimeError(f"tar of {rootfs} failed")
     return tag
+
+
+def export_image(client: docker.DockerClient, tag: str) -> bytes:
+    """The image as a `docker save` tar (with its tag), to load into another daemon (`import_image`).
+
+    Raises RuntimeError naming `agentrl sandbox build` when this daemon lacks it."""
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        raise RuntimeError(
+            f"sandbox image {tag} is not on this Docker daemon either, so it cannot be shipped to the nodes that "
+            "lack it: run `agentrl sandbox build` here (or on every Docker node)"
+        ) from None
+    return b"".join(image.save(named=True))
+
+
+def import_image(client: docker.DockerClient, data: bytes, tag: str) -> None:
+    """Load a `docker save` tar (`export_image`) into this daemon and check that it brought `tag`."""
+    client.images.load(data)
+    if not image_exists(client, tag):
+        raise RuntimeError(f"loading the shipped sandbox image did not produce {tag}")

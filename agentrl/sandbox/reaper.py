@@ -6,22 +6,36 @@ session id. `install()` removes the session's containers at exit (atexit, and
 SIGTERM / SIGHUP handlers that chain to whatever was there). SIGKILL cannot be
 caught: `collect_orphans()` removes containers whose owner is gone, and runs
 when the first sandbox of a process starts and in `agentrl sandbox gc`.
+
+A process that can die without running atexit and whose host may see no next
+start (a Ray env worker whose raylet is killed: its node's daemon keeps the
+containers) starts a watchdog (`watch()`): a detached process that waits for
+the owner to exit and then removes the session's containers through the same
+Docker daemon. It runs this file as a script (`python -P reaper.py --watch PID
+...`), so it imports nothing of agentrl and only the standard library until it
+has containers to remove.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
-import docker.errors
+if TYPE_CHECKING:
+    import docker
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +87,8 @@ def owner_alive(labels: dict[str, str]) -> bool:
 
 def remove(client: docker.DockerClient, container) -> None:
     """Force-remove a container and its socket dir; a container already gone is fine."""
+    import docker.errors
+
     try:
         container.remove(force=True, v=True)
     except docker.errors.NotFound:
@@ -138,3 +154,97 @@ def _chain_signal(sig: signal.Signals, client: docker.DockerClient) -> None:
             os.kill(os.getpid(), signum)
 
     signal.signal(sig, handler)
+
+
+# -- the watchdog ---------------------------------------------------------------------
+
+
+def watch(session: str = SESSION_ID, pid: int | None = None) -> int:
+    """Start a detached watchdog that removes `session`'s containers once process `pid` (default: this one) has
+    exited, then exits itself. It reaches Docker as this process does (DOCKER_HOST is inherited). Returns its pid.
+
+    Double-forked, in a session of its own: Ray kills an exiting worker's children, those started in a new session
+    too, whether the worker ends by `ray.kill`, by SIGKILL or because its raylet was killed (observed with Ray 2.60);
+    a grandchild whose parent has exited is adopted by init and survives all three. (With Ray's opt-in
+    `RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper` the raylet adopts and kills it: the node's
+    next `collect_orphans` is then what removes the containers.)"""
+    pid = pid or os.getpid()
+    start = process_start_time(pid)
+    if start is None:
+        raise ProcessLookupError(pid)
+    cmd = [sys.executable, "-P", os.path.abspath(__file__), "--watch", str(pid), "--start", start, "--session", session]
+    proc = subprocess.Popen([*cmd, "--detach"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    out, _ = proc.communicate(timeout=60)
+    if proc.returncode != 0 or not out.strip():
+        raise RuntimeError(f"the sandbox watchdog did not start (exit status {proc.returncode})")
+    return int(out)
+
+
+def _wait_for_exit(pid: int, start: str) -> None:
+    """Return once process `pid` (the one that started at `start`) has exited (a zombie has)."""
+    try:
+        fd = os.pidfd_open(pid)  # Linux >= 5.3: readable once the process has exited, no polling
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        if fd is not None:
+            if process_start_time(pid) == start:  # checked after pidfd_open: the fd is that very process's
+                select.select([fd], [], [])
+            return
+        while process_start_time(pid) == start and not _zombie(pid):
+            time.sleep(1.0)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] in "ZX"
+
+
+def _remove_session_retrying(session: str, attempts: int = 5) -> int:
+    import docker
+
+    for attempt in range(attempts):
+        try:
+            return remove_session(docker.from_env(version="auto"), session)
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0)
+    return 0
+
+
+def _watch(pid: int, start: str, session: str) -> None:
+    _wait_for_exit(pid, start)
+    if _remove_session_retrying(session):
+        # Its owner died abruptly: a container start the daemon finishes only now would be missed by the first pass.
+        time.sleep(2.0)
+        _remove_session_retrying(session)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="remove a session's sandbox containers once their owner process exits")
+    ap.add_argument("--watch", type=int, required=True, metavar="PID")
+    ap.add_argument("--start", required=True, help="the owner's start time (/proc/PID/stat field 22)")
+    ap.add_argument("--session", required=True)
+    ap.add_argument("--detach", action="store_true", help="fork, print the watchdog's pid and return at once")
+    args = ap.parse_args(argv)
+    if args.detach:
+        child = os.fork()
+        if child:
+            print(child, flush=True)
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    _watch(args.watch, args.start, args.session)
+
+
+if __name__ == "__main__":
+    _main()
