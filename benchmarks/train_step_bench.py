@@ -24,16 +24,15 @@ import os
 import platform
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from agentrl.engine.base import SamplingParams
 from agentrl.models.tiny import tiny_config
-from agentrl.train.batch import TrainBatch
-from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
-from agentrl.train.policy import init_distributed, prepare, shutdown_distributed
-from agentrl.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from agentrl.train.batch import TrainBatch
 
 SIZES = {  # Qwen3-MoE shapes
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -45,6 +44,10 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense bf16, per GPU
 
 
 def synthetic_batch(B: int, L: int, vocab: int, device: str) -> TrainBatch:
+    # the learner's modules are imported where used: benchmarks/gpu_check.py reads SIZES on machines without Ray
+    from agentrl.engine.base import SamplingParams
+    from agentrl.train.batch import TrainBatch
+
     g = torch.Generator().manual_seed(0)
     mask = torch.ones(B, L, dtype=torch.long)
     mask[:, : L // 4] = 0  # prompt
@@ -77,6 +80,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
+
+    from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.policy import init_distributed, prepare, shutdown_distributed
+    from agentrl.train.trainer import Trainer
 
     cuda = args.device == "cuda"
     if cuda != torch.cuda.is_available():
