@@ -21,8 +21,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoModelForCausalLM
 
+from agentrl.models.loading import ADAPTER_MARK
 from agentrl.models.lora import is_lora
-from agentrl.train.policy import causal_lm, full_state_dict
+from agentrl.train.policy import causal_lm, gather_state
 from agentrl.train.scoring import Scorer
 from agentrl.train.trainer import Trainer
 
@@ -69,23 +70,33 @@ def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
 
 def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtype: str = "float32") -> None:
     """A plain Hugging Face folder (config + safetensors, weights in `dtype`) of the scorer's policy; every
-    rank calls it. A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter.
-    The tokenizer is the caller's to save beside it.
+    rank calls it. A LoRA policy is merged into its base weights (`merge_lora`), or saved as a peft adapter
+    (then only the adapter is gathered). The tokenizer is the caller's to save beside it.
+
+    The weights are gathered one parameter at a time, each cast to `dtype` before its gather (a LoRA adapter
+    to be merged stays float32: peft merges it, then drops it), into a model built on the meta device that
+    takes them as its own: rank 0 holds what it writes, no second copy.
     """
-    state = full_state_dict(scorer)
+    to = getattr(torch, dtype)
+    policy = scorer.policy
+    lora = is_lora(policy)
+    if lora and not merge_lora:
+        state = gather_state({n: p for n, p in policy.named_parameters() if p.requires_grad}, to, copy=True)
+    else:
+        keep_fp32 = (lambda name: torch.float32 if ADAPTER_MARK in name else None) if lora else None
+        state = gather_state(policy.state_dict(keep_vars=True), to, dtype_of=keep_fp32, copy=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        config = causal_lm(scorer.policy).config
-        model = AutoModelForCausalLM.from_config(config)
-        if is_lora(scorer.policy):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(causal_lm(policy).config, dtype=to)
+        if lora:
             from peft import get_peft_model
 
-            model = get_peft_model(model, scorer.policy.peft_config["default"])
-            model.load_state_dict(state)
-            if merge_lora:
-                model = model.merge_and_unload()
-        else:
-            model.load_state_dict(state)
-        model.to(getattr(torch, dtype)).save_pretrained(path)
+            model = get_peft_model(model, policy.peft_config["default"])
+        model.load_state_dict(state, assign=True, strict=not lora or merge_lora)
+        if lora and merge_lora:
+            model = model.merge_and_unload()
+        model.save_pretrained(path)
+        del model, state
     if dist.is_initialized():
         dist.barrier()
 

@@ -4,20 +4,39 @@
 `parallelize` wraps it, in this order: activation checkpointing, then `fully_shard` per decoder
 layer (the MoE experts' 3D weights are sharded along their first dimension, the experts, like
 any parameter), then the root. The trainer never calls `fully_shard` itself.
+
+Loading: in one plain process `load_policy` is `from_pretrained` in float32. Under torch.distributed,
+`meta_policy` builds the model on the meta device (no memory) and `prepare` shards it first, then gives
+each rank memory for its own shards only and fills them from the checkpoint files
+(`agentrl.models.loading`): no rank ever holds the whole model. Parameters that train are float32
+master weights (full fine-tuning: params x 4 bytes / world per rank); frozen ones (LoRA's base, the KL
+reference) stay in the checkpoint's stored dtype, and FSDP2 casts them to the compute dtype when it
+gathers a layer. Gathering weights back (`gather_state`) goes one parameter at a time, in the dtype asked.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.models.default import resolve_path
+from agentrl.models.loading import (
+    checkpoint_files,
+    fill_from_checkpoint,
+    has_meta_tensors,
+    materialize,
+    meta_model,
+    model_folder,
+    stored_dtype,
+)
 from agentrl.models.lora import is_lora, with_lora
 from agentrl.train.config import ModelConfig
 
@@ -28,21 +47,62 @@ def load_policy(cfg: ModelConfig) -> PreTrainedModel:
     return with_lora(model, cfg.lora) if cfg.lora else model
 
 
+def meta_policy(cfg: ModelConfig, *, frozen: bool = False, seed: int = 0) -> nn.Module:
+    """The policy of `cfg.path` on the meta device, for `prepare` to shard and load under torch.distributed.
+    Full fine-tuning: float32 master weights. LoRA: the base in the checkpoint's stored dtype (bfloat16 when
+    saved so), frozen; the adapters float32, initialised (seeded by `seed`). `frozen`: the KL reference of full
+    fine-tuning, in the stored dtype, no adapters, nothing trains."""
+    folder = model_folder(resolve_path(cfg.path))
+    trains_base = cfg.lora is None and not frozen
+    dtype = torch.float32 if trains_base else stored_dtype(checkpoint_files(folder))
+    model = meta_model(AutoConfig.from_pretrained(folder), dtype, lora=None if frozen else cfg.lora, seed=seed)
+    return model.requires_grad_(False) if frozen else model
+
+
 def causal_lm(model: nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if is_lora(model) else model
 
 
-def full_state_dict(root: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(root: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The full (unsharded) weights of `root` (the Scorer) on the CPU, under the policy's own key names (its
-    `policy.` prefix removed). Every rank calls it."""
-    if dist.is_initialized():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        state = {k: v.detach() for k, v in root.state_dict().items()}
+    `policy.` prefix removed), in `dtype` (None: as held). Every rank calls it; rank 0 gets them (the others
+    an empty dict)."""
+    state = gather_state(root.state_dict(keep_vars=True), dtype)
     return {k.removeprefix("policy."): v for k, v in state.items()}
+
+
+def gather_state(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None, *,
+                 dtype_of: Callable[[str], torch.dtype | None] | None = None, copy: bool = False
+                 ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Whole CPU copies of `tensors` (DTensor shards are gathered), one at a time: no rank holds more than
+    the result and one tensor in flight. Floating tensors are cast to `dtype` (or `dtype_of(name)` where that
+    is not None) on each rank before the gather, so a bfloat16 sync moves half the bytes of a float32 one.
+    Every rank calls it; rank 0 keeps the result, the others get an empty dict. A tensor shared under
+    two names (tied embeddings) is gathered once. `copy`: never return a live parameter's own memory."""
+    keep = not dist.is_initialized() or dist.get_rank() == 0
+    state: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if id(t) not in done:
+            want = (dtype_of(name) if dtype_of else None) or dtype
+            value = t.detach()
+            if want is not None and value.is_floating_point():
+                value = value.to(want)
+            if isinstance(value, DTensor):
+                value = value.full_tensor()
+            value = value.cpu()
+            if copy and not isinstance(t, DTensor) and value.data_ptr() == t.data_ptr():
+                value = value.clone()
+            done[id(t)] = value if keep else value.new_empty(0)
+        if keep:
+            state[name] = done[id(t)]
+    return state
+
+
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """The bytes a state dict holds (what a weight sync moves); a tensor under two names counts once."""
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in state.values()}.values())
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -66,9 +126,9 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: n
     `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
-    mp = MixedPrecisionPolicy()
-    if cfg.dtype == "bfloat16":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # parameters are gathered in the compute dtype (frozen bfloat16 ones too under float32 compute: LoRA's base,
+    # the reference), gradients reduced in float32; FSDP2 skips a cast to the dtype a parameter already has
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
     # pinned host memory needs an accelerator: without one, offload is plain CPU memory
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
@@ -92,12 +152,19 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
     """Ready `model` (held by `root`) for training: FSDP2 over every rank when torch.distributed is
     initialised, a group of one included; otherwise the plain module on `device`. There only activation
     checkpointing applies: FSDP2's own policies (bf16 mixed precision, CPU offload) are refused rather
-    than silently left out."""
+    than silently left out. A model on the meta device (`meta_policy`) is sharded first, then loaded: each
+    rank materialises and reads only its own shards."""
     if dist.is_initialized():
         from torch.distributed.device_mesh import init_device_mesh
 
         parallelize(model, init_device_mesh(device.type, (dist.get_world_size(),)), cfg, root=root)
+        if has_meta_tensors(model):
+            # CPU offload keeps the sharded parameters on the CPU; buffers live where the compute is
+            materialize(model, torch.device("cpu") if cfg.cpu_offload else device, buffer_device=device)
+            fill_from_checkpoint(model, checkpoint_files(model_folder(resolve_path(cfg.path))))
         return
+    if has_meta_tensors(model):
+        raise ValueError("a model on the meta device is loaded into its FSDP2 shards: initialise torch.distributed")
     if needs_fsdp(cfg):
         raise ValueError("model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
                          "torch.distributed first (one rank is enough; `agentrl train` does)")  # fmt: skip

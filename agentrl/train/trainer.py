@@ -31,7 +31,7 @@ from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
 from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver, staleness
-from agentrl.train.policy import causal_lm, full_state_dict, load_policy, prepare, train_device
+from agentrl.train.policy import causal_lm, gather_state, load_policy, meta_policy, prepare, train_device
 from agentrl.train.scoring import Scorer
 
 
@@ -109,21 +109,26 @@ class Trainer:
     def build(cls, cfg: TrainerConfig) -> Trainer:
         """The trainer of `cfg.model.path`, loaded and sharded over this process group (every rank calls it).
         Full fine-tuning with a KL penalty also loads its reference: the starting weights, from the model path
-        (on resume too)."""
-        reference = load_policy(cfg.model) if cfg.algo.kl_coef and cfg.model.lora is None else None
-        return cls(cfg, load_policy(cfg.model), reference)
+        (on resume too). Under torch.distributed both are built on the meta device and each rank loads only its
+        shards (`agentrl.train.policy.meta_policy`); in one plain process, `from_pretrained` in float32."""
+        kl_reference = bool(cfg.algo.kl_coef) and cfg.model.lora is None
+        if dist.is_initialized():
+            reference = meta_policy(cfg.model, frozen=True) if kl_reference else None
+            return cls(cfg, meta_policy(cfg.model, seed=cfg.seed), reference)
+        return cls(cfg, load_policy(cfg.model), load_policy(cfg.model) if kl_reference else None)
 
-    def engine_weights(self) -> dict[str, torch.Tensor] | None:
-        """What a weight sync sends an engine that holds its own copy: the full state dict, or under LoRA the
-        adapter alone (peft's key names). Every rank calls it (gathering shards is collective); rank 0 gets it."""
-        state = full_state_dict(self.scorer)
-        if self.rank != 0:
-            return None
+    def engine_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+        """What a weight sync sends an engine that holds its own copy, in `dtype` (None: as trained): the full
+        state dict, gathered one parameter at a time, or under LoRA the adapter alone (peft's key names; the
+        frozen base is never gathered). Every rank calls it (gathering shards is collective); rank 0 gets it.
+        `agentrl.train.policy.state_bytes` of it is what one sync moves."""
         if not self.lora:
-            return state
+            state = gather_state(self.policy.state_dict(keep_vars=True), dtype)
+            return state if self.rank == 0 else None
         from peft import get_peft_model_state_dict
 
-        return get_peft_model_state_dict(self.policy, state_dict=state)
+        adapter = gather_state({n: p for n, p in self.policy.named_parameters() if p.requires_grad}, dtype)
+        return get_peft_model_state_dict(self.policy, state_dict=adapter) if self.rank == 0 else None
 
     # -- data split --------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.learner import LocalLearner
 from agentrl.train.policy import decoder_layers, full_state_dict, init_distributed
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import weight_sync
@@ -49,7 +50,7 @@ def second_batch() -> TrainBatch:
 async def synced_engine_state(trainer: Trainer) -> tuple[int, dict[str, torch.Tensor]]:
     """What `agentrl train` does next under torch.distributed: rank 0's engine copy takes the weights."""
     async with HFEngine(tiny_model("qwen3_moe", seed=0)) as engine:
-        version = await weight_sync(trainer, engine).push()
+        version = await weight_sync(LocalLearner(trainer, in_thread=False), engine).push()
         return version, {k: v.clone() for k, v in engine.model.state_dict().items()}
 
 

@@ -15,6 +15,7 @@ from agentrl.models.tiny import tiny_model
 from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import build_batch
 from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.learner import LocalLearner
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import LoraAdapter, SharedModule, weight_sync
 
@@ -36,7 +37,7 @@ async def test_lora_update_reaches_a_separate_engine():
     prompt = fixed_batch().input_ids[0, :12].tolist()
     async with HFEngine(with_lora(tiny_model("qwen3_moe", seed=0), lora)) as engine:
         before = await engine.generate(prompt, GREEDY)
-        sync = weight_sync(trainer, engine)
+        sync = weight_sync(LocalLearner(trainer, in_thread=False), engine)
         assert type(sync) is LoraAdapter
         trainer.update(fixed_batch())
         assert await sync.push() == 1
@@ -55,7 +56,7 @@ async def test_shared_module_needs_no_copy():
     prompt = fixed_batch().input_ids[1, :12].tolist()
     async with HFEngine(policy, shared=True) as engine:
         before = await engine.generate(prompt, GREEDY)
-        sync = weight_sync(trainer, engine)
+        sync = weight_sync(LocalLearner(trainer, in_thread=False), engine)
         assert type(sync) is SharedModule
         with sync.updating():  # no decode step sees half-updated weights
             trainer.update(fixed_batch())
