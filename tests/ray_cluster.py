@@ -1,0 +1,275 @@
+"""A real multi-node Ray cluster on this machine, for tests: `ray start` processes on 127.0.0.1, and a Docker
+daemon of its own for each worker node that asks for one.
+
+    cluster = RayCluster.start(tmp_dir, {"a": NodeSpec(docker=True), "b": NodeSpec(docker=True)})
+    ray.init(address=cluster.address)
+    ...
+    cluster.kill_node("b")  # its raylet, SIGKILL: the node dies as on a lost machine (its dockerd lives on)
+    cluster.stop()
+
+The head (the driver's node: `ray.init(address=...)` on this machine attaches to it) uses the machine's main
+Docker daemon and has no custom resource. A worker node with `docker=True` gets the resource `{"docker": 1}`
+plus `{"node_<name>": 1}` and its own `dockerd` (own data root, exec root and so its own containerd, no bridge,
+no iptables), started empty: no image. Its `ray start` runs with DOCKER_HOST naming that daemon, so every
+Ray worker process of the node, and every sandbox it starts, uses it.
+
+Every process the cluster starts carries AGENTRL_TEST_CLUSTER=<its root dir> in its environment (Ray's
+processes and their children inherit it): `stop()` finds exactly those, by pid, and kills them, after
+removing the containers on its daemons. Nothing is stopped by name, and `ray stop` is never run, so other
+Ray instances and daemons on the machine are left alone. The root dir lives under /tmp (Unix socket paths must
+stay short) and is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+
+MARK = "AGENTRL_TEST_CLUSTER"
+RAY = str(Path(sys.executable).with_name("ray"))
+OBJECT_STORE = 400 * 2**20  # holds the shipped sandbox image (about 170 MB)
+
+
+@dataclass
+class NodeSpec:
+    docker: bool = False
+    """its own Docker daemon (started empty) and the resource {"docker": 1}"""
+    num_cpus: int = 1
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Node:
+    name: str
+    node_id: str
+    raylet_pid: int
+    temp_dir: Path
+    docker_host: str | None
+    """None: the machine's default daemon (the head)"""
+    dockerd_pid: int | None = None
+    alive: bool = True
+
+    def docker_client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.docker_host) if self.docker_host else docker.from_env()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ports(head: bool) -> list[str]:
+    """Every port a node listens on, free ones: two nodes on one machine (or another Ray here) must not collide."""
+    names = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
+    if head:
+        names += ["--ray-client-server-port", "--dashboard-port"]
+    return [arg for name in names for arg in (name, str(_free_port()))]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+class RayCluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.address = ""
+        self.nodes: dict[str, Node] = {}
+        self.setup_s: dict[str, float] = {}
+        """seconds each stage of `start` took"""
+
+    # -- start ------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, nodes: dict[str, NodeSpec], *, head: NodeSpec | None = None) -> RayCluster:
+        root = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+        cluster = cls(root)
+        try:
+            cluster._start(head or NodeSpec(), nodes)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _env(self, docker_host: str | None = None) -> dict[str, str]:
+        env = {**os.environ, MARK: str(self.root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        if docker_host:
+            env["DOCKER_HOST"] = docker_host
+        else:
+            env.pop("DOCKER_HOST", None)  # the machine's default daemon
+        return env
+
+    def _start(self, head: NodeSpec, workers: dict[str, NodeSpec]) -> None:
+        t0 = time.monotonic()
+        daemons = {name: self._start_dockerd(name) for name, spec in workers.items() if spec.docker}
+        for name, (host, _) in daemons.items():
+            self._wait_docker(host, name)
+        self.setup_s["dockerd"] = time.monotonic() - t0
+
+        t1 = time.monotonic()
+        port = _free_port()
+        self.address = f"127.0.0.1:{port}"
+        self._ray_start("head", head, ["--head", "--port", str(port), "--include-dashboard", "false"], None)
+        with ThreadPoolExecutor(len(workers) or 1) as pool:  # the worker nodes join at once
+            starts = []
+            for name, spec in workers.items():
+                host = daemons[name][0] if name in daemons else None
+                resources = {**spec.resources, f"node_{name}": 1} | ({"docker": 1} if spec.docker else {})
+                args = ["--address", self.address, "--resources", json.dumps(resources)]
+                starts.append(pool.submit(self._ray_start, name, spec, args, host))
+            for f in starts:
+                f.result()
+        self.setup_s["ray"] = time.monotonic() - t1
+
+        info = self._ray_nodes(len(workers) + 1)
+        for name in ["head", *workers]:
+            temp = self.root / name
+            match = [n for n in info if n["RayletSocketName"].startswith(str(temp) + "/")]
+            assert len(match) == 1, f"node {name} not found among {[n['RayletSocketName'] for n in info]}"
+            sock = match[0]["RayletSocketName"]
+            raylet = [p for p in _pids() if f"--raylet_socket_name={sock} " in _cmdline(p) + " "]
+            assert len(raylet) == 1, f"raylet of node {name}: {raylet}"
+            host, dpid = daemons.get(name, (None, None))
+            self.nodes[name] = Node(name, match[0]["NodeID"], raylet[0], temp, host, dpid)
+        self.setup_s["total"] = time.monotonic() - t0
+
+    def _start_dockerd(self, name: str) -> tuple[str, int]:
+        d = self.root / f"docker-{name}"
+        d.mkdir()
+        host = f"unix://{d}/docker.sock"
+        cmd = ["dockerd", "--data-root", f"{d}/data", "--exec-root", f"{d}/exec", "-H", host,
+               "--pidfile", f"{d}/docker.pid", "--bridge=none", "--iptables=false", "--ip6tables=false"]  # fmt: skip
+        with open(d / "dockerd.log", "wb") as log:
+            proc = subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)  # fmt: skip
+        self._popen = [*getattr(self, "_popen", []), proc]
+        return host, proc.pid
+
+    def _wait_docker(self, host: str, name: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                docker.DockerClient(base_url=host).ping()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    log = (self.root / f"docker-{name}" / "dockerd.log").read_text()[-3000:]
+                    raise RuntimeError(f"dockerd of node {name} did not answer in {timeout_s} s:\n{log}") from None
+                time.sleep(0.2)
+
+    def _ray_start(self, name: str, spec: NodeSpec, args: list[str], docker_host: str | None) -> None:
+        cmd = [RAY, "start", *args, "--temp-dir", str(self.root / name), "--num-cpus", str(spec.num_cpus),
+               "--object-store-memory", str(OBJECT_STORE), "--node-ip-address", "127.0.0.1",
+               "--disable-usage-stats", *_ports(name == "head")]  # fmt: skip
+        out = subprocess.run(cmd, env=self._env(docker_host), capture_output=True, text=True, timeout=120,
+                             start_new_session=True)  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"ray start of node {name} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+
+    def _ray_nodes(self, n: int, timeout_s: float = 60) -> list[dict]:
+        """ray.nodes() once `n` nodes are alive, read in a subprocess (this one stays without a Ray connection)."""
+        code = (f"import json, ray; ray.init(address={self.address!r}, log_to_driver=False); "
+                "print(json.dumps([x for x in ray.nodes() if x['Alive']]))")  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = subprocess.run([sys.executable, "-c", code], env=self._env(), capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
+            nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+            if len(nodes) >= n or time.monotonic() > deadline:
+                assert len(nodes) >= n, f"{len(nodes)} of {n} nodes alive:\n{out.stderr[-3000:]}"
+                return nodes
+            time.sleep(0.5)
+
+    # -- during a test ----------------------------------------------------------------
+
+    def docker_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.dockerd_pid is not None]
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL the node's raylet, as when its machine is lost: Ray's processes of the node exit (its worker
+        processes without running atexit). Its Docker daemon lives on, as a machine's would after a raylet
+        crash, so a test can see what the node left there."""
+        node = self.nodes[name]
+        os.kill(node.raylet_pid, signal.SIGKILL)
+        node.alive = False
+        deadline = time.monotonic() + 30
+        while _running(node.raylet_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def processes(self) -> list[int]:
+        """Every process this cluster started that is still running (Ray's, dockerd's, and their children)."""
+        me = os.getpid()
+        return [p for p in _pids() if p != me and _environ(p).get(MARK) == str(self.root) and _running(p)]
+
+    # -- stop -------------------------------------------------------------------------
+
+    @staticmethod
+    def _kill(pids: list[int], sig: signal.Signals, wait_s: float) -> None:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+        deadline = time.monotonic() + wait_s
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Remove the containers on the cluster's daemons, kill every process it started (by pid), delete its dir."""
+        for node in self.docker_nodes():
+            with contextlib.suppress(Exception):
+                client = node.docker_client()
+                for c in client.containers.list(all=True):
+                    c.remove(force=True, v=True)
+        # dockerd gets SIGTERM (it stops its containerd and unmounts), Ray's processes SIGKILL (as `ray stop
+        # --force`: on SIGTERM they take 10 s and more to shut down gracefully); a last round kills what is left
+        daemons = [n.dockerd_pid for n in self.docker_nodes() if _running(n.dockerd_pid)]
+        self._kill(daemons, signal.SIGTERM, 20)
+        for _ in range(3):
+            self._kill(self.processes(), signal.SIGKILL, 10)
+        for proc in getattr(self, "_popen", []):  # reap the dockerds this process started
+            with contextlib.suppress(Exception):
+                proc.wait(5)
+        # dockerd leaves its exec root's mounts (netns, overlay) behind only if killed: unmount what is left
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(str(self.root) + "/")]  # fmt: skip
+        for m in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
