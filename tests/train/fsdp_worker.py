@@ -3,10 +3,13 @@
 python tests/train/fsdp_worker.py OUT {moe|lora}           # reference, no torch.distributed
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora}
 python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16, checkpointing, offload
+torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT load CASES.json   # Trainer.build's sharded loading
 """
 
 import asyncio
+import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,9 +20,9 @@ from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
-from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.learner import LocalLearner
-from agentrl.train.policy import decoder_layers, full_state_dict, init_distributed
+from agentrl.train.policy import causal_lm, decoder_layers, full_state_dict, init_distributed, state_bytes
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import weight_sync
 
@@ -89,5 +92,66 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         dist.destroy_process_group()
 
 
+def load_cases(out: str, cases: str) -> None:
+    """`Trainer.build` under torch.distributed (the meta-device, shard-by-shard loader) for each case of the JSON
+    list `cases` ({name, path, lora: null | {..LoraSettings}, dtype, kl_coef, checkpoint: null | folder}): what
+    it loaded (dtypes, this rank's share, ties, rotary buffers, logprobs, the gathered weights), one update, the
+    bytes of a weight sync, and for a case with `checkpoint`: save, export to Hugging Face in bfloat16, and a
+    fresh build resumed from it."""
+    dist.init_process_group("gloo")
+    rank, records = dist.get_rank(), []
+    for case in json.loads(Path(cases).read_text()):
+        lora = LoraSettings(**case["lora"]) if case["lora"] else None
+        model = ModelConfig(path=case["path"], lora=lora, dtype=case["dtype"],
+                            activation_checkpointing=case.get("activation_checkpointing", False),
+                            cpu_offload=case.get("cpu_offload", False))  # fmt: skip
+        cfg = TrainerConfig(model=model, algo=AlgoConfig(kl_coef=case["kl_coef"]),
+                            optim=OptimConfig(lr=1e-2, minibatches=1))  # fmt: skip
+        trainer = Trainer.build(cfg)
+        params = dict(trainer.policy.named_parameters())
+        lm = causal_lm(trainer.policy)
+        local = sum(p.to_local().numel() for p in params.values())
+        shares = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, local / sum(p.numel() for p in params.values()))
+        b = fixed_batch()
+        with torch.no_grad():
+            lp = trainer.scorer(b.input_ids, b.attention_mask, b.sampling)[0]
+        record = {
+            "name": case["name"], "shares": shares, "lp": lp,
+            "base_dtypes": {p.dtype for n, p in params.items() if "lora_" not in n},
+            "adapter_dtypes": {p.dtype for n, p in params.items() if "lora_" in n},
+            "reference_dtypes": None if trainer.reference is None else {
+                p.dtype for p in trainer.reference.parameters()},
+            "tied": lm.get_output_embeddings().weight is lm.get_input_embeddings().weight,
+            "inv_freq": lm.model.rotary_emb.inv_freq.clone(), "loaded": full_state_dict(trainer.scorer),
+        }  # fmt: skip
+        record["metrics"] = trainer.update(fixed_batch())
+        record["after"] = full_state_dict(trainer.scorer)
+        with torch.no_grad():
+            record["lp_after"] = trainer.scorer(b.input_ids, b.attention_mask, b.sampling)[0]
+        record["sync_bytes"] = {}
+        for dtype in (None, torch.bfloat16):
+            state = trainer.engine_weights(dtype)
+            if rank == 0:
+                record["sync_bytes"][str(dtype)] = state_bytes(state)
+                record["sync_keys"] = sorted(state)
+                record["sync_dtypes"] = record.get("sync_dtypes", set()) | {v.dtype for v in state.values()}
+        if case.get("checkpoint"):
+            ckpt = case["checkpoint"]
+            checkpoint.save(f"{ckpt}/step1", trainer, {"step": 1})
+            checkpoint.export_hf(trainer.scorer, f"{ckpt}/hf", dtype="bfloat16")
+            resumed = Trainer.build(cfg)
+            assert checkpoint.load(f"{ckpt}/step1", resumed) == {"step": 1}
+            record["resumed"] = full_state_dict(resumed.scorer)
+            record["next"] = [t.update(second_batch())["loss"] for t in (trainer, resumed)]
+        records.append(record)
+    if rank == 0:
+        torch.save(records, out)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[2:3] == ["load"]:
+        load_cases(sys.argv[1], sys.argv[3])
+    else:
+        main(*sys.argv[1:])
