@@ -177,11 +177,14 @@ def prompts(n: int) -> list[list[int]]:
     return [tok.encode(f"{texts[i % len(texts)]} #{i}") for i in range(n)]
 
 
-def generate(engine, requests: list[list[int]], params) -> tuple[list, float]:
-    """Every request at once through `engine` (started and closed here); the generations and the seconds."""
+def generate(engine, requests: list[list[int]], params, *, warm_up: bool = False) -> tuple[list, float]:
+    """Every request at once through `engine` (started and closed here); the generations and the seconds they
+    took (`warm_up`: after a short request of its own, so that one-time start-up costs are not timed)."""
 
     async def go():
         async with engine:
+            if warm_up:
+                await engine.generate([1, 2, 3], params.model_copy(update={"max_tokens": 4, "seed": 0}))
             t0 = time.perf_counter()
             gens = await asyncio.gather(
                 *(engine.generate(p, params.model_copy(update={"seed": i})) for i, p in enumerate(requests))
@@ -283,17 +286,18 @@ def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
     n, T = (16, 128) if not ctx.dry else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
     requests = prompts(n)
+    engines = figures["engines"] = {}  # by engine.dtype
     for dtype in ("auto", "bfloat16"):
         t0 = time.perf_counter()
         engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=ctx.device))
         load_s = time.perf_counter() - t0
         weights = next(engine.model.parameters())
-        gens, seconds = generate(engine, requests, params)
+        gens, seconds = generate(engine, requests, params, warm_up=True)
         tokens = sum(len(g.token_ids) for g in gens)
         lps = [lp for g in gens for lp in g.logprobs]
-        figures[dtype] = {
+        engines[dtype] = {
             "weights": f"{str(weights.dtype).removeprefix('torch.')} on {weights.device}",
-            "load_s": load_s, "requests": n, "max_tokens": T, "generated_tokens": tokens, "decode_s": seconds,
+            "load_s": load_s, "requests": n, "max_tokens": T, "generated_tokens": tokens, "generate_s": seconds,
             "tokens_per_s": tokens / seconds, "finish_reasons": sorted({g.finish_reason for g in gens}),
             "mean_logprob": sum(lps) / len(lps),
         }  # fmt: skip
@@ -351,7 +355,8 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
         engine = torch.tensor([x for g in gens for x in g.logprobs])
         d = (learner - engine).abs()
         finite = torch.isfinite(d)
-        return {"tokens": len(d), "max_abs_diff": float(d[finite].max()), "mean_abs_diff": float(d[finite].mean()),
+        kept = d[finite] if finite.any() else torch.tensor([math.nan])
+        return {"tokens": len(d), "max_abs_diff": float(kept.max()), "mean_abs_diff": float(kept.mean()),
                 "tokens_outside_learner_support": int((~finite).sum()),
                 "mean_engine_logprob": float(engine.mean())}  # fmt: skip
 
@@ -401,8 +406,8 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     try:
         client = docker_client()
     except SandboxError as e:
-        raise Skip(f"`agentrl train` runs its env's sandboxes in Docker, and no Docker engine answers here ({e}); "
-                   "tool_use, the built-in env that needs the fewest, still starts them") from None  # fmt: skip
+        raise Skip(f"`agentrl train` needs a Docker engine (its env workers keep their sandboxes there; it checks "
+                   f"for one before it starts), and no Docker engine answers here: {e}") from None  # fmt: skip
     tag = sandbox_image.image_tag()
     if not sandbox_image.image_exists(client, tag):
         raise Skip(f"the sandbox image {tag} is missing: build it with `agentrl sandbox build` (offline if need be)")
@@ -415,9 +420,9 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     settings = ["iterations=2", f"model.path={path}", "model.dtype=bfloat16", f"out={run}", f"rollout.group_size={G}",
                 f"rollout.groups_per_iteration={groups}", "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
                 f"rollout.sampling.max_tokens={T}", f"eval.tasks={tasks}", "eval.every=0",
-                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "checkpoint.every=0", "checkpoint.keep=1",
-                "checkpoint.export_final=false",
-                "log.tensorboard=false", 'log.wandb="off"']  # fmt: skip
+                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "log.tensorboard=false", 'log.wandb="off"',
+                # one checkpoint, at the end: the 1B model's holds ~18 GB (fp32 weights and AdamW's two moments)
+                "checkpoint.every=0", "checkpoint.keep=1", "checkpoint.export_final=false"]  # fmt: skip
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "tool_use", *(a for s in settings for a in ("--set", s))]
     figures["command"] = " ".join(["agentrl", *cmd[3:]])
     t0 = time.perf_counter()

@@ -35,8 +35,8 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path):
     fsdp = figures["fsdp_bf16"]
     assert fsdp["process_group"] == "gloo, world size 1" and fsdp["compute_dtypes"] == ["bfloat16"]
     assert fsdp["max_abs_weight_change"] > 0
-    assert {f["weights"] for k, f in figures["hf_engine"].items() if k != "model"} == {"float32 on cpu",
-                                                                                        "bfloat16 on cpu"}  # fmt: skip
+    engines = figures["hf_engine"]["engines"]
+    assert {k: f["weights"] for k, f in engines.items()} == {"auto": "float32 on cpu", "bfloat16": "bfloat16 on cpu"}
     pairs = figures["logprob_parity"]["pairs"]
     assert pairs["fp32"]["max_abs_diff"] < 1e-4  # the same math (tests/engine/test_hf.py's bound)
     assert all(0 < p["mean_abs_diff"] < 0.1 for name, p in pairs.items() if name != "fp32")  # bf16 rounding shows
