@@ -90,6 +90,8 @@ def gather_state(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None 
             if want is not None and value.is_floating_point():
                 value = value.to(want)
             if isinstance(value, DTensor):
+                if value.device.type != value.device_mesh.device_type:  # CPU-offloaded shards: nccl gathers on GPU
+                    value = value.to(value.device_mesh.device_type)
                 value = value.full_tensor()
             value = value.cpu()
             if copy and not isinstance(t, DTensor) and value.data_ptr() == t.data_ptr():
