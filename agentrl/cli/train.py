@@ -82,7 +82,7 @@ def train(
     """
     from agentrl.config import ConfigError
     from agentrl.runs import RunDir
-    from agentrl.train.build import broadcast
+    from agentrl.train.learner import broadcast
     from agentrl.train.policy import init_distributed, shutdown_distributed
 
     if ray_address is not None:

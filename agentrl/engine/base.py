@@ -149,6 +149,11 @@ class InferenceEngine(ABC):
         none by default."""
         return {}
 
+    def nodes(self) -> list[str]:
+        """The Ray node id of each replica running in its own actor (a fleet's), for a run's placement log; none
+        by default (the engine runs in this process, or is a client of servers)."""
+        return []
+
     async def start(self) -> None:  # noqa: B027 (optional hook: most engines are ready once built)
         """Ready the engine (a client connects); later calls return at once. Nothing to do by default."""
 

@@ -192,6 +192,9 @@ class Fleet(InferenceEngine):
     def metrics(self) -> dict[str, float]:
         return self.fleet_stats().metrics()
 
+    def nodes(self) -> list[str]:
+        return [s.node for s in self._slots if s.node is not None]
+
     def fleet_stats(self) -> FleetStats:
         """Requests and generated tokens per replica, the affinity hit rate, retries and restarts."""
         replicas = tuple(ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid, s.node)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.bench import BenchConfig, success
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
@@ -72,7 +73,7 @@ class HeldOutEval:
 
     def __init__(self, cfg: EvalConfig, engine: InferenceEngine, chat: ChatFormat, *, env: str,
                  env_kwargs: dict[str, Any], max_episode_tokens: int,
-                 ray_address: str | None = None) -> None:  # fmt: skip
+                 ray_address: str | None = None, placement: EnvPlacement | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         rollout = RolloutConfig(
             env=env, env_kwargs={**env_kwargs, "split": "test"}, group_size=1, groups_per_iteration=cfg.tasks,
@@ -81,7 +82,7 @@ class HeldOutEval:
             sandbox_reuse=cfg.sandbox_reuse, partial=False,
             on_infra_failure="retry", max_retries=cfg.max_retries, ray_address=ray_address,
         )  # fmt: skip
-        self.controller = RolloutController(rollout, engine, chat)
+        self.controller = RolloutController(rollout, engine, chat, placement=placement)
         self.task_ids: list[str] = []
 
     async def __aenter__(self) -> HeldOutEval:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -35,7 +36,7 @@ from agentrl.rollout import ChatFormat, ControllerState, Group, RolloutBatch, Ro
 from agentrl.runs import RunDir
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.diagnostics import RowRecorder
-from agentrl.train.learner import Learner, LocalLearner
+from agentrl.train.learner import Learner, LocalLearner, broadcast
 from agentrl.train.pipeline import Pipeline
 from agentrl.train.ray_learner import RayLearner
 from agentrl.train.run_config import RunConfig
@@ -223,10 +224,29 @@ class Run:
         metrics |= {f"time/{k}": v for k, v in times.items()} | {"time/elapsed_s": s.elapsed_s, "time/left_s": left}
         metrics["time/rollout_idle_s"] = self.pipeline.idle_s  # so far: the rollouts waiting for the learner
         metrics |= self.lead.engine.metrics()  # a fleet's counters, so far
+        metrics |= self.placement_metrics()
         self.lead.tracker.log(metrics)
         views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
         self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)
         self.display.iteration(metrics)
+
+    def placement_metrics(self) -> dict[str, float]:
+        """On a cluster: how many distinct nodes hold learner ranks, engine replicas and env workers now."""
+        if self.cfg.cluster.address is None:
+            return {}
+        lead = self.lead
+        return {"learner/nodes": float(len(set(self.learner.placement()))),
+                "fleet/nodes": float(len(set(lead.engine.nodes()))), **lead.controller.placement_metrics()}  # fmt: skip
+
+    def describe_placement(self) -> str:
+        """Where the parts run on the cluster, printed at the start of a run."""
+        ranks, replicas = self.learner.placement(), self.lead.engine.nodes()
+        lines = [f"on the Ray cluster at {self.cfg.cluster.address}:",
+                 f"learner: {len(ranks)} rank(s) on node(s) {_by_node(ranks)}",
+                 f"engine: {len(replicas)} replica(s) on node(s) {_by_node(replicas)}" if replicas else
+                 "engine: in the driver (no engine.replicas)",
+                 self.lead.controller.describe_placement()]  # fmt: skip
+        return "\n".join(lines)
 
     # -- every rank ---------------------------------------------------------------------
 
@@ -289,6 +309,8 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
             raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
                              f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
                              "its own weights (engine.replicas)")  # fmt: skip
+        if lead is not None and cfg.cluster.address is not None:
+            display.message(run.describe_placement())
         if resumed:  # the engine, one version behind, gets the checkpoint's weights (a copy loaded the starting ones)
             await run.push_weights()
         if lead is not None:
@@ -324,10 +346,12 @@ async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopSta
     version = state.policy_version - resumed
     engine = build_engine(cfg.engine, model, version=version, seed=cfg.seed)
     engine = await stack.enter_async_context(engine)
-    controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat))
+    envs = cfg.cluster.envs if cfg.cluster.address is not None else None  # on a cluster: every Docker node
+    controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat, placement=envs))
     held_out = await stack.enter_async_context(HeldOutEval(
         cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
-        max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address))  # fmt: skip
+        max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address,
+        placement=envs))  # fmt: skip
     tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
     stack.callback(tracker.close)
     chat.tokenizer.save_pretrained(folder.tokenizer)  # so the run's token ids read back as text
@@ -358,10 +382,6 @@ def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:
     }
 
 
-def broadcast(obj: T) -> T:
-    """Rank 0's `obj` on every rank (itself when not distributed)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def _by_node(nodes: list[str]) -> str:
+    """ "abc123 (2), def456 (1)": how many of something each node holds."""
+    return ", ".join(f"{n} ({k})" for n, k in Counter(nodes).items()) or "none"

@@ -14,7 +14,7 @@ import asyncio
 import functools
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,8 @@ from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.diagnostics import RowRecorder
 from agentrl.train.trainer import Trainer
+
+T = TypeVar("T")
 
 
 class Learner(ABC):
@@ -92,7 +94,7 @@ class LocalLearner(Learner):
         return await asyncio.to_thread(step) if self.in_thread else step()
 
     async def engine_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
-        return self.trainer.engine_weights()
+        return self.trainer.engine_weights(dtype)
 
     async def save(self, path: Path, state: dict[str, Any]) -> None:
         checkpoint.save(path, self.trainer, state)
@@ -102,3 +104,12 @@ class LocalLearner(Learner):
 
     async def export(self, path: Path) -> None:
         checkpoint.export_hf(self.trainer.scorer, path)
+
+
+def broadcast(obj: T) -> T:
+    """Rank 0's `obj` on every rank (itself when not distributed)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -67,7 +67,7 @@ class LearnerRank:
         return metrics, (recorder.stats if recorder is not None else None)
 
     def engine_weights(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor] | None:
-        return self.trainer.engine_weights()
+        return self.trainer.engine_weights(dtype)
 
     def save(self, path: str, state: dict[str, Any]) -> None:
         checkpoint.save(path, self.trainer, state)

@@ -17,8 +17,15 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import ClassVar
 
+import torch
+
 from agentrl.engine.base import InferenceEngine
-from agentrl.train.learner import Learner
+from agentrl.train.learner import Learner, broadcast
+
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "bfloat16_weights": torch.bfloat16}  # fmt: skip
+"""an engine's declared dtype (`Capabilities.dtype`) -> what its weights are sent in (bfloat16_weights: the
+engine rounds its weights to bfloat16, so bfloat16 carries them exactly)"""
 
 
 class WeightSync(ABC):
@@ -29,6 +36,8 @@ class WeightSync(ABC):
         self.learner = learner
         self.engine = engine
         """None on ranks > 0"""
+        self.dtype = broadcast(WIRE_DTYPES.get(engine.capabilities.dtype) if engine is not None else None)
+        """what the tensors travel in: the engine's own dtype (it would cast them on arrival); None: as trained"""
 
     def updating(self) -> AbstractContextManager[None]:
         """Wraps the update: what the engine must not do meanwhile."""
@@ -41,13 +50,13 @@ class WeightSync(ABC):
 
 class FullState(WeightSync):
     async def push(self) -> int | None:
-        state = await self.learner.engine_weights()
+        state = await self.learner.engine_weights(self.dtype)
         return None if self.engine is None else await self.engine.update_weights(state)
 
 
 class LoraAdapter(WeightSync):
     async def push(self) -> int | None:
-        adapter = await self.learner.engine_weights()
+        adapter = await self.learner.engine_weights(self.dtype)
         return None if self.engine is None else await self.engine.update_weights(lora=adapter)
 
 
