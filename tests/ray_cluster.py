@@ -55,6 +55,8 @@ class NodeSpec:
 class Node:
     name: str
     node_id: str
+    ip: str
+    """as Ray reports it (NodeManagerAddress)"""
     raylet_pid: int
     temp_dir: Path
     docker_host: str | None
@@ -100,7 +102,7 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -108,11 +110,82 @@ def _running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
+class Dockerd:
+    """A Docker daemon of its own, started empty under `root` (its own data root, exec root and so containerd; no
+    bridge, no iptables), beside the machine's main one. `stop()` removes its containers and stops it (SIGTERM,
+    then SIGKILL), by pid. Also usable alone: `with Dockerd.start(root) as d: d.client() ...`."""
+
+    def __init__(self, root: Path, proc: subprocess.Popen) -> None:
+        self.root = root
+        self.host = f"unix://{root}/docker.sock"
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(cls, root: Path, env: dict[str, str] | None = None, *, wait: bool = True) -> Dockerd:
+        root.mkdir(parents=True, exist_ok=True)
+        host = f"unix://{root}/docker.sock"
+        cmd = ["dockerd", "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "-H", host,
+               "--pidfile", f"{root}/docker.pid", "--bridge=none", "--iptables=false", "--ip6tables=false"]  # fmt: skip
+        with open(root / "dockerd.log", "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)  # fmt: skip
+        d = cls(root, proc)
+        if wait:
+            d.wait()
+        return d
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.host)
+
+    def wait(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.client().ping()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    log = (self.root / "dockerd.log").read_text()[-3000:]
+                    raise RuntimeError(f"dockerd in {self.root} did not answer:\n{log}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            for c in self.client().containers.list(all=True):
+                c.remove(force=True, v=True)
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            if self.proc.poll() is not None:
+                break
+            self.proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait_s)
+        _unmount_under(self.root)
+
+    def __enter__(self) -> Dockerd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _unmount_under(root: Path) -> None:
+    """A killed dockerd can leave mounts under its roots (overlay, netns): unmount them, deepest first."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+              if line.split()[1].startswith(str(root) + "/")]  # fmt: skip
+    for m in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True)
+
+
 class RayCluster:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.address = ""
         self.nodes: dict[str, Node] = {}
+        self.daemons: dict[str, Dockerd] = {}
         self.setup_s: dict[str, float] = {}
         """seconds each stage of `start` took"""
 
@@ -130,7 +203,9 @@ class RayCluster:
         return cluster
 
     def _env(self, docker_host: str | None = None) -> dict[str, str]:
-        env = {**os.environ, MARK: str(self.root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # no memory monitor: on a shared machine another process's memory would get this cluster's workers killed
+        env = {**os.environ, MARK: str(self.root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_memory_monitor_refresh_ms": "0"}  # fmt: skip
         env.pop("RAY_ADDRESS", None)
         if docker_host:
             env["DOCKER_HOST"] = docker_host
@@ -140,9 +215,10 @@ class RayCluster:
 
     def _start(self, head: NodeSpec, workers: dict[str, NodeSpec]) -> None:
         t0 = time.monotonic()
-        daemons = {name: self._start_dockerd(name) for name, spec in workers.items() if spec.docker}
-        for name, (host, _) in daemons.items():
-            self._wait_docker(host, name)
+        self.daemons = daemons = {name: Dockerd.start(self.root / f"docker-{name}", self._env(), wait=False)
+                                  for name, spec in workers.items() if spec.docker}  # fmt: skip
+        for d in daemons.values():
+            d.wait()
         self.setup_s["dockerd"] = time.monotonic() - t0
 
         t1 = time.monotonic()
@@ -152,7 +228,7 @@ class RayCluster:
         with ThreadPoolExecutor(len(workers) or 1) as pool:  # the worker nodes join at once
             starts = []
             for name, spec in workers.items():
-                host = daemons[name][0] if name in daemons else None
+                host = daemons[name].host if name in daemons else None
                 resources = {**spec.resources, f"node_{name}": 1} | ({"docker": 1} if spec.docker else {})
                 args = ["--address", self.address, "--resources", json.dumps(resources)]
                 starts.append(pool.submit(self._ray_start, name, spec, args, host))
@@ -168,33 +244,11 @@ class RayCluster:
             sock = match[0]["RayletSocketName"]
             raylet = [p for p in _pids() if f"--raylet_socket_name={sock} " in _cmdline(p) + " "]
             assert len(raylet) == 1, f"raylet of node {name}: {raylet}"
-            host, dpid = daemons.get(name, (None, None))
-            self.nodes[name] = Node(name, match[0]["NodeID"], raylet[0], temp, host, dpid)
+            d = daemons.get(name)
+            info_ = match[0]
+            self.nodes[name] = Node(name, info_["NodeID"], info_["NodeManagerAddress"], raylet[0], temp,
+                                    d and d.host, d and d.pid)  # fmt: skip
         self.setup_s["total"] = time.monotonic() - t0
-
-    def _start_dockerd(self, name: str) -> tuple[str, int]:
-        d = self.root / f"docker-{name}"
-        d.mkdir()
-        host = f"unix://{d}/docker.sock"
-        cmd = ["dockerd", "--data-root", f"{d}/data", "--exec-root", f"{d}/exec", "-H", host,
-               "--pidfile", f"{d}/docker.pid", "--bridge=none", "--iptables=false", "--ip6tables=false"]  # fmt: skip
-        with open(d / "dockerd.log", "wb") as log:
-            proc = subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)  # fmt: skip
-        self._popen = [*getattr(self, "_popen", []), proc]
-        return host, proc.pid
-
-    def _wait_docker(self, host: str, name: str, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                docker.DockerClient(base_url=host).ping()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    log = (self.root / f"docker-{name}" / "dockerd.log").read_text()[-3000:]
-                    raise RuntimeError(f"dockerd of node {name} did not answer in {timeout_s} s:\n{log}") from None
-                time.sleep(0.2)
 
     def _ray_start(self, name: str, spec: NodeSpec, args: list[str], docker_host: str | None) -> None:
         cmd = [RAY, "start", *args, "--temp-dir", str(self.root / name), "--num-cpus", str(spec.num_cpus),
@@ -232,13 +286,13 @@ class RayCluster:
         os.kill(node.raylet_pid, signal.SIGKILL)
         node.alive = False
         deadline = time.monotonic() + 30
-        while _running(node.raylet_pid) and time.monotonic() < deadline:
+        while running(node.raylet_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def processes(self) -> list[int]:
         """Every process this cluster started that is still running (Ray's, dockerd's, and their children)."""
         me = os.getpid()
-        return [p for p in _pids() if p != me and _environ(p).get(MARK) == str(self.root) and _running(p)]
+        return [p for p in _pids() if p != me and _environ(p).get(MARK) == str(self.root) and running(p)]
 
     # -- stop -------------------------------------------------------------------------
 
@@ -248,28 +302,15 @@ class RayCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, sig)
         deadline = time.monotonic() + wait_s
-        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        while any(running(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """Remove the containers on the cluster's daemons, kill every process it started (by pid), delete its dir."""
-        for node in self.docker_nodes():
-            with contextlib.suppress(Exception):
-                client = node.docker_client()
-                for c in client.containers.list(all=True):
-                    c.remove(force=True, v=True)
-        # dockerd gets SIGTERM (it stops its containerd and unmounts), Ray's processes SIGKILL (as `ray stop
-        # --force`: on SIGTERM they take 10 s and more to shut down gracefully); a last round kills what is left
-        daemons = [n.dockerd_pid for n in self.docker_nodes() if _running(n.dockerd_pid)]
-        self._kill(daemons, signal.SIGTERM, 20)
+        """Remove the containers on the cluster's daemons and stop them, kill every process the cluster started
+        (by pid: SIGKILL, as `ray stop --force`; on SIGTERM Ray's processes take 10 s and more), delete its dir."""
+        for d in self.daemons.values():
+            d.stop()
         for _ in range(3):
             self._kill(self.processes(), signal.SIGKILL, 10)
-        for proc in getattr(self, "_popen", []):  # reap the dockerds this process started
-            with contextlib.suppress(Exception):
-                proc.wait(5)
-        # dockerd leaves its exec root's mounts (netns, overlay) behind only if killed: unmount what is left
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                  if line.split()[1].startswith(str(self.root) + "/")]  # fmt: skip
-        for m in sorted(mounts, key=len, reverse=True):
-            subprocess.run(["umount", "-l", m], capture_output=True)
+        _unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -112,10 +112,11 @@ def pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
 
 
 # -- tasks run on one node, through its Docker daemon -------------------------------------
-# num_cpus=0: they wait on the daemon, and must not queue behind a node's busy CPUs.
+# num_cpus=0: they wait on the daemon, and must not queue behind a node's busy CPUs. Each may run again
+# (max_retries: a worker killed under memory pressure), so each is idempotent.
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+@ray.remote(num_cpus=0, max_retries=2)
 def _reap_and_check(tag: str | None) -> tuple[list[str], bool]:
     """Remove this node's orphaned sandbox containers; say whether its daemon has image `tag`."""
     from agentrl.sandbox import reaper
@@ -127,7 +128,7 @@ def _reap_and_check(tag: str | None) -> tuple[list[str], bool]:
     return removed, tag is None or image_exists(client, tag)
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+@ray.remote(num_cpus=0, max_retries=2)
 def _load_image(data: bytes, tag: str) -> None:
     from agentrl.sandbox.docker_sandbox import docker_client
     from agentrl.sandbox.image import import_image
@@ -135,7 +136,7 @@ def _load_image(data: bytes, tag: str) -> None:
     import_image(docker_client(), data, tag)
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+@ray.remote(num_cpus=0, max_retries=2)
 def _save_image(tag: str) -> bytes:
     from agentrl.sandbox.docker_sandbox import docker_client
     from agentrl.sandbox.image import export_image
