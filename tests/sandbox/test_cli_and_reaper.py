@@ -1,11 +1,14 @@
 """`agentrl sandbox exec | gc` as real processes, and the reaper: no container outlives
-its owner after SIGINT / SIGTERM; after SIGKILL the next start or `gc` removes it."""
+its owner after SIGINT / SIGTERM; after SIGKILL the next start or `gc` removes it, or at once
+the owner's watchdog if it started one."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 
 import docker.errors
@@ -115,3 +118,33 @@ def test_reaper_keeps_live_owners_and_other_hosts():
     assert reaper.owner_alive(me)
     assert not reaper.owner_alive({**me, reaper.START_LABEL: "1"})  # recycled pid
     assert reaper.owner_alive({**me, reaper.HOST_LABEL: "another-machine", reaper.PID_LABEL: "999999"})
+
+
+WATCHED_OWNER = """
+import asyncio, sys
+from agentrl.sandbox import DockerSandbox, reaper
+
+async def main():
+    boxes = [await DockerSandbox.create() for _ in range(2)]
+    print(reaper.watch(), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_watchdog_removes_its_owners_containers_once_the_owner_is_gone(sandbox_image, docker_client, sig):
+    """An owner that cannot run its exit cleanup (SIGKILL; a Ray env worker whose raylet died) leaves its containers
+    to its watchdog (`reaper.watch`), which then exits; after a clean exit it has nothing to do and exits too."""
+    owner = subprocess.Popen([sys.executable, "-c", WATCHED_OWNER], stdout=subprocess.PIPE, text=True,
+                             env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    watchdog = int(owner.stdout.readline())
+    assert len(owned_by(docker_client, owner.pid)) == 2 and reaper.process_start_time(watchdog)
+    owner.send_signal(sig)
+    owner.wait(30)
+    deadline = time.monotonic() + 30
+    while owned_by(docker_client, owner.pid) or reaper.process_start_time(watchdog):
+        assert time.monotonic() < deadline, "the watchdog did not remove the containers and exit"
+        time.sleep(0.1)

@@ -1,8 +1,12 @@
-"""The image tag follows the content of sandboxes/, and a current image is reused, not rebuilt."""
+"""The image tag follows the content of sandboxes/, a current image is reused, not rebuilt, and an image shipped to
+another daemon runs there."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +35,34 @@ def test_current_image_is_reused(docker_client, sandbox_image):
     t0 = time.monotonic()
     assert ensure_image(docker_client, log=messages.append) == sandbox_image
     assert time.monotonic() - t0 < 2 and messages == [f"sandbox image {sandbox_image} is up to date"]
+
+
+@pytest.mark.docker
+async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, sandbox_image, monkeypatch):
+    """What a Docker node of a cluster gets before its first episode (agentrl.rollout.placement): the image saved
+    from this daemon, loaded into an empty one, runs a sandbox there."""
+    from ray_cluster import Dockerd
+
+    from agentrl.sandbox import DockerSandbox, reaper
+    from agentrl.sandbox.docker_sandbox import docker_client as cached_client
+    from agentrl.sandbox.image import export_image, image_exists, import_image
+
+    with pytest.raises(RuntimeError, match="agentrl sandbox build"):
+        export_image(docker_client, "agentrl-sandbox-python:no-such-tag")
+    with Dockerd.start(Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))) as empty:
+        try:
+            assert not image_exists(empty.client(), sandbox_image)
+            import_image(empty.client(), export_image(docker_client, sandbox_image), sandbox_image)
+            reaper.install(docker_client)  # once per process: its exit cleanup is the main daemon's, not this one's
+            monkeypatch.setenv("DOCKER_HOST", empty.host)
+            cached_client.cache_clear()
+            sb = await DockerSandbox.create()
+            try:
+                assert empty.client().containers.get(sb.container.id).status == "running"
+                assert (await sb.run(["python3", "-c", "print(6 * 7)"], timeout_s=10)).stdout == "42\n"
+            finally:
+                await sb.close()
+        finally:
+            monkeypatch.undo()
+            cached_client.cache_clear()
+            shutil.rmtree(empty.root, ignore_errors=True)
