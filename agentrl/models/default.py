@@ -32,9 +32,11 @@ def default_policy() -> Path:
 
 
 def resolve_path(path: str) -> str:
-    """A model path as from_pretrained takes it: "default" is the embedded default policy's folder."""
+    """A model path as from_pretrained takes it: "default" is the embedded default policy's folder, a local folder
+    is made absolute (it may be handed to processes with another working directory: Ray actors), a hub id is
+    itself."""
     if path == "default":
         return str(default_policy())
     if not path:
         raise ValueError('model.path is empty: give a Hugging Face folder, a hub id, or "default"')
-    return path
+    return str(Path(path).absolute()) if Path(path).exists() else path

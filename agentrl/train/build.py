@@ -224,7 +224,7 @@ class Run:
         metrics |= {f"time/{k}": v for k, v in times.items()} | {"time/elapsed_s": s.elapsed_s, "time/left_s": left}
         metrics["time/rollout_idle_s"] = self.pipeline.idle_s  # so far: the rollouts waiting for the learner
         metrics |= self.lead.engine.metrics()  # a fleet's counters, so far
-        metrics |= self.placement_metrics()
+        metrics |= self.placement_metrics() | self.learner.metrics()
         self.lead.tracker.log(metrics)
         views = rollout.recorder.views(rollout.batch) if rollout.recorder and rollout.batch is not None else {}
         self.lead.tracker.save_trajectories(s.iteration - 1, rollout.saved, views)
@@ -328,7 +328,10 @@ async def _learner(cfg: RunConfig, folder: RunDir, stack: contextlib.AsyncExitSt
     if not ray.is_initialized():
         ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING)
         stack.callback(ray.shutdown)
-    learner = await RayLearner.start(cfg.trainer(), cfg.cluster.learner, run_dir=folder.path, threads=cfg.threads)
+    # the ranks' working directory is Ray's: a local model folder goes by its absolute path
+    model = cfg.model.model_copy(update={"path": resolve_path(cfg.model.path)})
+    trainer = cfg.trainer().model_copy(update={"model": model})
+    learner = await RayLearner.start(trainer, cfg.cluster.learner, run_dir=folder.path, threads=cfg.threads)
     stack.push_async_callback(learner.close)
     return learner
 

@@ -65,8 +65,12 @@ class Learner(ABC):
         """Release the ranks."""
 
     def placement(self) -> list[str]:
-        """Where each rank runs (node addresses), for the run's log."""
+        """Where each rank runs (Ray node ids), for the run's log."""
         return []
+
+    def metrics(self) -> dict[str, float]:
+        """Figures for the run's metrics log, if any."""
+        return {}
 
 
 class LocalLearner(Learner):

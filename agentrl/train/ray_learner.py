@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import secrets
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,8 @@ class RayLearner(Learner):
         self.lora = lora
         self.engine_device = "cuda" if torch.cuda.is_available() else "cpu"  # an engine in the driver
         self._nodes: list[str] = []
+        self._last_call = time.monotonic()  # when the ranks last finished a call
+        self._idle_s = 0.0
 
     @classmethod
     async def start(cls, cfg: TrainerConfig, placement: LearnerPlacement, *, run_dir: Path | None = None,
@@ -146,7 +149,7 @@ class RayLearner(Learner):
         return learner
 
     async def _check_shared(self, run_dir: Path) -> None:
-        marker, token = run_dir / ".shared-check", secrets.token_hex(8)
+        marker, token = run_dir.absolute() / ".shared-check", secrets.token_hex(8)
         marker.write_text(token)
         try:
             seen = await self._all("sees", str(marker), token)
@@ -165,10 +168,13 @@ class RayLearner(Learner):
         except ray.exceptions.RayActorError as e:
             raise LearnerDown(f"a learner rank died during {method}: {e}. Resume the run from its last checkpoint "
                               "(agentrl train --resume RUN_DIR)") from e  # fmt: skip
+        finally:
+            self._last_call = time.monotonic()
 
     async def update(
         self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None
     ) -> dict[str, float]:
+        self._idle_s = time.monotonic() - self._last_call  # outside any collective: rollouts, evaluation, logging
         ref = ray.put(batch)  # one copy in the object store, read by every rank
         results = await self._all("update", ref, recorder, policy_version)
         metrics, stats = results[0]  # the metrics are reduced over ranks; the recorded rows gathered on rank 0
@@ -180,16 +186,20 @@ class RayLearner(Learner):
         return (await self._all("engine_weights", dtype))[0]
 
     async def save(self, path: Path, state: dict[str, Any]) -> None:
-        await self._all("save", str(path), state)
+        await self._all("save", str(path.absolute()), state)  # absolute: a rank's working directory is Ray's
 
     async def load(self, path: Path) -> dict[str, Any]:
-        return (await self._all("load", str(path)))[0]
+        return (await self._all("load", str(path.absolute())))[0]
 
     async def export(self, path: Path) -> None:
-        await self._all("export", str(path))
+        await self._all("export", str(path.absolute()))
 
     def placement(self) -> list[str]:
         return list(self._nodes)
+
+    def metrics(self) -> dict[str, float]:
+        """`time/learner_idle_s`: how long the ranks waited, in no collective, before the last update."""
+        return {"time/learner_idle_s": self._idle_s}
 
     async def close(self) -> None:
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # a dead rank has nothing to close
