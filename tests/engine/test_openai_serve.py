@@ -325,6 +325,7 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     from agentrl.models.lora import LoraSettings
     from agentrl.train.batch import TrainBatch
     from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+    from agentrl.train.learner import LocalLearner
     from agentrl.train.policy import load_policy
     from agentrl.train.trainer import Trainer
     from agentrl.train.weight_sync import weight_sync
@@ -345,7 +346,7 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     try:
         async with OpenAIEngine(listening_url(proc)) as remote:
             before = await remote.generate(prompt, greedy)
-            assert await weight_sync(trainer, remote).push() == 1
+            assert await weight_sync(LocalLearner(trainer, in_thread=False), remote).push() == 1
             after = await remote.generate(prompt, greedy)
     finally:
         stop_server(proc, signal.SIGINT)
