@@ -13,6 +13,8 @@ from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.ray_learner import RayLearner
 from agentrl.train.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # two Ray actors loading a model: ~20 s (the fast tier is near its budget)
+
 ATOL = 1e-5  # as tests/train/test_fsdp.py: fp32, the ranks reduce in another order than one process sums
 
 
