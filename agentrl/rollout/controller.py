@@ -204,7 +204,13 @@ class RolloutController:
         from agentrl.sandbox.image import image_tag
 
         self._image = image_tag()
-        self._worker_nodes = await asyncio.to_thread(self._placer.start, self._image)
+        try:
+            self._worker_nodes = await asyncio.to_thread(self._placer.start, self._image)
+        except BaseException:
+            if self._started_ray:  # refused (no Docker node, no image): leave no Ray behind
+                ray.shutdown()
+                self._started_ray = False
+            raise
         self.workers = [self._new_worker(node) for node in self._worker_nodes]
         log.info("%s", self.describe_placement())
         return self

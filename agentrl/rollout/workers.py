@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import logging
 import os
+import subprocess
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,8 @@ import ray
 from agentrl.env.base import Message, TextEnv
 from agentrl.env.sandboxes import SandboxSource
 from agentrl.sandbox import reaper
+
+log = logging.getLogger(__name__)
 
 
 def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
@@ -56,7 +60,11 @@ class EnvWorker:
 
     def _make(self) -> TextEnv:
         if self.source is None:  # created on the actor's own event loop; warm until shutdown
-            self.watchdog = reaper.watch()
+            try:
+                self.watchdog = reaper.watch()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # a safety net: run without it
+                log.warning("env worker %d: no sandbox watchdog (%s); a crash leaves its sandboxes to the reaper",
+                            os.getpid(), e)  # fmt: skip
             self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
         return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
