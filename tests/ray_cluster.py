@@ -1,23 +1,24 @@
-"""A real multi-node Ray cluster on this machine, for tests: `ray start` processes on 127.0.0.1, and a Docker
-daemon of its own for each worker node that asks for one.
+"""A real multi-node Ray cluster on this machine, for tests: `ray start` processes (the GCS at 127.0.0.1:PORT; Ray
+reports each node at the machine's IP), and a Docker daemon of its own for each worker node that asks for one.
 
-    cluster = RayCluster.start(tmp_dir, {"a": NodeSpec(docker=True), "b": NodeSpec(docker=True)})
+    cluster = RayCluster.start({"a": NodeSpec(docker=True), "b": NodeSpec(docker=True)})  # ~10 s here
     ray.init(address=cluster.address)
-    ...
+    cluster.nodes["a"].node_id, .raylet_pid, .docker_host, .docker_client()
     cluster.kill_node("b")  # its raylet, SIGKILL: the node dies as on a lost machine (its dockerd lives on)
     cluster.stop()
 
 The head (the driver's node: `ray.init(address=...)` on this machine attaches to it) uses the machine's main
-Docker daemon and has no custom resource. A worker node with `docker=True` gets the resource `{"docker": 1}`
-plus `{"node_<name>": 1}` and its own `dockerd` (own data root, exec root and so its own containerd, no bridge,
-no iptables), started empty: no image. Its `ray start` runs with DOCKER_HOST naming that daemon, so every
-Ray worker process of the node, and every sandbox it starts, uses it.
+Docker daemon and has only the custom resources its NodeSpec gives. A worker node with `docker=True` gets the
+resource `{"docker": 1}` plus `{"node_<name>": 1}` and its own `dockerd` (`Dockerd`: own data root, exec root and
+so its own containerd, no bridge, no iptables), started empty: no image. Its `ray start` runs with DOCKER_HOST
+naming that daemon, so every Ray worker process of the node, and every sandbox it starts, uses it.
 
 Every process the cluster starts carries AGENTRL_TEST_CLUSTER=<its root dir> in its environment (Ray's
-processes and their children inherit it): `stop()` finds exactly those, by pid, and kills them, after
-removing the containers on its daemons. Nothing is stopped by name, and `ray stop` is never run, so other
+processes and their children inherit it): `stop()` removes the containers on its daemons, stops them, then finds
+exactly those processes and kills them by pid. Nothing is stopped by name, and `ray stop` is never run, so other
 Ray instances and daemons on the machine are left alone. The root dir lives under /tmp (Unix socket paths must
-stay short) and is deleted at the end.
+stay short) and is deleted at the end. Ray's memory monitor is off on its nodes: on a shared machine another
+process's memory use would get the cluster's workers killed.
 """
 
 from __future__ import annotations
@@ -224,7 +225,10 @@ class RayCluster:
         t1 = time.monotonic()
         port = _free_port()
         self.address = f"127.0.0.1:{port}"
-        self._ray_start("head", head, ["--head", "--port", str(port), "--include-dashboard", "false"], None)
+        head_args = ["--head", "--port", str(port), "--include-dashboard", "false"]
+        if head.resources:
+            head_args += ["--resources", json.dumps(head.resources)]
+        self._ray_start("head", head, head_args, None)
         with ThreadPoolExecutor(len(workers) or 1) as pool:  # the worker nodes join at once
             starts = []
             for name, spec in workers.items():
