@@ -97,12 +97,18 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
         before = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
         victim = ctl.workers[[w["node_id"] for w in before].index(b.node_id)]
         task = asyncio.create_task(ctl.run_iteration())
-        # until an episode of b's worker is mid-way (it has a turn)
+        # until an episode of b's worker is mid-way (it has a turn; 11 more to go)
         await eventually(lambda: any(ep.worker is victim and ep.traj.turns for ep in ctl._live()), 120)
         on_b = sessions(b.docker_client())
         assert on_b, "node b's worker has sandboxes on b's daemon"
         t0 = time.monotonic()
-        ray_cluster.kill_node("b")
+        with engine.paused():  # no token is generated (the event loop waits too) until b's worker is gone
+            ray_cluster.kill_node("b")
+            pid = next(w["pid"] for w in before if w["node_id"] == b.node_id)
+            while running(pid):
+                assert time.monotonic() - t0 < 60, "b's env worker outlived its raylet"
+                time.sleep(0.05)
+        print(f"b's worker exited {time.monotonic() - t0:.1f} s after its raylet was killed")
         batch = await asyncio.wait_for(task, 300)
         print(f"iteration done {time.monotonic() - t0:.1f} s after the kill; stats {batch.stats}")
         assert victim not in ctl.workers

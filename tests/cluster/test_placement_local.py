@@ -4,6 +4,7 @@ Docker nodes, where replacements go, and placed workers on a node that advertise
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
 from agentrl.rollout.placement import DockerNode, EnvPlacer, NoDockerNodes
+from agentrl.sandbox import reaper
 
 
 @pytest.fixture
@@ -74,10 +76,14 @@ async def test_placed_workers_on_a_docker_node(local_ray, sandbox_image):
         assert ctl.placement_metrics() == {"rollout/nodes": 1.0, "rollout/env_workers": 2.0}
         assert "2 on 1 node(s)" in ctl.describe_placement()
         victim = ctl.workers[0]
+        pid = await victim.pid.remote()
         task = asyncio.create_task(ctl.run_iteration())
         while not any(ep.worker is victim and ep.traj.turns for ep in ctl._live()):
             await asyncio.sleep(0.05)
-        ray.kill(victim)
+        with engine.paused():  # nothing moves on (the event loop waits too) until the victim is gone
+            ray.kill(victim)
+            while reaper.process_start_time(pid) is not None:
+                time.sleep(0.05)
         batch = await asyncio.wait_for(task, 300)
         assert victim not in ctl.workers and [(n.node_id, n.workers) for n in ctl.nodes()] == [(node, 2)]
     assert batch.stats.retried >= 1 and batch.stats.groups_finished == 2
