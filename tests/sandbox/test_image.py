@@ -49,8 +49,9 @@ async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, 
 
     with pytest.raises(RuntimeError, match="agentrl sandbox build"):
         export_image(docker_client, "agentrl-sandbox-python:no-such-tag")
-    with Dockerd.start(Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))) as empty:
-        try:
+    root = Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))  # short: the daemon's socket paths live under it
+    try:
+        with Dockerd.start(root) as empty:
             assert not image_exists(empty.client(), sandbox_image)
             import_image(empty.client(), export_image(docker_client, sandbox_image), sandbox_image)
             reaper.install(docker_client)  # once per process: its exit cleanup is the main daemon's, not this one's
@@ -62,7 +63,7 @@ async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, 
                 assert (await sb.run(["python3", "-c", "print(6 * 7)"], timeout_s=10)).stdout == "42\n"
             finally:
                 await sb.close()
-        finally:
-            monkeypatch.undo()
-            cached_client.cache_clear()
-            shutil.rmtree(empty.root, ignore_errors=True)
+    finally:
+        monkeypatch.undo()
+        cached_client.cache_clear()
+        shutil.rmtree(root, ignore_errors=True)
