@@ -14,7 +14,7 @@ from agentrl.sandbox import SandboxError, reaper
 from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
 
 # Fixtures that need the engine: a test using one (directly or through another fixture) needs the marker.
-DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run"}
+DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
