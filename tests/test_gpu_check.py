@@ -44,6 +44,7 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path):
     assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the dry run above covers the same code
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the GPU run would run")
 def test_without_a_gpu_the_gpu_run_fails_each_check_and_goes_on(tmp_path):
     """No GPU: each check that needs one fails with the reason; agentrl_train, with no Docker engine in reach
@@ -73,6 +74,7 @@ sys.meta_path.insert(0, Blocker())
 """
 
 
+@pytest.mark.slow  # the fast tier is at its budget
 def test_a_check_whose_optional_package_is_missing_is_skipped_with_the_reason(tmp_path):
     """A GPU machine may lack Ray (no internet to install it): a check that imports it is skipped, naming the
     package (and where agentrl imports it); the exit status stays 0."""

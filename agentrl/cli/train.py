@@ -95,9 +95,10 @@ def train(
         fail("cluster.address places the learner ranks as Ray actors: start one `agentrl train`, not torchrun")
     # Before any process group or Ray actor: what this machine cannot run. Every rank (torchrun's RANK)
     # checks the env, the model and the engine, and says what it finds wrong (a check may fail on one rank
-    # only: another node); rank 0 alone checks Docker and the image, and builds it if asked.
+    # only: another node); rank 0 alone checks Docker and the image, and builds it if asked. On a Ray cluster the
+    # sandboxes run on the Docker nodes, each checked (and given the image) when the run starts.
     rank = int(os.environ.get("RANK", "0"))
-    problems = preflight(cfg, docker=rank == 0, build_image=build_image)
+    problems = preflight(cfg, docker=rank == 0 and cfg.cluster.address is None, build_image=build_image)
     for p in problems:
         error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:

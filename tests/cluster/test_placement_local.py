@@ -65,6 +65,7 @@ def test_replacements_go_to_the_least_loaded_alive_node():
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # the fast tier is at its budget; tests/cluster/test_env_nodes.py places workers on real nodes
 @pytest.mark.parametrize("local_ray", [{"docker": 1}], indirect=True)
 async def test_placed_workers_on_a_docker_node(local_ray, sandbox_image):
     """workers_per_node on the one Docker node (rollout.num_workers unused), the image found there; a worker killed

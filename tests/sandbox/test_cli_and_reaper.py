@@ -134,7 +134,8 @@ asyncio.run(main())
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGKILL", "SIGTERM"])  # fmt: skip
 def test_a_watchdog_removes_its_owners_containers_once_the_owner_is_gone(sandbox_image, docker_client, sig):
     """An owner that cannot run its exit cleanup (SIGKILL; a Ray env worker whose raylet died) leaves its containers
     to its watchdog (`reaper.watch`), which then exits; after a clean exit it has nothing to do and exits too."""

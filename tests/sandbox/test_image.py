@@ -38,6 +38,7 @@ def test_current_image_is_reused(docker_client, sandbox_image):
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # the fast tier is at its budget; tests/cluster ships the image to real nodes' daemons
 async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, sandbox_image, monkeypatch):
     """What a Docker node of a cluster gets before its first episode (agentrl.rollout.placement): the image saved
     from this daemon, loaded into an empty one, runs a sandbox there."""
