@@ -15,7 +15,7 @@ from cli import sets, start_agentrl
 from ray_cluster import NodeSpec, RayCluster
 
 from agentrl.runs import read_jsonl
-from agentrl.sandbox.reaper import LABEL
+from agentrl.sandbox.reaper import LABEL, PID_LABEL, owner_alive
 
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
 TIMEOUT_S = 3.0  # cluster.learner.collective_timeout_s: shorter than the ranks wait between calls here
@@ -42,7 +42,9 @@ def cluster():
 
 
 def containers(node) -> list[str]:
-    return [c.name for c in node.docker_client().containers.list(all=True, filters={"label": LABEL})]
+    """The node daemon's sandbox containers, each with its owner's pid and whether that process still runs."""
+    return [f"{c.name} (owner pid {c.labels.get(PID_LABEL)}, alive: {owner_alive(c.labels)}, {c.status})"
+            for c in node.docker_client().containers.list(all=True, filters={"label": LABEL})]  # fmt: skip
 
 
 def placement(stdout: str) -> dict[str, list[str]]:
@@ -94,7 +96,7 @@ def test_a_run_places_its_parts_and_survives_a_lost_node(tmp_path, cluster):
     assert rows[-1]["rollout/nodes"] == 1
     assert all(r["policy_version"] == i + 1 for i, r in enumerate(rows))
     for node in cluster.docker_nodes():  # the lost node's daemon too: its worker's watchdog removed them
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while containers(node) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert containers(node) == [], node.name
