@@ -9,16 +9,21 @@ A_{i,t} = `advantages` (per token, or one A_i per sequence), w the behaviour wei
 - GSPO:       s_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_prox(t)))
               J_i = w_i · min(s_i·A_i, clip(s_i, 1−ε_low, 1+ε_high)·A_i)
 - GSPO-token: s_{i,t} = sg[s_i]·exp(lp_θ(t) − sg[lp_θ(t)])   (value s_i; gradient through lp_θ(t))
-              J_i = w_i · (1/|T_i|) Σ_{t∈T_i} min(s_{i,t}·A_{i,t}, clip(s_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
+              J_i = (1/|T_i|) Σ_{t∈T_i} w_{i,t} · min(s_{i,t}·A_{i,t}, clip(s_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
 - GRPO:       r_{i,t} = exp(lp_θ(t) − lp_prox(t)), clipped per token,
               J_i = (1/|T_i|) Σ_{t∈T_i} w_{i,t} · min(r_{i,t}·A_{i,t}, clip(r_{i,t}, 1−ε_low, 1+ε_high)·A_{i,t})
 
 Behaviour weight (the decoupled objective, AReaL): with lp_b = `behaviour_logprobs`, the engine's
-logprobs of tokens it sampled (under an older policy version, or with other numerics), at the
-objective's level: ŵ_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_prox(t) − lp_b(t))) for the GSPO modes,
-ŵ_{i,t} = exp(lp_prox(t) − lp_b(t)) for GRPO; then w = sg[min(ŵ, C)] ("truncate") or
-w = sg[ŵ·1(ŵ ≤ C)] ("mask"). Without behaviour logprobs lp_prox is lp_b and w = 1: the
-coupled objective, the same numbers exactly.
+logprobs of tokens it sampled (under an older policy version, or with other numerics), ŵ is taken
+per unit, at `behaviour_level`:
+- "sequence": ŵ_i = exp((1/|T_i|) Σ_{t∈T_i} (lp_prox(t) − lp_b(t))), and every token term of
+  sequence i takes its w: w_{i,t} = w_i;
+- "token": ŵ_{i,t} = exp(lp_prox(t) − lp_b(t)), for GSPO-token and GRPO (GSPO's one term per
+  sequence has no token to weigh: refused);
+- "auto": the objective's own level, sequence for the GSPO modes, token for GRPO.
+Then w = sg[min(ŵ, C)] ("truncate"), w = sg[ŵ·1(ŵ ≤ C)] ("mask") or w = sg[ŵ·1(1/C ≤ ŵ ≤ C)]
+("band", IcePop's two-sided mask, C > 1). Without behaviour logprobs lp_prox is lp_b and w = 1:
+the coupled objective, the same numbers exactly.
 
 J = (1/B') Σ_i J_i over the B' sequences with at least one generated token: every sequence
 weighs the same whatever its length. A token sum across the batch (which weights long
@@ -37,7 +42,8 @@ from typing import ClassVar, Literal, get_args
 import torch
 
 Mode = Literal["gspo", "gspo_token", "grpo"]
-BehaviourWeight = Literal["none", "truncate", "mask"]
+BehaviourWeight = Literal["none", "truncate", "mask", "band"]
+BehaviourLevel = Literal["auto", "token", "sequence"]
 
 
 @dataclass
@@ -51,19 +57,25 @@ class Objective(ABC):
     """One surrogate objective. Set `name`, `default_clip` and `level` in ALL subclasses.
 
     `level` is where its importance ratio lives ("sequence" or "token"); the behaviour weight
-    is taken at the same level.
+    is taken at the same level unless asked for at another.
     """
 
     name: ClassVar[str]
     default_clip: ClassVar[tuple[float, float]]  # (ε_low, ε_high), the GSPO paper's values
     level: ClassVar[Literal["sequence", "token"]]
     sequence_advantage: ClassVar[bool] = False  # needs one A_i per sequence
+    token_weight: ClassVar[bool] = True  # has a term per token that a per-token behaviour weight can weigh
 
     @abstractmethod
     def terms(self, lp: torch.Tensor, lp_prox: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
               eps_low: float, eps_high: float, weight: torch.Tensor | None) -> _Terms:  # fmt: skip
         """lp, lp_prox, A, mask: (B, T), float, masked positions zeroed; weight: the behaviour weight w
-        at this objective's level, (B,) or (B, T), without gradient (None: w = 1)."""
+        without gradient, (B,) per sequence or (B, T) per token (only if `token_weight`); None: w = 1."""
+
+
+def _per_token(weight: torch.Tensor) -> torch.Tensor:
+    """A behaviour weight as a factor of (B, T) token terms: w_{i,t}, or w_i on every token of sequence i."""
+    return weight[:, None] if weight.dim() == 1 else weight
 
 
 def _clipped_branch(ratio: torch.Tensor, A: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
@@ -90,6 +102,7 @@ class GSPO(Objective):
     default_clip = (3e-4, 4e-4)
     level = "sequence"
     sequence_advantage = True
+    token_weight = False  # one term per sequence: no token term to weigh
 
     def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
         A_i = _token_mean(A, mask)  # A is constant along each sequence (checked by policy_loss)
@@ -110,7 +123,7 @@ class GSPOToken(Objective):
         s_it = s_i.detach()[:, None] * (lp - lp.detach()).exp()  # (B, T): value s_i, gradient of lp_θ(t)
         J_it = _surrogate(s_it, A, eps_low, eps_high)
         if weight is not None:
-            J_it = weight[:, None] * J_it
+            J_it = _per_token(weight) * J_it
         clipped = _clipped_branch(s_it.detach(), A, eps_low, eps_high).to(lp.dtype)
         return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), s_i.detach())
 
@@ -124,7 +137,7 @@ class GRPO(Objective):
         r_it = (lp - lp_prox).exp()  # (B, T)
         J_it = _surrogate(r_it, A, eps_low, eps_high)
         if weight is not None:
-            J_it = weight * J_it
+            J_it = _per_token(weight) * J_it
         clipped = _clipped_branch(r_it.detach(), A, eps_low, eps_high).to(lp.dtype)
         return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), r_it.detach()[mask.bool()])
 
@@ -132,18 +145,27 @@ class GRPO(Objective):
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GSPO(), GSPOToken(), GRPO())}
 
 
+# per kind, the metric of the share of units the cap acted on (truncated, or set to 0)
+_CAPPED_METRIC = {"truncate": "behaviour_truncated_fraction", "mask": "behaviour_masked_fraction",
+                  "band": "behaviour_band_masked_fraction"}  # fmt: skip
+
+
 def _behaviour_weights(lp_prox: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor, *,
-                       level: Literal["sequence", "token"], kind: Literal["truncate", "mask"],
-                       cap: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(ŵ, w) without gradient, (B,) at sequence level or (B, T) at token level (1 off the mask):
-    ŵ = exp(lp_prox − lp_b), of the sequence's mean log-ratio at sequence level, per token at token
-    level; w = min(ŵ, C) ("truncate") or ŵ·1(ŵ ≤ C) ("mask"). lp_prox, lp_b, mask: (B, T), masked
+                       level: Literal["sequence", "token"], kind: Literal["truncate", "mask", "band"],
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(ŵ, w, capped) without gradient, (B,) at sequence level or (B, T) at token level (ŵ = 1 off the
+    mask): ŵ = exp(lp_prox − lp_b), of the sequence's mean log-ratio at sequence level, per token at
+    token level; w = min(ŵ, C) ("truncate"), ŵ·1(ŵ ≤ C) ("mask") or ŵ·1(1/C ≤ ŵ ≤ C) ("band"); capped:
+    where the cap acted (ŵ > C, or ŵ outside [1/C, C] for "band"). lp_prox, lp_b, mask: (B, T), masked
     positions zeroed."""
     log_w = (lp_prox - lp_b).detach()
     raw = (_token_mean(log_w, mask) if level == "sequence" else log_w).exp()
+    capped = raw > cap
     if kind == "truncate":
-        return raw, raw.clamp(max=cap)
-    return raw, torch.where(raw > cap, torch.zeros_like(raw), raw)
+        return raw, raw.clamp(max=cap), capped
+    if kind == "band":
+        capped = capped | (raw < 1 / cap)
+    return raw, torch.where(capped, torch.zeros_like(raw), raw), capped
 
 
 def _k3(log_r: torch.Tensor) -> torch.Tensor:
@@ -222,6 +244,7 @@ def policy_loss(
     behaviour_logprobs: torch.Tensor | None = None,
     behaviour_weight: BehaviourWeight = "none",
     behaviour_cap: float | None = None,
+    behaviour_level: BehaviourLevel = "auto",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −J (+ the optional KL penalty), and its metrics.
 
@@ -233,9 +256,11 @@ def policy_loss(
     Optional extras, off by default:
     - `ref_logprobs` and `kl_coef` β > 0: adds β·(1/B') Σ_i (1/|T_i|) Σ_t k3(lp_ref(t) − lp_θ(t)),
       a penalty on KL(π_θ ‖ π_ref) estimated on the sampled tokens.
-    - `behaviour_logprobs` lp_b, `behaviour_weight` "truncate" or "mask" and `behaviour_cap` C > 0: the
-      decoupled objective, each sequence's (GSPO modes) or token's (GRPO) term weighted by the
-      behaviour weight w (module docstring), for tokens sampled by a policy other than lp_prox's.
+    - `behaviour_logprobs` lp_b, `behaviour_weight` "truncate", "mask" or "band" and `behaviour_cap` C > 0
+      (> 1 for "band"): the decoupled objective, each unit's term weighted by the behaviour weight w
+      (module docstring), for tokens sampled by a policy other than lp_prox's. `behaviour_level`: the
+      unit, "auto" (the objective's own: sequences for the GSPO modes, tokens for GRPO), "sequence" or
+      "token" (not for GSPO, whose one term per sequence has no token to weigh).
 
     Metrics: clip_fraction (share of the objective's weight whose clipped branch is taken:
     sequences for GSPO, tokens for GSPO-token and GRPO, averaged per sequence), ratio_p05 /
@@ -245,7 +270,7 @@ def policy_loss(
     before any update against the engine's lp_b), sequences (B'); with the KL penalty kl_ref; with a
     behaviour weight, over its units (sequences with tokens, or generated tokens): behaviour_weight_p05 /
     _p50 / _p95 (ŵ, before the cap) and behaviour_truncated_fraction or behaviour_masked_fraction
-    (the share whose ŵ exceeded C).
+    (the share whose ŵ exceeded C), or behaviour_band_masked_fraction (the share outside [1/C, C]).
 
     Computed in float32 at least whatever the inputs' dtype; the gradient reaches `logprobs` in its own.
     """
@@ -253,12 +278,16 @@ def policy_loss(
         raise ValueError("the KL penalty needs both ref_logprobs and kl_coef > 0")
     if behaviour_weight not in (kinds := get_args(BehaviourWeight)):
         raise ValueError(f"unknown behaviour_weight {behaviour_weight!r}; valid: {', '.join(kinds)}")
+    if behaviour_level not in (levels := get_args(BehaviourLevel)):
+        raise ValueError(f"unknown behaviour_level {behaviour_level!r}; valid: {', '.join(levels)}")
     weighted = behaviour_weight != "none"
     if (behaviour_logprobs is not None) != weighted or (behaviour_cap is not None) != weighted:
-        raise ValueError("behaviour_weight 'truncate' or 'mask' needs both behaviour_logprobs and behaviour_cap; "
-                         "'none' takes neither")  # fmt: skip
-    if behaviour_cap is not None and not behaviour_cap > 0:
-        raise ValueError(f"behaviour_cap must be > 0, got {behaviour_cap}")
+        raise ValueError("behaviour_weight 'truncate', 'mask' or 'band' needs both behaviour_logprobs and "
+                         "behaviour_cap; 'none' takes neither")  # fmt: skip
+    if not weighted and behaviour_level != "auto":
+        raise ValueError(f"behaviour_level {behaviour_level!r} needs a behaviour_weight other than 'none'")
+    if behaviour_cap is not None and not behaviour_cap > (1 if behaviour_weight == "band" else 0):
+        raise ValueError(f"behaviour_cap must be > 0 (> 1 for 'band', whose band is [1/C, C]), got {behaviour_cap}")
     x = _Inputs.of(logprobs, old_logprobs, advantages, mask, mode, clip_low, clip_high)
     objective, m, on, lp, lp_prox, A, masked = x.objective, x.m, x.on, x.lp, x.lp_prox, x.A, x.masked
 
@@ -269,12 +298,18 @@ def policy_loss(
     weight = None
     metrics: dict[str, float] = {}
     if weighted:
-        raw, weight = _behaviour_weights(lp_prox, masked(behaviour_logprobs), m, level=objective.level,
-                                         kind=behaviour_weight, cap=behaviour_cap)  # fmt: skip
-        units = raw[has_tokens] if objective.level == "sequence" else raw[on]
+        level = objective.level if behaviour_level == "auto" else behaviour_level
+        if level == "token" and not objective.token_weight:
+            raise ValueError(
+                f"mode {mode!r} has one term per sequence: a per-token behaviour weight has no "
+                "token term to weigh; use behaviour_level 'sequence' (or 'auto'), or mode 'gspo_token'"
+            )
+        raw, weight, capped = _behaviour_weights(lp_prox, masked(behaviour_logprobs), m, level=level,
+                                                 kind=behaviour_weight, cap=behaviour_cap)  # fmt: skip
+        units = raw[has_tokens] if level == "sequence" else raw[on]
         metrics |= _quantiles("behaviour_weight", units)
-        capped = "behaviour_truncated_fraction" if behaviour_weight == "truncate" else "behaviour_masked_fraction"
-        metrics[capped] = float((units > behaviour_cap).double().mean())
+        hit = capped[has_tokens] if level == "sequence" else capped[on]
+        metrics[_CAPPED_METRIC[behaviour_weight]] = float(hit.double().mean())
     terms = objective.terms(lp, lp_prox, A, m, x.eps_low, x.eps_high, weight)
     J = terms.J_i[has_tokens].mean()
     loss = -J
