@@ -40,15 +40,20 @@ class AlgoConfig(_Strict):
     """ε_high; None: the loss's paper default (GSPO 4e-4, GRPO 0.27)"""
     kl_coef: float = Field(0.0, ge=0.0)
     """β of a KL penalty to the initial policy; 0 turns it off (no reference model is kept)"""
-    behaviour_weight: Literal["none", "truncate", "mask"] = "none"
+    behaviour_weight: Literal["none", "truncate", "mask", "band"] = "none"
     """the decoupled objective (docs/design.md §4), for tokens sampled by an older policy version or an engine
     whose numerics differ from the learner's. 'none': the ratio against the engine's lp_b, unweighted;
-    'truncate' / 'mask': the ratio against the learner's own lp_prox (before its first step on the batch), each
-    term weighted by w = exp(lp_prox − lp_b), truncated at behaviour_cap or zeroed above it"""
+    otherwise the ratio against the learner's own lp_prox (before its first step on the batch), each unit's term
+    weighted by ŵ = exp(lp_prox − lp_b): 'truncate' at behaviour_cap C, 'mask' zeroed above C, 'band' zeroed
+    outside [1/C, C] (IcePop)"""
+    behaviour_level: Literal["auto", "token", "sequence"] = "auto"
+    """the unit ŵ is taken over (unused under 'none'): 'sequence', the geometric mean of a sequence's token
+    ratios, weighing all its tokens; 'token', each token's own (not for loss 'gspo', one term per sequence);
+    'auto', the loss's own level: sequence for gspo and gspo_token, token for grpo"""
     behaviour_cap: float = Field(2.0, gt=0.0, allow_inf_nan=False)
-    """C of behaviour_weight (unused under 'none'). 2, as truncated importance sampling (Yao et al., 2025) uses:
-    w is about 1 where the engine sampled as the learner would, and a stale or mismatched sequence (or token,
-    for grpo) weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
+    """C of behaviour_weight (unused under 'none'; > 1 for 'band'). 2, as truncated importance sampling (Yao et
+    al., 2025) uses: w is about 1 where the engine sampled as the learner would, and a stale or mismatched unit
+    weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
     async_level: int = Field(0, ge=0)
     """k: how many policy versions generation may run ahead of the learner. 0: rollout, update and sync in
     turn; k >= 1: the fleet samples the next batch while the learner trains (needs rollout.max_staleness >= k)"""
@@ -83,6 +88,12 @@ class AlgoConfig(_Strict):
             raise ValueError(
                 "loss 'gspo' takes one advantage per sequence: use advantage 'outcome' or loss 'gspo_token'"
             )
+        if self.behaviour_weight == "band" and not self.behaviour_cap > 1:
+            raise ValueError(f"behaviour_weight 'band' keeps the units whose ŵ lies in [1/behaviour_cap, "
+                             f"behaviour_cap]: it needs behaviour_cap > 1, got {self.behaviour_cap}")  # fmt: skip
+        if self.behaviour_weight != "none" and self.loss == "gspo" and self.behaviour_level == "token":
+            raise ValueError("loss 'gspo' has one term per sequence: behaviour_level 'token' has no token term to "
+                             "weigh; use behaviour_level 'sequence' (or 'auto'), or loss 'gspo_token'")  # fmt: skip
         return self
 
 

@@ -184,7 +184,7 @@ class Trainer:
             if decoupled:
                 old = lp.detach() if m == 0 else proximal[m]
                 extra = {"behaviour_logprobs": mb.old_logprobs, "behaviour_weight": algo.behaviour_weight,
-                         "behaviour_cap": algo.behaviour_cap}  # fmt: skip
+                         "behaviour_cap": algo.behaviour_cap, "behaviour_level": algo.behaviour_level}  # fmt: skip
             if algo.kl_coef:
                 extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
             if s.n_local:
