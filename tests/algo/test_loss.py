@@ -26,19 +26,29 @@ def batch(seed: int, noise: float):
     return lp, lp_b, mask, A_tok, A_seq
 
 
-def reference(lp, lp_prox, A, mask, mode, eps_low, eps_high, lp_b=None, kind=None, cap=None):
-    """docs/design.md §4, one sequence and one token at a time; A is (B, T). With the engine's lp_b, each
-    sequence's (GSPO modes) or token's (GRPO) term is weighted by the behaviour weight: ŵ = exp(lp_prox − lp_b)
-    at the ratio's level, truncated at cap (kind "truncate") or 0 above it (kind "mask")."""
+def own_level(mode, level="auto"):
+    """The behaviour weight's unit: `level`, or under "auto" the objective's own (sequence for the GSPO modes)."""
+    return ("token" if mode == "grpo" else "sequence") if level == "auto" else level
+
+
+def reference(lp, lp_prox, A, mask, mode, eps_low, eps_high, lp_b=None, kind=None, cap=None, level="auto"):
+    """docs/design.md §4, one sequence and one token at a time; A is (B, T). With the engine's lp_b, each unit's
+    term is weighted by the behaviour weight: ŵ = exp(lp_prox − lp_b) per sequence (of its mean log-ratio, w_i
+    on every token term of the sequence) or per token (`level`), truncated at cap (kind "truncate"), 0 above it
+    ("mask") or 0 outside [1/cap, cap] ("band")."""
+    level = own_level(mode, level)
 
     def clip(x):
         return x.clamp(1 - eps_low, 1 + eps_high)
 
     def w(log_w):
-        if lp_b is None:
-            return 1.0
         raw = math.exp(float(log_w))
-        return min(raw, cap) if kind == "truncate" else (0.0 if raw > cap else raw)
+        if kind == "truncate":
+            return min(raw, cap)
+        if kind == "mask":
+            return 0.0 if raw > cap else raw
+        assert kind == "band"
+        return raw if 1 / cap <= raw <= cap else 0.0
 
     J, n = 0.0, 0
     for i in range(lp.shape[0]):
@@ -47,30 +57,32 @@ def reference(lp, lp_prox, A, mask, mode, eps_low, eps_high, lp_b=None, kind=Non
             continue
         n += 1
         s_i = torch.exp(sum(lp[i, t] - lp_prox[i, t] for t in T_i) / len(T_i))
-        w_i = w(sum(lp_prox[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) if lp_b is not None else 1.0
+        weighted = lp_b is not None
+        w_i = w(sum(lp_prox[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) if weighted and level == "sequence" else 1.0
+        w_t = {t: w(lp_prox[i, t] - lp_b[i, t]) if weighted and level == "token" else 1.0 for t in T_i}
         if mode == "gspo":
+            assert not weighted or level == "sequence"
             A_i = A[i, T_i[0]]
             J = J + w_i * torch.minimum(s_i * A_i, clip(s_i) * A_i)
         elif mode == "gspo_token":
             terms = []
             for t in T_i:
                 s_it = s_i.detach() * torch.exp(lp[i, t] - lp[i, t].detach())
-                terms.append(torch.minimum(s_it * A[i, t], clip(s_it) * A[i, t]))
-            J = J + w_i * sum(terms) / len(T_i)
+                terms.append(w_i * w_t[t] * torch.minimum(s_it * A[i, t], clip(s_it) * A[i, t]))
+            J = J + sum(terms) / len(T_i)
         else:
             terms = []
             for t in T_i:
                 r = torch.exp(lp[i, t] - lp_prox[i, t])
-                w_t = w(lp_prox[i, t] - lp_b[i, t]) if lp_b is not None else 1.0
-                terms.append(w_t * torch.minimum(r * A[i, t], clip(r) * A[i, t]))
+                terms.append(w_i * w_t[t] * torch.minimum(r * A[i, t], clip(r) * A[i, t]))
             J = J + sum(terms) / len(T_i)
     return -J / n
 
 
-def reference_weights(lp_prox, lp_b, mask, mode):
-    """ŵ per unit, before the cap: exp of the mean log-ratio per sequence, or per token for GRPO."""
+def reference_weights(lp_prox, lp_b, mask, level):
+    """ŵ per unit, before the cap: exp of the mean log-ratio per sequence ("sequence"), or per token ("token")."""
     rows = [[t for t in range(mask.shape[1]) if mask[i, t]] for i in range(mask.shape[0])]
-    if mode == "grpo":
+    if level == "token":
         return [math.exp(lp_prox[i, t] - lp_b[i, t]) for i, T_i in enumerate(rows) for t in T_i]
     return [math.exp(sum(lp_prox[i, t] - lp_b[i, t] for t in T_i) / len(T_i)) for i, T_i in enumerate(rows) if T_i]
 
@@ -161,8 +173,17 @@ def test_bad_calls_are_refused_with_the_fix():
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", ref_logprobs=lp_b)
     with pytest.raises(ValueError, match="needs both behaviour_logprobs and behaviour_cap"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", behaviour_logprobs=lp_b)
-    with pytest.raises(ValueError, match="valid: none, truncate, mask"):
+    with pytest.raises(ValueError, match="valid: none, truncate, mask, band"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", **behaviour("clip", lp_b))
+    with pytest.raises(ValueError, match="valid: auto, token, sequence"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", **behaviour("mask", lp_b), behaviour_level="turn")
+    with pytest.raises(ValueError, match="needs a behaviour_weight other than 'none'"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", behaviour_level="sequence")
+    with pytest.raises(ValueError, match=r"> 1 for 'band'"):
+        policy_loss(lp, lp_b, A_tok, mask, mode="grpo", **behaviour("band", lp_b, cap=1.0))
+    with pytest.raises(ValueError, match=r"one term per sequence.*mode 'gspo_token'"):
+        policy_loss(lp, lp_b, A_tok[:, :1].expand(B, T), mask, mode="gspo", **behaviour("truncate", lp_b),
+                    behaviour_level="token")  # fmt: skip
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", clip_low=1.0)
     with pytest.raises(ValueError, match="all zero"):
@@ -196,70 +217,112 @@ def behaviour(kind, lp_b, cap=2.0):
     return {"behaviour_logprobs": lp_b, "behaviour_weight": kind, "behaviour_cap": cap}
 
 
-@pytest.mark.parametrize("kind", ["truncate", "mask"])
-@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
-def test_behaviour_weight_matches_the_equations(mode, kind):
-    """The decoupled objective against the transcription: ratio against lp_prox, each unit weighted by w."""
+KINDS = ["truncate", "mask", "band"]
+CAPPED = {"truncate": "behaviour_truncated_fraction", "mask": "behaviour_masked_fraction",
+          "band": "behaviour_band_masked_fraction"}  # fmt: skip
+# every objective × level allowed: gspo has one term per sequence, so no token-level weight
+LEVELS = [("gspo", "auto"), ("gspo", "sequence"), ("gspo_token", "auto"), ("gspo_token", "sequence"),
+          ("gspo_token", "token"), ("grpo", "auto"), ("grpo", "token"), ("grpo", "sequence")]  # fmt: skip
+
+
+def capped_by_reference(raw, kind, cap):
+    """Where the cap acts on ŵ: above it, or for "band" outside [1/cap, cap]."""
+    return (raw > cap) | (raw < 1 / cap) if kind == "band" else raw > cap
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode,level", LEVELS)
+def test_behaviour_weight_matches_the_equations(mode, level, kind):
+    """The decoupled objective against the transcription: ratio against lp_prox, each unit (a sequence, or a
+    token) weighted by w, in loss, gradient and metrics."""
     lp, lp_prox, mask, A_tok, A_seq = batch(8, noise=2e-3 if mode != "grpo" else 0.4)
     A = A_seq[:, None].expand(B, T) if mode == "gspo" else A_tok
     # the engine's lp_b: a per-sequence shift (older or newer policies) and per-token noise, so that some
-    # units' ŵ fall above the cap and most below it
+    # units' ŵ fall above the cap, some below 1/cap and most between
     g = torch.Generator().manual_seed(9)
     lp_b = lp_prox - torch.linspace(-1, 1, B, dtype=torch.float64)[:, None] + 0.3 * torch.randn(B, T, generator=g)
     cap = 1.5
     ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                                **behaviour(kind, lp_b, cap)), lp)  # fmt: skip
+                                                                **behaviour(kind, lp_b, cap), behaviour_level=level),
+                                          lp)  # fmt: skip
     eps_low, eps_high = OBJECTIVES[mode].default_clip
-    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_prox, A, mask, mode, eps_low, eps_high, lp_b, kind, cap),
-                                  lp)  # fmt: skip
+    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_prox, A, mask, mode, eps_low, eps_high, lp_b, kind, cap,
+                                                      level), lp)  # fmt: skip
     torch.testing.assert_close(ours, ref, atol=1e-9, rtol=0)
     torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-9, rtol=0)
     plain, _ = policy_loss(lp, lp_prox, A, mask, mode=mode)
     assert not torch.isclose(ours, plain), "the weights should change the loss"
-    raw = torch.tensor(reference_weights(lp_prox, lp_b, mask, mode), dtype=torch.float64)
+    raw = torch.tensor(reference_weights(lp_prox, lp_b, mask, own_level(mode, level)), dtype=torch.float64)
     for name, q in (("behaviour_weight_p05", 0.05), ("behaviour_weight_p50", 0.5), ("behaviour_weight_p95", 0.95)):
         assert metrics[name] == pytest.approx(float(torch.quantile(raw, q)), abs=1e-12)
-    capped = "behaviour_truncated_fraction" if kind == "truncate" else "behaviour_masked_fraction"
-    assert metrics[capped] == pytest.approx(float((raw > cap).double().mean())) and 0 < metrics[capped] < 0.5
+    share = float(capped_by_reference(raw, kind, cap).double().mean())
+    assert metrics[CAPPED[kind]] == pytest.approx(share) and 0 < share < 1
+    assert not {*CAPPED.values()} - {CAPPED[kind]} & metrics.keys()
 
 
-@pytest.mark.parametrize("kind", ["truncate", "mask"])
-@pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
-def test_weight_one_is_the_coupled_loss_exactly(mode, kind):
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode,level", LEVELS)
+def test_weight_one_is_the_coupled_loss_exactly(mode, level, kind):
     """lp_b = lp_prox gives w = 1 on every unit: the decoupled loss is the coupled one, bit for bit."""
     lp, lp_prox, mask, A_tok, A_seq = batch(12, noise=2e-3 if mode != "grpo" else 0.4)
     A = A_seq if mode == "gspo" else A_tok
     plain, g_plain, m_plain = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
     same, g_same, m_same = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                               **behaviour(kind, lp_prox)), lp)  # fmt: skip
+                                                               **behaviour(kind, lp_prox), behaviour_level=level),
+                                         lp)  # fmt: skip
     assert torch.equal(same, plain) and torch.equal(g_same, g_plain)
     assert m_same.items() >= m_plain.items()
     assert m_same["behaviour_weight_p05"] == m_same["behaviour_weight_p95"] == 1
-    assert m_same["behaviour_truncated_fraction" if kind == "truncate" else "behaviour_masked_fraction"] == 0
+    assert m_same[CAPPED[kind]] == 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
-def test_stale_tokens_are_weighted_not_clipped(mode):
+def test_auto_is_the_objective_s_own_level_bit_for_bit(mode, kind):
+    """behaviour_level 'auto' (the default) is the weight the objectives took before there was a choice: per
+    sequence for the GSPO modes, per token for GRPO, the same numbers exactly; the other level differs."""
+    lp, lp_prox, mask, A_tok, A_seq = batch(8, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq if mode == "gspo" else A_tok
+    g = torch.Generator().manual_seed(9)
+    lp_b = lp_prox - torch.linspace(-1, 1, B, dtype=torch.float64)[:, None] + 0.3 * torch.randn(B, T, generator=g)
+
+    def run(**level):
+        return loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_b, 1.5),
+                                                   **level), lp)  # fmt: skip
+
+    auto, own = run(), run(behaviour_level=own_level(mode))
+    assert torch.equal(auto[0], own[0]) and torch.equal(auto[1], own[1]) and auto[2] == own[2]
+    if mode != "gspo":
+        other = run(behaviour_level="token" if own_level(mode) == "sequence" else "sequence")
+        assert not torch.isclose(other[0], auto[0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode,level", LEVELS)
+def test_stale_tokens_are_weighted_not_clipped(mode, level, kind):
     """Tokens an older policy sampled (lp_b far from the learner's): against lp_b many fall outside the clip
-    and teach nothing; decoupled, at the first step (lp_θ = lp_prox) none is clipped, and each sequence's
-    (GRPO: token's) gradient is the on-policy one times its w."""
+    and teach nothing; decoupled, at the first step (lp_θ = lp_prox) none is clipped, and each unit's gradient
+    (a sequence's tokens, or a token's) is the on-policy one times its w: min(ŵ, 2), or ŵ where the mask or
+    the band [1/2, 2] keeps it and exactly 0 where it does not."""
     lp, _, mask, A_tok, A_seq = batch(13, noise=0.0)
     A = A_seq if mode == "gspo" else A_tok
     g = torch.Generator().manual_seed(14)
     lp_prox = lp.detach()
-    lp_b = torch.where(mask.bool(), lp_prox, 0.0) + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp_b = torch.where(mask.bool(), lp_prox, 0.0) + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     _, _, coupled = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
     _, g_on, _ = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
     _, g_dec, decoupled = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                              **behaviour("truncate", lp_b)), lp)  # fmt: skip
+                                                              **behaviour(kind, lp_b), behaviour_level=level),
+                                        lp)  # fmt: skip
     assert coupled["clip_fraction"] > 0.2 and decoupled["clip_fraction"] == 0
     on = mask.bool()
     log_w = torch.where(on, lp_prox - lp_b, 0.0)
-    if mode != "grpo":
+    if own_level(mode, level) == "sequence":
         log_w = (log_w.sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand(B, T)
-    w = log_w.exp().clamp(max=2.0)
+    raw = log_w.exp()
+    w = raw.clamp(max=2.0) if kind == "truncate" else torch.where(capped_by_reference(raw, kind, 2.0), 0.0, raw)
     torch.testing.assert_close(g_dec[on], (w * g_on)[on], atol=1e-12, rtol=0)
-    assert (g_dec[on] != 0).all(), "no unit should be clipped away"
+    assert (g_dec[on] != 0).equal(w[on] != 0), "only a unit the cap zeroes loses its gradient"
 
 
 @pytest.mark.parametrize("mode", ["gspo", "gspo_token", "grpo"])
