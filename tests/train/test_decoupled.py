@@ -38,6 +38,30 @@ def test_the_ratio_is_taken_against_the_learner_before_its_first_step(weight):
         assert r.ratio == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_trainer_weighs_at_the_behaviour_level_asked_for(level):
+    """GRPO with IcePop's band (C = 2): engine logprobs scattered around the learner's put some tokens' ŵ
+    outside [1/2, 2], hardly a sequence's geometric mean. The trainer passes algo.behaviour_level to the loss:
+    the weight's quantiles and out-of-band share are over the units asked for."""
+    algo = AlgoConfig(loss="grpo", behaviour_weight="band", behaviour_level=level)
+    trainer = Trainer(TrainerConfig(algo=algo, optim=OptimConfig(minibatches=1)), tiny_model("qwen3", seed=0))
+    batch = fixed_batch()
+    with torch.no_grad():
+        before = trainer.scorer(batch.input_ids, batch.attention_mask, batch.sampling)[0]
+    on = batch.loss_mask.bool()
+    g = torch.Generator().manual_seed(1)
+    batch.old_logprobs = torch.where(on, before + 0.5 * torch.randn(before.shape, generator=g), 0.0)
+    log_w = torch.where(on, before - batch.old_logprobs, 0.0).double()
+    raw = (log_w.sum(-1) / on.sum(-1)).exp() if level == "sequence" else log_w[on].exp()
+    metrics = trainer.update(batch)
+    for name, q in (("behaviour_weight_p05", 0.05), ("behaviour_weight_p50", 0.5), ("behaviour_weight_p95", 0.95)):
+        assert metrics[name] == pytest.approx(float(torch.quantile(raw, q)), rel=1e-4)
+    outside = float(((raw > 2) | (raw < 0.5)).double().mean())
+    assert metrics["behaviour_band_masked_fraction"] == pytest.approx(outside)
+    assert (outside > 0.05) if level == "token" else (outside == 0)
+    assert metrics["grad_norm"] > 0
+
+
 def trajectory(name: str, pieces: list[tuple[int, int, int]]) -> Trajectory:
     """A 3-token prompt, then per turn (n tokens, the version that sampled them, the oldest version in their KV)."""
     t = Trajectory(episode_id=name, group_id="g", task_id="g", sampling=SamplingParams(temperature=1.0))
