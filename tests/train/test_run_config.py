@@ -12,6 +12,7 @@ from agentrl.train.config import lr_factor
 from agentrl.train.run_config import RunConfig
 
 RECIPES = sorted(configs_dir().glob("*.yaml"))
+GSPO = ["algo.loss=gspo", "algo.advantage=outcome"]
 
 
 def test_unknown_key_names_the_valid_ones_and_a_close_match():
@@ -38,11 +39,24 @@ def test_wrong_types_and_choices_are_refused_with_the_choices():
         (["engine.kind=vllm", "engine.record_routing=true"], "record_routing needs engine.kind=hf"),
         (["rollout.partial=false", "rollout.iteration_token_budget=100"], "need partial=true"),
         (["algo.tis_cap=2"], "old_logprobs='recompute'"),
+        (["algo.behaviour_weight=band", "algo.behaviour_cap=1"], r"needs behaviour_cap > 1, got 1.0"),
+        ([*GSPO, "algo.behaviour_weight=mask", "algo.behaviour_level=token"], "or loss 'gspo_token'"),
     ],
 )
 def test_incompatible_combinations_are_refused(sets, match):
     with pytest.raises(ConfigError, match=match):
         load(RunConfig, parse_sets(sets))
+
+
+def test_behaviour_options_load_and_old_keys_keep_their_meaning():
+    """band and behaviour_level load (the level unused under 'none'); configs saved before behaviour_weight keep
+    loading as the weight at the objective's own level, which is what they were."""
+    algo = load(RunConfig, parse_sets(["algo.loss=grpo", "algo.behaviour_weight=band", "algo.behaviour_cap=3",
+                                       "algo.behaviour_level=sequence"])).algo  # fmt: skip
+    assert (algo.behaviour_weight, algo.behaviour_cap, algo.behaviour_level) == ("band", 3.0, "sequence")
+    assert load(RunConfig, parse_sets([*GSPO, "algo.behaviour_level=token"])).algo.behaviour_weight == "none"
+    old = load(RunConfig, {"algo": {"loss": "grpo", "old_logprobs": "recompute", "tis_cap": 1.5}}).algo
+    assert (old.behaviour_weight, old.behaviour_cap, old.behaviour_level) == ("truncate", 1.5, "auto")
 
 
 def test_set_parses_dotted_keys_and_yaml_values():
