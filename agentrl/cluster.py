@@ -26,8 +26,8 @@ class _Strict(BaseModel):
 class LearnerPlacement(_Strict):
     ranks: int = Field(1, ge=1)
     """learner processes (torch.distributed world size), each a Ray actor"""
-    gpus_per_rank: int = Field(0, ge=0)
-    """0: CPU ranks over gloo; 1: one GPU each, over NCCL"""
+    gpus_per_rank: int = Field(0, ge=0, le=1)
+    """0: CPU ranks over gloo (a node's GPUs hidden from them); 1: one GPU each, over NCCL"""
     cpus_per_rank: float = Field(1.0, gt=0)
     """CPUs each rank reserves (also its torch threads, rounded down, unless `threads` is set)"""
     resources: dict[str, float] = Field(default_factory=dict)
@@ -35,7 +35,8 @@ class LearnerPlacement(_Strict):
     strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
     """the placement group's strategy over the ranks' bundles (PACK: as few nodes as fit)"""
     collective_timeout_s: float = Field(1800.0, gt=0)
-    """torch.distributed's timeout for one collective; rollouts never run inside one, so it bounds only the update"""
+    """torch.distributed's timeout for one collective (in an update, a sync, a checkpoint, an export); the ranks wait
+    in none while episodes run, so a rollout may take longer"""
 
 
 class InferencePlacement(_Strict):

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,9 +71,19 @@ class Node:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket stays bound until all are chosen, so none is handed out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+_PORT_LOCK = threading.Lock()  # worker nodes start in parallel threads: one draws its ports at a time
 
 
 def _ports(head: bool) -> list[str]:
@@ -81,7 +92,9 @@ def _ports(head: bool) -> list[str]:
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
     if head:
         names += ["--ray-client-server-port", "--dashboard-port"]
-    return [arg for name in names for arg in (name, str(_free_port()))]
+    with _PORT_LOCK:
+        ports = _free_ports(len(names))
+    return [arg for name, port in zip(names, ports, strict=True) for arg in (name, str(port))]
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -228,13 +228,13 @@ def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False)
     problems = _check_env(cfg) + _check_model(cfg) + _check_engine(cfg)
     if docker:
         problems += _check_docker(build_image)
-    if cfg.rollout.ray_address:
-        host, _, port = cfg.rollout.ray_address.removeprefix("ray://").rpartition(":")
+    if (address := cfg.ray_address) not in (None, "auto"):  # "auto": Ray finds the cluster this machine is in
+        host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=5).close()
         except (OSError, ValueError) as e:
-            problems.append(f"Ray cluster at {cfg.rollout.ray_address} does not answer ({e}): start it "
-                            "(ray start --head) or drop rollout.ray_address to run Ray locally")  # fmt: skip
+            problems.append(f"Ray cluster at {address} does not answer ({e}): start it (ray start --head), or drop "
+                            "cluster.address / rollout.ray_address to run Ray locally")  # fmt: skip
     return problems
 
 
@@ -258,7 +258,9 @@ def _check_engine(cfg: RunConfig) -> list[str]:
     """The engine can run here (vLLM installed and a GPU; a server answering)."""
     from agentrl.engine import engine_unavailable
 
-    why = engine_unavailable(cfg.engine)
+    # on a cluster the replicas' nodes are not checked from here (the engine starts them there)
+    engine = cfg.engine.model_copy(update={"ray_address": cfg.cluster.address}) if cfg.cluster.address else cfg.engine
+    why = engine_unavailable(engine)
     return [f"engine.kind={cfg.engine.kind}: {why}"] if why else []
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 AFFINITY_ENTRIES = 1 << 16
 """request ids remembered for affinity; the least recently routed are forgotten (an episode long finished)"""
+FREE_WAIT_S = 30.0
+"""how long a fleet waits at start for Ray to have its replicas' resources free"""
 
 
 class FleetDown(RuntimeError):
@@ -210,7 +213,7 @@ class Fleet(InferenceEngine):
             if self._slots:
                 return
             if self._kind is ActorReplica:
-                self._init_ray()
+                await self._init_ray()
             n = len(self.cfg.base_urls) or self.cfg.replicas
             slots = [_Slot(i, self._new_replica(i)) for i in range(n)]
             try:
@@ -230,15 +233,26 @@ class Fleet(InferenceEngine):
             self._max_context = min(i.max_context for i in infos)
             self._slots = slots
 
-    def _init_ray(self) -> None:
+    async def _init_ray(self) -> None:
         if not ray.is_initialized():
             ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
             self._started_ray = True
-        need, have = ActorReplica.resources(self.cfg), ray.cluster_resources()
-        if short := {k: have.get(k, 0) for k, v in need.items() if have.get(k, 0) < v}:
-            self._shutdown_ray()
-            raise ValueError(f"engine.replicas={self.cfg.replicas} reserve {need} from Ray and the cluster has "
-                             f"{short}: lower engine.replicas (or threads_per_replica), or add nodes")  # fmt: skip
+        # what is free (a run's learner ranks already hold theirs): a replica that cannot fit would wait forever.
+        # What an actor just killed held comes back within moments: wait that long before refusing.
+        need, deadline = ActorReplica.resources(self.cfg), time.monotonic() + FREE_WAIT_S
+        while short := self._short_of(need):
+            if time.monotonic() > deadline:
+                self._shutdown_ray()
+                raise ValueError(f"engine.replicas={self.cfg.replicas} reserve {need} from Ray and the cluster has "
+                                 f"{short} free: lower engine.replicas (or threads_per_replica), or add "
+                                 "nodes")  # fmt: skip
+            await asyncio.sleep(0.5)
+
+    @staticmethod
+    def _short_of(need: dict[str, float]) -> dict[str, float]:
+        """The resources of `need` that Ray has less of free than needed (what it has of each)."""
+        have = ray.available_resources()
+        return {k: have.get(k, 0) for k, v in need.items() if have.get(k, 0) < v}
 
     def _shutdown_ray(self) -> None:
         if self._started_ray:

@@ -3,7 +3,7 @@ materialised and filled from the checkpoint's safetensors files, each read in it
 
 `from_pretrained` materialises the whole model in every process that calls it: with FSDP2 over 8 ranks of one
 host, 8 whole copies before any is sharded. Here no process ever holds more than its own shards plus one
-parameter's shard in flight:
+parameter's shard in flight (a fused MoE parameter: its per-expert slices too, until they are concatenated):
 
 1. `meta_model`: the architecture from its config on the meta device (no memory), in the dtype each parameter
    will be held in; LoRA adapters, if any, wrapped around it and initialised by peft (they are small and real);
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -65,9 +66,13 @@ def supported() -> bool:
 
 def model_folder(path: str) -> Path:
     """The local folder of a model: `path` itself, or a hub id's snapshot (config and safetensors only;
-    under torch.distributed rank 0 downloads it and the others wait, then find it in the cache)."""
+    under torch.distributed rank 0 downloads it first, then the others: found in the cache where they share
+    rank 0's, downloaded where they run on another node)."""
     if Path(path).is_dir():
         return Path(path)
+    if Path(path).is_absolute():  # a folder named by the driver, absent here: not a hub id
+        raise FileNotFoundError(f"model folder {path} does not exist on {socket.gethostname()}: every node that "
+                                "loads the model needs it at the same path (or give a hub id)")  # fmt: skip
     import torch.distributed as dist
     from huggingface_hub import snapshot_download
 
@@ -76,7 +81,6 @@ def model_folder(path: str) -> Path:
         if dist.get_rank() == 0:
             snapshot_download(path, allow_patterns=patterns)
         dist.barrier()
-        return Path(snapshot_download(path, allow_patterns=patterns, local_files_only=True))
     return Path(snapshot_download(path, allow_patterns=patterns))
 
 

@@ -68,15 +68,21 @@ class NodeWorkers:
     ip: str
     workers: int
     image: str
-    """"present" (the node's daemon had it) or "shipped" (loaded from the driver's before the first episode)"""
+    """ "present" (the node's daemon had it) or "shipped" (loaded from the driver's before the first episode)"""
 
 
 def _raylet_answers(node: DockerNode, timeout_s: float) -> bool:
-    try:
-        with socket.create_connection((node.ip, node.raylet_port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+    """False only on evidence that the raylet is gone: a refused connection (nothing listens on its port), or two
+    connects in a row that time out (a vanished machine). One slow connect on a loaded node is not a loss."""
+    for _ in range(2):
+        try:
+            with socket.create_connection((node.ip, node.raylet_port), timeout=timeout_s):
+                return True
+        except ConnectionRefusedError:
+            return False
+        except OSError:  # a timeout: try once more
+            continue
+    return False
 
 
 def docker_nodes(resource: str, *, probe_s: float | None = PROBE_TIMEOUT_S) -> list[DockerNode]:
@@ -265,9 +271,10 @@ class EnvPlacer:
         return targets
 
     def reap(self, only: set[str] | None = None) -> int:
-        """Remove orphans on the prepared nodes still alive (`only`: of these ids)."""
+        """Remove orphans on the prepared nodes still alive (`only`: of these ids). It may run in a thread while
+        another prepares a node: it reads a copy of the prepared nodes."""
         ids = {n.node_id for n in self.alive()}
-        nodes = [n for nid, n in self.nodes.items() if nid in ids and (only is None or nid in only)]
+        nodes = [n for nid, n in list(self.nodes.items()) if nid in ids and (only is None or nid in only)]
         return reap_nodes(nodes) if nodes else 0
 
     def summary(self, worker_nodes: list[str]) -> list[NodeWorkers]:

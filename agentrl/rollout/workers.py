@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import subprocess
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,20 @@ def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
 def task_ids(name: str, env_kwargs: dict[str, Any], n: int | None = None) -> list[str]:
     """The first n task ids of an env's task set (its split), read in this process: no sandbox starts."""
     return [t.id for t in itertools.islice(make_env(name, env_kwargs).task_set, n)]
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """An env worker's place (`EnvWorker.where`)."""
+
+    node_id: str
+    pid: int
+    session: str
+    """its sandboxes' session label"""
+    watchdog: int | None
+    """the pid of the watchdog that removes its containers once it is gone (None: not started yet)"""
+    docker_host: str | None
+    """its Docker daemon (None: the default socket)"""
 
 
 class EnvWorker:
@@ -125,10 +140,10 @@ class EnvWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def where(self) -> dict[str, Any]:
-        """This worker's node id, pid, sandbox session, watchdog pid and DOCKER_HOST (None: the default socket)."""
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "session": reaper.SESSION_ID,
-                "watchdog": self.watchdog, "docker_host": os.environ.get("DOCKER_HOST")}  # fmt: skip
+    def where(self) -> WorkerPlace:
+        """Where this worker runs and what it left behind if it dies."""
+        return WorkerPlace(ray.get_runtime_context().get_node_id(), os.getpid(), reaper.SESSION_ID, self.watchdog,
+                           os.environ.get("DOCKER_HOST"))  # fmt: skip
 
 
 # Actors cost no CPU reservation: they wait on sandboxes, and the machine's cores belong to

@@ -103,11 +103,6 @@ class Rollout:
     groups: list[Group] = field(default_factory=list)
     """rank 0: the complete groups the batch was built from"""
 
-    @property
-    def observers(self) -> tuple[RowRecorder, ...]:
-        """What the update is watched with besides the trainer's own diagnostics."""
-        return (self.recorder,) if self.recorder is not None else ()
-
 
 @dataclass
 class Run:
@@ -351,10 +346,12 @@ async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopSta
     engine = await stack.enter_async_context(engine)
     envs = cfg.cluster.envs if cfg.cluster.address is not None else None  # on a cluster: every Docker node
     controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat, placement=envs))
+    # held-out evaluation on a cluster: one env worker per Docker node (eval.num_workers is for one machine)
+    held_envs = envs.model_copy(update={"workers_per_node": 1}) if envs is not None else None
     held_out = await stack.enter_async_context(HeldOutEval(
         cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
         max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address,
-        placement=envs))  # fmt: skip
+        placement=held_envs))  # fmt: skip
     tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
     stack.callback(tracker.close)
     chat.tokenizer.save_pretrained(folder.tokenizer)  # so the run's token ids read back as text

@@ -64,14 +64,6 @@ def causal_lm(model: nn.Module) -> PreTrainedModel:
     return model.get_base_model() if is_lora(model) else model
 
 
-def full_state_dict(root: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full (unsharded) weights of `root` (the Scorer) on the CPU, under the policy's own key names (its
-    `policy.` prefix removed), in `dtype` (None: as held). Every rank calls it; rank 0 gets them (the others
-    an empty dict)."""
-    state = gather_state(root.state_dict(keep_vars=True), dtype)
-    return {k.removeprefix("policy."): v for k, v in state.items()}
-
-
 def gather_state(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None, *,
                  dtype_of: Callable[[str], torch.dtype | None] | None = None, copy: bool = False
                  ) -> dict[str, torch.Tensor]:  # fmt: skip

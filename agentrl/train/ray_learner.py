@@ -28,20 +28,20 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.cluster import LearnerPlacement
-from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig
 from agentrl.train.diagnostics import RowRecorder, RowStats
-from agentrl.train.learner import Learner
+from agentrl.train.learner import Learner, LocalLearner
 from agentrl.train.trainer import Trainer
 
 
 class LearnerRank:
-    """One rank: a process group member holding a `Trainer`."""
+    """One rank: a process group member holding the trainer, driven as a `LocalLearner` (an async actor: the driver
+    sends one call at a time, each running on the actor's event loop)."""
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
-        self.trainer: Trainer | None = None
+        self.local: LocalLearner | None = None
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port on it: where rank 0 hosts the group's rendezvous."""
@@ -50,34 +50,33 @@ class LearnerRank:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, cfg: TrainerConfig, host: str, port: int, *, timeout_s: float, threads: int, seed: int) -> None:
+    def setup(self, cfg: TrainerConfig, host: str, port: int, *, gpu: bool, timeout_s: float, threads: int,
+              seed: int) -> None:  # fmt: skip
         """Join the group, then load and shard the policy (collective: every rank at once)."""
-        gpu = torch.cuda.is_available()
-        if gpu:  # Ray shows a rank only its own GPU(s): the first is this rank's
+        if gpu:  # Ray shows a rank only the GPU it reserved for it
             torch.cuda.set_device(0)
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
         dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
-        self.trainer = Trainer.build(cfg)
+        self.local = LocalLearner(Trainer.build(cfg), in_thread=False)
 
-    def update(self, batch: TrainBatch, recorder: RowRecorder | None,
-               policy_version: int | None) -> tuple[dict[str, float], dict[int, RowStats] | None]:  # fmt: skip
-        observers = (recorder,) if recorder is not None else ()
-        metrics = self.trainer.update(batch.to(self.trainer.device), *observers, policy_version=policy_version)
-        return metrics, (recorder.stats if recorder is not None else None)
+    async def update(self, batch: TrainBatch, recorder: RowRecorder | None,
+                     policy_version: int | None) -> tuple[dict[str, float], dict[int, RowStats] | None]:  # fmt: skip
+        metrics = await self.local.update(batch, recorder, policy_version)
+        return metrics, (recorder.stats if recorder is not None else None)  # rank 0's: every rank's rows
 
-    def engine_weights(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor] | None:
-        return self.trainer.engine_weights(dtype)
+    async def engine_weights(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor] | None:
+        return await self.local.engine_weights(dtype)
 
-    def save(self, path: str, state: dict[str, Any]) -> None:
-        checkpoint.save(path, self.trainer, state)
+    async def save(self, path: str, state: dict[str, Any]) -> None:
+        await self.local.save(Path(path), state)
 
-    def load(self, path: str) -> dict[str, Any]:
-        return checkpoint.load(path, self.trainer)
+    async def load(self, path: str) -> dict[str, Any]:
+        return await self.local.load(Path(path))
 
-    def export(self, path: str) -> None:
-        checkpoint.export_hf(self.trainer.scorer, path)
+    async def export(self, path: str) -> None:
+        await self.local.export(Path(path))
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -106,7 +105,9 @@ class RayLearner(Learner):
         self.ranks = ranks
         self.group = group
         self.lora = lora
-        self.engine_device = "cuda" if torch.cuda.is_available() else "cpu"  # an engine in the driver
+        # an engine in the driver (no engine.replicas) runs on its CPU: a GPU there is not reserved from Ray, and may
+        # be a learner rank's or a replica's; on a cluster, GPU inference is engine.replicas
+        self.engine_device = "cpu"
         self._nodes: list[str] = []
         self._last_call = time.monotonic()  # when the ranks last finished a call
         self._idle_s = 0.0
@@ -127,10 +128,16 @@ class RayLearner(Learner):
             raise RuntimeError(f"the cluster has no room for {placement.ranks} learner rank(s) of {bundle} "
                                f"({placement.strategy}) after {ready_timeout_s:.0f} s; it has "
                                f"{ray.available_resources()} available: see cluster.learner") from None  # fmt: skip
+        except BaseException:  # a cancel (a second Ctrl-C): the reservation goes too
+            remove_placement_group(group)
+            raise
+        gpu = placement.gpus_per_rank > 0
+        # Ray leaves a node's GPUs visible to an actor that reserved none: a CPU rank must not see (and pick) them
+        hide = {} if gpu else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}
         ranks = [
             _RemoteRank.options(
                 num_cpus=placement.cpus_per_rank, num_gpus=placement.gpus_per_rank, resources=placement.resources,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i), **hide,
             ).remote(i, placement.ranks)
             for i in range(placement.ranks)
         ]  # fmt: skip
@@ -140,8 +147,8 @@ class RayLearner(Learner):
                 await learner._check_shared(run_dir)
             host, port = await ranks[0].address.remote()
             n = threads or max(1, int(placement.cpus_per_rank))
-            await learner._all("setup", cfg, host, port, timeout_s=placement.collective_timeout_s, threads=n,
-                               seed=cfg.seed)  # fmt: skip
+            await learner._all("setup", cfg, host, port, gpu=gpu, timeout_s=placement.collective_timeout_s,
+                               threads=n, seed=cfg.seed)  # fmt: skip
             learner._nodes = await learner._all("node")
         except BaseException:
             await learner.close()

@@ -70,12 +70,13 @@ class RunConfig(_Strict):
         if self.rollout.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
                              "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
-        if (address := self.cluster.address) is not None:  # one cluster for every part
+        # On a cluster, `build` joins it before any part starts, and every part's actors go there: the address is said
+        # once (not copied into the saved sections, so that a resume may name the cluster anew)
+        if (address := self.cluster.address) is not None:
             for section, cfg in (("rollout", self.rollout), ("engine", self.engine)):
-                if cfg.ray_address not in (None, address):
-                    raise ValueError(f"{section}.ray_address={cfg.ray_address!r} differs from cluster.address="
-                                     f"{address!r}: set only cluster.address")  # fmt: skip
-            self.rollout.ray_address = address
+                if cfg.ray_address is not None:
+                    raise ValueError(f"{section}.ray_address={cfg.ray_address!r} and cluster.address={address!r}: "
+                                     "on a cluster set only cluster.address")  # fmt: skip
             self.engine.place(self.cluster.inference)
         if self.engine.replicas is not None and self.engine.ray_address is None:
             self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
@@ -84,6 +85,12 @@ class RunConfig(_Strict):
                              f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "
                              "or lower the level")  # fmt: skip
         return self
+
+    @property
+    def ray_address(self) -> str | None:
+        """The Ray cluster the run's actors start on: cluster.address, else rollout.ray_address (env workers and
+        replicas only); None: a local Ray."""
+        return self.cluster.address or self.rollout.ray_address
 
     def trainer(self) -> TrainerConfig:
         return TrainerConfig(model=self.model, algo=self.algo, optim=self.optim, seed=self.seed)

@@ -6,7 +6,7 @@ averages gradients; each rank's loss is rescaled so that the update is that of t
 minibatch: J is a mean over sequences, so rank r's mean over its n_r sequences weighs
 n_r / n (× the world size, which FSDP's average divides away).
 
-Decoupled (algo.behaviour_weight 'truncate' or 'mask', docs/design.md §4): the ratio is taken against
+Decoupled (algo.behaviour_weight other than 'none', docs/design.md §4): the ratio is taken against
 lp_prox, the learner's logprobs before its first step on the batch, and lp_b weighs the terms. Minibatch
 0's lp_prox is its own first forward, detached (at M = 1 it costs nothing); the others' are scored in one
 no-grad pass before the first step.

@@ -50,9 +50,9 @@ async def eventually(check, timeout_s: float = 30, what: str = "") -> None:
 
 def nothing_left(cluster, wheres: list[dict]) -> bool:
     """No container of these workers on any daemon (the nodes' and the main one), no watchdog of theirs running."""
-    mine = {w["session"] for w in wheres}
+    mine = {w.session for w in wheres}
     daemons = [n.docker_client() for n in cluster.docker_nodes()] + [docker.from_env()]
-    return not any(sessions(d) & mine for d in daemons) and not any(running(w["watchdog"]) for w in wheres)
+    return not any(sessions(d) & mine for d in daemons) and not any(running(w.watchdog) for w in wheres)
 
 
 async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluster, sandbox_image):
@@ -70,7 +70,7 @@ async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluste
         assert a.node_id in text and b.node_id in text and "2 on 2 node(s)" in text, text
         await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))  # warm pools, as a run starts
         wheres = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
-        assert sorted((w["node_id"], w["docker_host"]) for w in wheres) == sorted(
+        assert sorted((w.node_id, w.docker_host) for w in wheres) == sorted(
             [(a.node_id, a.docker_host), (b.node_id, b.docker_host)]
         )
         batch = await ctl.run_iteration()
@@ -78,11 +78,11 @@ async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluste
         assert all(t.status is Status.FINISHED and len(t.turns) == 3 for t in batch.trajectories)
         # each node's sandboxes (the workers' warm pools) are on its own daemon, made by its own worker (the tiny
         # model's episodes call no tool: their sandboxes are the pools')
-        by_node = {w["node_id"]: w for w in wheres}
+        by_node = {w.node_id: w for w in wheres}
         for n in (a, b):
-            assert sessions(n.docker_client()) == {by_node[n.node_id]["session"]}
-        assert not sessions(docker.from_env()) & {w["session"] for w in wheres}
-        assert all(running(w["watchdog"]) for w in wheres)
+            assert sessions(n.docker_client()) == {by_node[n.node_id].session}
+        assert not sessions(docker.from_env()) & {w.session for w in wheres}
+        assert all(running(w.watchdog) for w in wheres)
     await eventually(lambda: nothing_left(ray_cluster, wheres), 30, "containers or watchdogs left after close")
 
 
@@ -95,7 +95,7 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
     async with engine, RolloutController(cfg, engine, chat(), EnvPlacement()) as ctl:
         await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))
         before = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
-        victim = ctl.workers[[w["node_id"] for w in before].index(b.node_id)]
+        victim = ctl.workers[[w.node_id for w in before].index(b.node_id)]
         task = asyncio.create_task(ctl.run_iteration())
         # until an episode of b's worker is mid-way (it has a turn; 11 more to go)
         await eventually(lambda: any(ep.worker is victim and ep.traj.turns for ep in ctl._live()), 120)
@@ -104,7 +104,7 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
         t0 = time.monotonic()
         with engine.paused():  # no token is generated (the event loop waits too) until b's worker is gone
             ray_cluster.kill_node("b")
-            pid = next(w["pid"] for w in before if w["node_id"] == b.node_id)
+            pid = next(w.pid for w in before if w.node_id == b.node_id)
             while running(pid):
                 assert time.monotonic() - t0 < 60, "b's env worker outlived its raylet"
                 time.sleep(0.05)
@@ -122,6 +122,6 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
         assert [(n.node_id, n.workers) for n in ctl.nodes()] == [(a.node_id, 2)]
         assert ctl.placement_metrics()["rollout/nodes"] == 1.0
         after = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
-        assert {w["node_id"] for w in after} == {a.node_id}
+        assert {w.node_id for w in after} == {a.node_id}
     # the killed worker's containers on b's daemon: gone (its watchdog); the rest: closed or reaped
     await eventually(lambda: nothing_left(ray_cluster, before + after), 30, "containers or watchdogs left")

@@ -141,10 +141,15 @@ def test_a_watchdog_removes_its_owners_containers_once_the_owner_is_gone(sandbox
     to its watchdog (`reaper.watch`), which then exits; after a clean exit it has nothing to do and exits too."""
     owner = subprocess.Popen([sys.executable, "-c", WATCHED_OWNER], stdout=subprocess.PIPE, text=True,
                              env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
-    watchdog = int(owner.stdout.readline())
-    assert len(owned_by(docker_client, owner.pid)) == 2 and reaper.process_start_time(watchdog)
-    owner.send_signal(sig)
-    owner.wait(30)
+    try:
+        watchdog = int(owner.stdout.readline())
+        assert len(owned_by(docker_client, owner.pid)) == 2 and reaper.process_start_time(watchdog)
+        owner.send_signal(sig)
+        owner.wait(30)
+    finally:  # a failed check must not leave the owner (and its containers) running: its watchdog then cleans up
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(30)
     deadline = time.monotonic() + 30
     while owned_by(docker_client, owner.pid) or reaper.process_start_time(watchdog):
         assert time.monotonic() < deadline, "the watchdog did not remove the containers and exit"

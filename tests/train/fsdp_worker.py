@@ -22,9 +22,14 @@ from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.learner import LocalLearner
-from agentrl.train.policy import causal_lm, decoder_layers, full_state_dict, init_distributed, state_bytes
+from agentrl.train.policy import causal_lm, decoder_layers, gather_state, init_distributed, state_bytes
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import weight_sync
+
+
+def full_state_dict(root: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole (unsharded) weights of a Scorer on rank 0, under the policy's own key names."""
+    return {k.removeprefix("policy."): v for k, v in gather_state(root.state_dict(keep_vars=True)).items()}
 
 
 def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:

@@ -114,3 +114,18 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
     assert f[6] == pytest.approx(0.55)  # half way through the cosine: (1 + 0.1) / 2
     assert all(a > b for a, b in itertools.pairwise(f[2:11])) and f[10:] == pytest.approx([0.1] * 3)
     assert [lr_factor(s, warmup=2, decay=0, floor=0.1) for s in (2, 50)] == [1.0, 1.0]  # no decay asked
+
+
+def test_a_cluster_run_resumes_on_a_cluster_at_another_address():
+    """The address is said once (cluster.address) and not copied into the saved sections: the saved config of a
+    cluster run loads with a new address (the head moved) or none; naming a second address is refused."""
+    cfg = load(RunConfig, parse_sets(["cluster.address=auto", "engine.replicas=2",
+                                      "cluster.inference.resources={inference: 1}"]))  # fmt: skip
+    assert (cfg.ray_address, cfg.rollout.ray_address, cfg.engine.ray_address) == ("auto", None, None)
+    assert cfg.engine.placement.resources == {"inference": 1}
+    saved = yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))
+    moved = load(RunConfig, {**saved, "cluster": {**saved["cluster"], "address": "10.0.0.1:6379"}})
+    assert moved.ray_address == "10.0.0.1:6379" and moved.engine.placement.resources == {"inference": 1}
+    assert load(RunConfig, {**saved, "cluster": {**saved["cluster"], "address": None}}).ray_address is None
+    with pytest.raises(ConfigError, match=r"on a cluster set only cluster\.address"):
+        load(RunConfig, parse_sets(["cluster.address=auto", "rollout.ray_address=10.0.0.1:6379"]))
