@@ -1,8 +1,10 @@
-"""From rollout groups to the tensors of one update: ids, loss mask, lp_b, advantages and token versions.
+"""From rollout groups to the tensors of one update: ids, loss mask, lp_b, advantages, token versions and
+turns, and the engine's routing when it recorded it.
 
 Shapes: B trajectories, L tokens (right-padded), K turns. Every per-token tensor is aligned
 with `input_ids`: position t holds token t's loss mask, its engine logprob lp_b, its
-advantage and its policy version; the trainer scores token t from the hidden state at t − 1.
+advantage, its policy version, its turn and (MoE) the experts that sampled it; the trainer scores
+token t from the hidden state at t − 1.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 from agentrl.algo import outcome_advantages, per_token, turn_advantages
 from agentrl.engine.base import SamplingParams
-from agentrl.rollout import Group
+from agentrl.rollout import Group, Segment, Trajectory
 from agentrl.train.config import AlgoConfig
 
 
@@ -27,6 +29,12 @@ class TrainBatch:
     sampling: SamplingParams  # the distribution the tokens were drawn from (lp_θ is scored under it)
     episode_ids: list[str] = field(default_factory=list)  # row i's trajectory, for the run's records
     token_versions: torch.Tensor | None = None  # (B, L) long: Trajectory.token_versions, -1 on padding; None: unknown
+    token_turns: torch.Tensor | None = None  # (B, L) long: Trajectory.turn_index, -1 on padding; None: unknown
+    routed_experts: torch.Tensor | None = None
+    """(B, L, layers, k) int16, MoE: at generated token t, the experts per layer the engine sent position t − 1
+    to, the forward that sampled token t (`Trajectory.routed_experts`, in the order the engine chose them); -1
+    where nothing was recorded: prompt, observation, padding, a trajectory without a whole record. None: no
+    trajectory of the batch has one"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -53,6 +61,21 @@ class BatchInfo:
     """groups whose members all had the same return (zero advantage)"""
     filtered_groups: int
     """degenerate groups left out (filter_degenerate_groups)"""
+
+
+def routed_experts(trajs: list[Trajectory], L: int) -> torch.Tensor | None:
+    """(B, L, layers, k) int16: each trajectory's recorded experts at its generated tokens' positions, -1
+    elsewhere; None when no trajectory has a record. A record that does not hold one entry per generated token
+    (recording was switched on while the episode was parked) cannot be aligned: that row stays -1."""
+    shape = next((torch.tensor(t.routed_experts[0]).shape for t in trajs if t.routed_experts), None)
+    if shape is None:
+        return None
+    out = torch.full((len(trajs), L, *shape), -1, dtype=torch.int16)
+    for i, t in enumerate(trajs):
+        generated = [p for p, s in enumerate(t.segments) if s == Segment.GENERATED]
+        if t.routed_experts and len(t.routed_experts) == len(generated):
+            out[i, generated] = torch.tensor(t.routed_experts, dtype=torch.int16)
+    return out
 
 
 def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, BatchInfo]:
@@ -100,6 +123,8 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         sampling=trajs[0].sampling,
         episode_ids=[t.episode_id for t in trajs],
         token_versions=padded([t.token_versions for t in trajs], torch.long, fill=-1),
+        token_turns=padded([t.turn_index for t in trajs], torch.long, fill=-1),
+        routed_experts=routed_experts(trajs, L),
     )
     degenerate = int(torch.unique(gids[adv.degenerate]).numel())
     info = BatchInfo(groups=len(index), trajectories=B, degenerate_groups=degenerate, filtered_groups=0)

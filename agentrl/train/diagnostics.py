@@ -4,12 +4,13 @@
 step) and `finished` after the last step, on every rank (an observer may take part in collectives).
 An observer only reads what the step computed, plus what it computes itself without gradients,
 and logs into the update's `Metrics`. The trainer runs `Mismatch` and, for MoE policies,
-`ExpertFlips` on every update, and logs the batch's `staleness` when it knows its own policy version;
-the training loop adds a `RowRecorder` for the trajectories it saves.
+`ExpertFlips` and `RouterDisagreement` on every update, and logs the batch's `staleness` when it knows its own
+policy version; the training loop adds a `RowRecorder` for the trajectories it saves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,8 @@ class Scored:
     on the batch under a behaviour weight"""
     router_logits: tuple[torch.Tensor, ...] | None
     """per layer (B·L, E), MoE policies"""
+    policy_version: int | None = None
+    """the learner's policy version before the update's first step, when the trainer was told it"""
 
 
 class UpdateObserver:
@@ -146,6 +149,73 @@ class ExpertFlips(UpdateObserver):
         after = expert_sets(router, self.top_k, mb.loss_mask)
         if sets.numel():
             metrics.log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
+
+
+ROUTER_TURNS = 4
+"""router disagreement is broken down per turn for turns 0 to ROUTER_TURNS − 1; later ones are pooled"""
+
+
+def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...], loss_mask: torch.Tensor,
+                        token_turns: torch.Tensor | None = None, token_versions: torch.Tensor | None = None,
+                        policy_version: int | None = None) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """The engine's recorded top-k expert sets against the learner's, per metric (sets that differ, sets compared).
+
+    `routed` (B, L, layers, k): `TrainBatch.routed_experts`, token t's record being the routing of position
+    t − 1 (the forward that sampled it); `router_logits` per layer (B·L, E): the learner's at every position.
+    Compared: every (token, layer) of the generated tokens (loss mask 1) with a record, the learner's set
+    chosen as its routers choose (softmax in float32, then top-k). `router_disagreement` counts (token, layer)
+    pairs, `router_disagreement_tokens` tokens with any layer differing; the pairs again per turn of the token
+    (`_turn{j}`, `_turn_later` from turn `ROUTER_TURNS` on) and per version lag, `policy_version` minus the
+    token's version (`_lag{d}`, given both)."""
+    B, L, layers, k = routed.shape
+    if len(router_logits) != layers:
+        raise ValueError(f"the engine recorded routing of {layers} layers, the learner routes {len(router_logits)}")
+    here = (routed[:, 1:, 0, 0] >= 0) & loss_mask[:, 1:].bool()  # (B, L − 1): tokens 1..L−1 with a record
+    n = int(here.sum())
+    if not n:
+        return {}
+    engine = routed[:, 1:][here].long().sort(-1).values  # (n, layers, k)
+    E = router_logits[0].shape[-1]
+    learner = [r.detach().reshape(B, L, E)[:, :-1][here].float().softmax(-1).topk(k, -1).indices for r in router_logits]
+    differ = (engine != torch.stack(learner, 1).sort(-1).values).any(-1)  # (n, layers)
+    counts = {"router_disagreement": (int(differ.sum()), differ.numel()),
+              "router_disagreement_tokens": (int(differ.any(-1).sum()), n)}  # fmt: skip
+    per_token = differ.sum(-1)  # (n,)
+
+    def by(key: Callable[[int], str], group: torch.Tensor) -> None:  # group (n,): the pairs again per its value
+        for g in group.unique().tolist():
+            on = group == g
+            counts[key(g)] = (int(per_token[on].sum()), int(on.sum()) * layers)
+
+    if token_turns is not None:
+        by(lambda j: f"router_disagreement_turn{j}" if j < ROUTER_TURNS else "router_disagreement_turn_later",
+           token_turns[:, 1:][here].clamp(max=ROUTER_TURNS))  # fmt: skip
+    if token_versions is not None and policy_version is not None:
+        by(lambda d: f"router_disagreement_lag{d}", policy_version - token_versions[:, 1:][here])
+    return counts
+
+
+class RouterDisagreement(UpdateObserver):
+    """MoE, when the batch carries the engine's routing (`TrainBatch.routed_experts`): how often the learner's
+    forward, as the step scored each minibatch (before its optimizer step: minibatch m after m steps, the
+    forward the loss's gradient runs through), routes a generated token to other top-k experts than the engine
+    did when it sampled it (`router_disagreement`); logged per minibatch,
+    weighted by the sets compared, so the update's value is the share over all its minibatches and ranks."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+
+    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+        b = s.batch
+        if s.router_logits is None or b.routed_experts is None or not s.n_local:
+            return
+        if b.routed_experts.shape[-1] != self.top_k:
+            raise ValueError(f"the engine recorded {b.routed_experts.shape[-1]} experts per token, the learner "
+                             f"routes to {self.top_k}")  # fmt: skip
+        counts = router_disagreement(b.routed_experts, s.router_logits, b.loss_mask, b.token_turns, b.token_versions,
+                                     s.policy_version)  # fmt: skip
+        for key, (differ, compared) in counts.items():
+            metrics.log(key, differ / compared, compared)
 
 
 @dataclass

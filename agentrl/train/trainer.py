@@ -31,7 +31,15 @@ from agentrl.models import loading
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
-from agentrl.train.diagnostics import ExpertFlips, Metrics, Mismatch, Scored, UpdateObserver, staleness
+from agentrl.train.diagnostics import (
+    ExpertFlips,
+    Metrics,
+    Mismatch,
+    RouterDisagreement,
+    Scored,
+    UpdateObserver,
+    staleness,
+)
 from agentrl.train.policy import causal_lm, gather_state, load_policy, meta_policy, prepare, train_device
 from agentrl.train.scoring import Scorer
 
@@ -98,6 +106,7 @@ class Trainer:
         """observers of every update"""
         if self.moe:
             self.diagnostics.append(ExpertFlips(self.top_k))
+            self.diagnostics.append(RouterDisagreement(self.top_k))
         trainable = [p for p in self.scorer.parameters() if p.requires_grad]
         o = cfg.optim
         # fused: one kernel over all parameters (a 14M-parameter step on 2 CPU cores: 9 ms against foreach's 42 ms)

@@ -1,0 +1,217 @@
+"""Router disagreement: the engine's recorded top-k expert sets against the learner's, on every update.
+
+Real tiny Qwen3-MoE models, real hf engine generations (docs/design.md §3, §8 invariant 22)."""
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+import torch
+from fsdp_worker import fixed_batch  # this directory is on sys.path
+
+from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.hf import HFEngine
+from agentrl.models.tiny import tiny_model
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.rollout import Group, Segment, Status, Trajectory
+from agentrl.train.batch import TrainBatch, build_batch
+from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
+from agentrl.train.diagnostics import ROUTER_TURNS, Metrics, RouterDisagreement, Scored, router_disagreement
+from agentrl.train.trainer import Trainer
+
+MOE = dict(num_experts=64, num_experts_per_tok=8, num_hidden_layers=4)
+"""more experts and layers than the default tiny model's 4 and 2: more set boundaries a bf16 rounding can move a
+token across (8 to 17 of 512 pairs for seeds 0 to 3; the default's 0 or 1 of 256)"""
+SEED = 0
+
+
+def moe_model():
+    return tiny_model("qwen3_moe", seed=SEED, **MOE)
+
+
+async def rollouts(engine: HFEngine, episodes: int = 4, turns: int = 2, tokens: int = 16) -> list[Group]:
+    """Two groups of multi-turn episodes sampled together by `engine`: prompt, then per turn a generation and an
+    observation (the next turn's prompt is the trajectory itself)."""
+    tok = load_tokenizer()
+    prompts = ["def add(a, b):", "The quick brown fox jumps over the lazy dog. " * 2]
+    trajs = []
+    for i in range(episodes):
+        g = i % len(prompts)
+        t = Trajectory(episode_id=str(i), group_id=str(g), task_id=str(g), sampling=SamplingParams())
+        t.append_prompt(tok.encode(prompts[g]))
+        trajs.append(t)
+    for k in range(turns):
+        params = [SamplingParams(max_tokens=tokens, seed=10 * i + k) for i in range(episodes)]
+        gens = await asyncio.gather(
+            *(engine.generate(list(t.token_ids), p) for t, p in zip(trajs, params, strict=True))
+        )
+        for i, (t, gen) in enumerate(zip(trajs, gens, strict=True)):
+            t.append_generation(gen)
+            t.turns[-1].reward = float(i + k)
+            if k < turns - 1:
+                t.append_observation(tok.encode(f" observation {k}: ok"))
+    for i, t in enumerate(trajs):
+        t.status, t.outcome_reward = Status.FINISHED, float(i)
+    return [Group(str(g), str(g), [t for t in trajs if t.group_id == str(g)]) for g in range(len(prompts))]
+
+
+def engine_learner_counts(trainer: Trainer, batch: TrainBatch) -> dict[str, tuple[int, int]]:
+    """The counts behind the metrics, with the learner's weights as they are."""
+    with torch.no_grad():
+        _, _, router = trainer.scorer(batch.input_ids, batch.attention_mask, batch.sampling, router=True)
+    return router_disagreement(batch.routed_experts, router, batch.loss_mask, batch.token_turns, batch.token_versions,
+                               policy_version=0)  # fmt: skip
+
+
+def check_layout(groups: list[Group], batch: TrainBatch) -> None:
+    """Every generated token carries its engine record at its own position; nothing else does."""
+    assert batch.routed_experts is not None and batch.routed_experts.dtype == torch.int16
+    assert torch.equal(batch.routed_experts[..., 0, 0] >= 0, batch.loss_mask.bool())
+    trajs = [t for g in groups for t in g.trainable]
+    for i, t in enumerate(trajs):
+        generated = [p for p, s in enumerate(t.segments) if s == Segment.GENERATED]
+        assert batch.routed_experts[i, generated].tolist() == t.routed_experts
+        assert batch.token_turns[i, : len(t.turn_index)].tolist() == t.turn_index
+
+
+async def test_an_fp32_engine_sharing_the_learner_s_weights_disagrees_on_no_routing():
+    policy = moe_model()
+    async with HFEngine(policy, shared=True, record_routing=True) as engine:
+        groups = await rollouts(engine)
+    batch, _ = build_batch(groups, AlgoConfig())
+    check_layout(groups, batch)
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), policy)
+    counts = engine_learner_counts(trainer, batch)
+    layers, tokens = policy.config.num_hidden_layers, int(batch.loss_mask.sum())
+    assert counts["router_disagreement"] == (0, tokens * layers)  # every (generated token, layer): the same set
+    assert counts["router_disagreement_tokens"] == (0, tokens)
+    assert counts["router_disagreement_lag0"] == (0, tokens * layers)
+    metrics = trainer.update(batch)
+    for key in ("router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
+                "router_disagreement_turn1"):  # fmt: skip
+        assert metrics[key] == 0.0, key
+
+
+async def test_a_bf16_weights_engine_disagrees_on_some_routing():
+    policy = moe_model()
+    async with HFEngine(moe_model(), record_routing=True, bf16_weights=True) as engine:
+        groups = await rollouts(engine)
+    batch, _ = build_batch(groups, AlgoConfig())
+    check_layout(groups, batch)
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), policy)
+    differ, compared = engine_learner_counts(trainer, batch)["router_disagreement"]
+    assert differ > 0 and compared == int(batch.loss_mask.sum()) * policy.config.num_hidden_layers
+    metrics = trainer.update(batch)
+    assert metrics["router_disagreement"] == pytest.approx(differ / compared, rel=1e-12)
+    assert 0 < metrics["router_disagreement"] <= metrics["router_disagreement_tokens"] <= 1
+
+
+def transcribed(routed: list, logits: list, loss_mask: list, turns: list, versions: list,
+                policy_version: int) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """The metrics' counts, one token and one layer at a time: token t's recorded set against the learner's
+    top-k at position t − 1, as sets."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    B, L, layers, k = len(routed), len(routed[0]), len(routed[0][0]), len(routed[0][0][0])
+    for b in range(B):
+        for t in range(1, L):
+            if not loss_mask[b][t] or routed[b][t][0][0] < 0:
+                continue
+            turn = f"turn{turns[b][t]}" if turns[b][t] < ROUTER_TURNS else "turn_later"
+            groups = ["", f"_{turn}", f"_lag{policy_version - versions[b][t]}"]
+            any_differs = False
+            for layer in range(layers):
+                row = logits[layer][b * L + t - 1]
+                learner = set(sorted(range(len(row)), key=lambda e: -row[e])[:k])
+                differs = learner != set(routed[b][t][layer])
+                any_differs |= differs
+                for g in groups:
+                    counts[f"router_disagreement{g}"][0] += differs
+                    counts[f"router_disagreement{g}"][1] += 1
+            counts["router_disagreement_tokens"][0] += any_differs
+            counts["router_disagreement_tokens"][1] += 1
+    return {key: (d, n) for key, (d, n) in counts.items()}
+
+
+def test_the_metric_is_its_transcription():
+    """A hand-made batch and router logits: the vectorised counts are the loops' exactly, and the observer logs
+    their shares."""
+    g = torch.Generator().manual_seed(0)
+    B, L, layers, k, E = 3, 12, 3, 2, 5
+    loss_mask = torch.zeros(B, L, dtype=torch.long)
+    loss_mask[:, 3:7], loss_mask[:, 8:] = 1, 1  # prompt 0..2, turn 0, an observation at 7, turn 1...
+    loss_mask[2, 10:] = 0  # ... and padding
+    turns = torch.tensor([[0] * 8 + [1, 1, 5, 5], [0] * 8 + [1, 1, 2, 2], [0] * 8 + [1, 1, -1, -1]])
+    versions = torch.where(loss_mask.bool(), torch.randint(3, 6, (B, L), generator=g), -1)
+    logits = tuple(torch.randn(B * L, E, generator=g) for _ in range(layers))
+    learner = torch.stack([r.view(B, L, E).topk(k, -1).indices for r in logits], 2)  # (B, L, layers, k)
+    routed = torch.rand(B, L, layers, E, generator=g).argsort(-1)[..., :k]  # random sets...
+    agree = torch.rand(B, L, layers, 1, generator=g) < 0.6
+    routed[:, 1:] = torch.where(agree[:, 1:], learner[:, :-1].flip(-1), routed[:, 1:])  # ...most the learner's
+    routed = torch.where(loss_mask.bool()[..., None, None], routed, -1).to(torch.int16)
+    routed[1, 4:6] = -1  # tokens without a record
+
+    counts = router_disagreement(routed, logits, loss_mask, turns, versions, policy_version=6)
+    expected = transcribed(routed.tolist(), [r.tolist() for r in logits], loss_mask.tolist(), turns.tolist(),
+                           versions.tolist(), 6)  # fmt: skip
+    assert counts == expected
+    d, n = counts["router_disagreement"]
+    assert 0 < d < n and "router_disagreement_turn_later" in counts and "router_disagreement_lag3" in counts
+
+    batch = TrainBatch(input_ids=torch.ones(B, L, dtype=torch.long), attention_mask=torch.ones(B, L, dtype=torch.long),
+                       loss_mask=loss_mask, old_logprobs=torch.zeros(B, L), advantages=torch.zeros(B, L),
+                       sampling=SamplingParams(), token_versions=versions, token_turns=turns,
+                       routed_experts=routed)  # fmt: skip
+    metrics = Metrics()
+    scored = Scored(0, batch, [0, 1, 2], B, torch.zeros(B, L), torch.zeros(B, L), logits, policy_version=6)
+    RouterDisagreement(k).minibatch(scored, metrics)
+    logged = metrics.reduce(1)
+    assert logged == pytest.approx({key: d / n for key, (d, n) in expected.items()}, rel=1e-12)
+    with pytest.raises(ValueError, match="experts per token"):
+        RouterDisagreement(k + 1).minibatch(scored, Metrics())
+
+
+def test_the_trainer_logs_router_disagreement_only_when_the_batch_carries_routing():
+    policy = tiny_model("qwen3_moe", seed=0)
+    cfg = policy.config
+    batch = fixed_batch()
+    B, L = batch.input_ids.shape
+    g = torch.Generator().manual_seed(1)
+    routed = torch.rand(B, L, cfg.num_hidden_layers, cfg.num_experts, generator=g).argsort(-1)
+    routed = routed[..., : cfg.num_experts_per_tok]
+    batch.routed_experts = torch.where(batch.loss_mask.bool()[..., None, None], routed, -1).to(torch.int16)
+    batch.token_turns = torch.where(batch.attention_mask.bool(), (torch.arange(L) >= 44).long().expand(B, L), -1)
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), policy)
+    with torch.no_grad():
+        _, _, router = trainer.scorer(batch.input_ids, batch.attention_mask, batch.sampling, router=True)
+    counts = router_disagreement(batch.routed_experts, router, batch.loss_mask, batch.token_turns)
+    metrics = trainer.update(batch)
+    logged = {k: v for k, v in metrics.items() if k.startswith("router_disagreement")}
+    assert logged == pytest.approx({key: d / n for key, (d, n) in counts.items()}, rel=1e-12)
+    assert set(logged) == {"router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
+                           "router_disagreement_turn1"}  # fmt: skip
+    assert 0 < logged["router_disagreement"] < 1  # random records: most sets differ, a few agree
+
+    batch.routed_experts = None  # a batch from an engine that records no routing
+    assert not any(k.startswith("router_disagreement") for k in trainer.update(batch))
+    dense = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), tiny_model("qwen3", seed=0))
+    assert not any(isinstance(o, RouterDisagreement) for o in dense.diagnostics)
+
+
+def test_build_batch_leaves_records_it_cannot_align_out():
+    """No record anywhere: no field; a record without one entry per generated token: that row is -1."""
+    recorded, unrecorded, partial = (Trajectory(episode_id=str(i), group_id="g", task_id="g",
+                                                sampling=SamplingParams()) for i in range(3))  # fmt: skip
+    for t in (recorded, unrecorded, partial):
+        t.append_prompt([1, 2, 3])
+        t.append_generation(Generation([10, 11], [-0.5] * 2, [0] * 2, "stop"))
+        t.append_observation([7])
+        t.append_generation(Generation([12], [-0.5], [0], "stop"))
+        t.status = Status.FINISHED
+    recorded.routed_experts = [[[0, 1]], [[2, 3]], [[1, 3]]]
+    partial.routed_experts = [[[0, 1]]]
+    assert build_batch([Group("g", "g", [unrecorded])], AlgoConfig())[0].routed_experts is None
+    batch, _ = build_batch([Group("g", "g", [recorded, unrecorded, partial])], AlgoConfig())
+    assert batch.routed_experts[0, :, 0].tolist() == [[-1, -1]] * 3 + [[0, 1], [2, 3], [-1, -1], [1, 3]]
+    assert (batch.routed_experts[1:] == -1).all()
+    assert batch.token_turns[0].tolist() == [0, 0, 0, 0, 0, 0, 1]
+    assert batch.select([0]).routed_experts.shape == (1, 7, 1, 2)
