@@ -211,7 +211,7 @@ class Trainer:
                 aux = router_aux_loss(router, self.top_k, mb.attention_mask)
                 loss = loss + self.aux_coef * aux
                 metrics.log("router_aux_loss", float(aux.detach()))
-            scored = Scored(m, mb, s.rows, s.n_local, lp, old, router)
+            scored = Scored(m, mb, s.rows, s.n_local, lp, old, router, policy_version)
             for o in watching:
                 o.minibatch(scored, metrics)
             self.optimizer.zero_grad(set_to_none=True)

@@ -20,7 +20,8 @@ from agentrl.sandbox.reaper import LABEL, PID_LABEL, owner_alive
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
 TIMEOUT_S = 3.0  # cluster.learner.collective_timeout_s: shorter than the ranks wait between calls here
 RUN = ["model.path=model", "out=run", "iterations=3", "optim.lr=0.05", "rollout.group_size=2",
-       "rollout.groups_per_iteration=2", "rollout.sandboxes_per_worker=3", "rollout.sampling.max_tokens=24",
+       "rollout.groups_per_iteration=2", "rollout.sandboxes_per_worker=3", "rollout.max_groups_in_flight=6",
+       "rollout.sampling.max_tokens=24",
        "engine.replicas=2", "cluster.inference.resources={inference: 1}", "cluster.learner.ranks=2",
        "cluster.learner.resources={learner: 1}", f"cluster.learner.collective_timeout_s={TIMEOUT_S}", "threads=1",
        "eval.tasks=2", "eval.every=0", "eval.sandboxes_per_worker=1", "checkpoint.export_final=false"]  # fmt: skip
@@ -73,7 +74,7 @@ def test_a_run_places_its_parts_and_survives_a_lost_node(tmp_path, cluster):
         by_id = {n.node_id: name for name, n in cluster.nodes.items()}
         assert [by_id[n] for n in where["learner"]] == ["head", "head"]  # cluster.learner.resources: the head's
         lost = next(by_id[n] for n in where["engine"] if by_id[n] != "head")  # a Docker node with a replica
-        cluster.kill_node(lost)  # mid-run: iteration 1's episodes (and iteration 0's parked ones) are on it
+        cluster.kill_node(lost)  # iteration 0's parked episodes (on both nodes: members alternate workers) are lost
         assert proc.wait(timeout=400) == 0, (tmp_path / "stdout.txt").read_text()[-4000:]
     finally:
         if proc.poll() is None:
