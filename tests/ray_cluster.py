@@ -40,6 +40,8 @@ from pathlib import Path
 
 import docker
 
+from agentrl.sandbox.reaper import process_alive
+
 MARK = "AGENTRL_TEST_CLUSTER"
 RAY = str(Path(sys.executable).with_name("ray"))
 OBJECT_STORE = 400 * 2**20  # holds the shipped sandbox image (about 170 MB)
@@ -114,14 +116,6 @@ def _cmdline(pid: int) -> str:
 
 def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 class Dockerd:
@@ -303,13 +297,13 @@ class RayCluster:
         os.kill(node.raylet_pid, signal.SIGKILL)
         node.alive = False
         deadline = time.monotonic() + 30
-        while running(node.raylet_pid) and time.monotonic() < deadline:
+        while process_alive(node.raylet_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def processes(self) -> list[int]:
         """Every process this cluster started that is still running (Ray's, dockerd's, and their children)."""
         me = os.getpid()
-        return [p for p in _pids() if p != me and _environ(p).get(MARK) == str(self.root) and running(p)]
+        return [p for p in _pids() if p != me and _environ(p).get(MARK) == str(self.root) and process_alive(p)]
 
     # -- stop -------------------------------------------------------------------------
 
@@ -319,7 +313,7 @@ class RayCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, sig)
         deadline = time.monotonic() + wait_s
-        while any(running(p) for p in pids) and time.monotonic() < deadline:
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def stop(self) -> None:

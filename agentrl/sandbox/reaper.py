@@ -51,16 +51,28 @@ _installed = False
 _lock = threading.Lock()
 
 
-def process_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (clock ticks since boot), or None if no such process.
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat from field 3 (the state) on, or None if no such process.
 
-    Read from /proc directly: psutil is not a dependency and this is one field.
+    Read from /proc directly: psutil is not a dependency and these are two fields.
     """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rfind(")") + 2 :].split()[19]
+    return stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces and parentheses
+
+
+def process_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot), or None if no such process."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, or a dead one, has)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in "ZX"
 
 
 def owner_labels() -> dict[str, str]:
@@ -192,19 +204,11 @@ def _wait_for_exit(pid: int, start: str) -> None:
             if process_start_time(pid) == start:  # checked after pidfd_open: the fd is that very process's
                 select.select([fd], [], [])
             return
-        while process_start_time(pid) == start and not _zombie(pid):
+        while process_start_time(pid) == start and process_alive(pid):
             time.sleep(1.0)
     finally:
         if fd is not None:
             os.close(fd)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2] in "ZX"
 
 
 def _remove_session_retrying(session: str, attempts: int = 5) -> int:

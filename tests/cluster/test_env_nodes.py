@@ -8,7 +8,6 @@ import time
 
 import docker
 import pytest
-from ray_cluster import running
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import SamplingParams
@@ -52,7 +51,7 @@ def nothing_left(cluster, wheres: list[dict]) -> bool:
     """No container of these workers on any daemon (the nodes' and the main one), no watchdog of theirs running."""
     mine = {w.session for w in wheres}
     daemons = [n.docker_client() for n in cluster.docker_nodes()] + [docker.from_env()]
-    return not any(sessions(d) & mine for d in daemons) and not any(running(w.watchdog) for w in wheres)
+    return not any(sessions(d) & mine for d in daemons) and not any(reaper.process_alive(w.watchdog) for w in wheres)
 
 
 async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluster, sandbox_image):
@@ -82,7 +81,7 @@ async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluste
         for n in (a, b):
             assert sessions(n.docker_client()) == {by_node[n.node_id].session}
         assert not sessions(docker.from_env()) & {w.session for w in wheres}
-        assert all(running(w.watchdog) for w in wheres)
+        assert all(reaper.process_alive(w.watchdog) for w in wheres)
     await eventually(lambda: nothing_left(ray_cluster, wheres), 30, "containers or watchdogs left after close")
 
 
@@ -105,7 +104,7 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
         with engine.paused():  # no token is generated (the event loop waits too) until b's worker is gone
             ray_cluster.kill_node("b")
             pid = next(w.pid for w in before if w.node_id == b.node_id)
-            while running(pid):
+            while reaper.process_alive(pid):
                 assert time.monotonic() - t0 < 60, "b's env worker outlived its raylet"
                 time.sleep(0.05)
         print(f"b's worker exited {time.monotonic() - t0:.1f} s after its raylet was killed")
