@@ -64,7 +64,12 @@ class Generation:
     finish_reason: FinishReason
     prompt_len: int = 0
     routed_experts: list[list[list[int]]] | None = field(default=None, repr=False)
-    """MoE models, when asked: per generated token, per layer, the experts it was routed to"""
+    """MoE models, when asked: per generated token, per layer, the experts of the forward that sampled it (its
+    previous position's)"""
+    prompt_routing: list[list[list[int]]] | None = field(default=None, repr=False)
+    """with `routed_experts`: per prompt position 0 … prompt_len − 2, per layer, the experts it was sent to
+    (prefix-cache hits included: the routing their KV was computed with); the last prompt position's are
+    `routed_experts[0]`"""
     kv_versions: list[int] | None = None
     """per token, the oldest policy version among the KV it was sampled over (a weight update can land
     mid-request: later tokens are sampled by new weights over KV the old ones computed); None: the same
@@ -93,7 +98,7 @@ class Capabilities:
     dtype: str | None = None
     """the dtype it samples with ("float32", "bfloat16", ...); None: not known here (a remote server)"""
     records_routing: bool = False
-    """MoE models: each `Generation` carries `routed_experts`"""
+    """MoE models: each `Generation` carries `routed_experts` and `prompt_routing`"""
 
 
 class ContextTooLong(ValueError):

@@ -40,8 +40,6 @@ from agentrl.models.lora import is_lora
 
 MAX_BATCH_SIZE = 64  # rows decoded together, by default
 
-_Prefilled = tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor | None]  # cache, mask, logits, routing
-
 
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
@@ -238,7 +236,9 @@ class HFEngine(ThreadedEngine):
             r.n_ctx, r.kv_version = len(r.prompt), self._version
         self._merge(reqs, cache, mask, which)
         if routing is not None:
-            self._record(reqs, routing[which])
+            for r, u in zip(reqs, which, strict=True):
+                r.prompt_routing = routing[u][:-1].tolist()
+            self._record(reqs, torch.stack([routing[u][-1] for u in which]))
         self._sample(reqs, logits[which])
 
     def _record(self, rows: list[_Request], routing: torch.Tensor) -> None:
@@ -250,10 +250,11 @@ class HFEngine(ThreadedEngine):
 
     def _forward_prompts(
         self, prompts: list[list[int]]
-    ) -> tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[Cache, torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """One forward over distinct prompts, reusing cached prefixes; returns the batch's KV cache,
-        its (U, L) mask, each prompt's last logits (U, V) and, when recording routing, its last
-        position's experts (U, layers, k). Every prompt's KV joins the prefix cache.
+        its (U, L) mask, each prompt's last logits (U, V) and, when recording routing, each prompt's
+        experts at every position (len(prompt), layers, k): the cached prefix's as recorded with its
+        KV, the rest from this forward. Every prompt's KV (and routing) joins the prefix cache.
 
         A prefix several of these prompts share beyond what the cache holds (the system prompt and
         tool schemas, after a weight update emptied the cache) is computed once, first. Row layout,
@@ -264,7 +265,7 @@ class HFEngine(ThreadedEngine):
         if shared := self._shared_prefixes(prompts):
             self._forward_prompts(shared)
         hits = [self._prefix.lookup(p) for p in prompts]
-        m = [n for n, _ in hits]
+        m = [hit.tokens for hit in hits]
         s = [len(p) - n for p, n in zip(prompts, m, strict=True)]
         U, Lp, S = len(prompts), max(m), max(s)
         ids = torch.zeros(U, S, dtype=torch.long, device=self.device)
@@ -277,20 +278,22 @@ class HFEngine(ThreadedEngine):
             mask[i, Lp + S - si :] = 1
         cache = Cache(layer_class_to_replicate=SlabLayer)
         if Lp:
-            n_layers = len(next(kv for _, kv in hits if kv is not None))
+            n_layers = len(next(hit.kv for hit in hits if hit.kv is not None))
             cache = Cache(
-                layers=[SlabLayer.assemble([kv[layer] if kv else None for _, kv in hits], Lp, S)
+                layers=[SlabLayer.assemble([hit.kv[layer] if hit.kv else None for hit in hits], Lp, S)
                         for layer in range(n_layers)]
             )  # fmt: skip
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          logits_to_keep=1)  # fmt: skip
         self.cached_tokens += sum(m)
         self.prefilled_tokens += sum(s)
-        for i, p in enumerate(prompts):
-            self._remember(p, cache, mask, i)
         routing = None
         if self._routers is not None:
-            routing = self._routing().reshape(U, S, len(self._routers), -1)[:, -1]
+            fresh = self._routing().reshape(U, S, len(self._routers), -1).to(torch.int16)
+            routing = [fresh[i, S - si :] if hit.routing is None else torch.cat([hit.routing, fresh[i, S - si :]])
+                       for i, (hit, si) in enumerate(zip(hits, s, strict=True))]  # fmt: skip
+        for i, p in enumerate(prompts):
+            self._remember(p, cache, mask, i, None if routing is None else routing[i])
         return cache, mask, out.logits[:, -1], routing
 
     def _shared_prefixes(self, prompts: list[list[int]], min_tokens: int = 32) -> list[list[int]]:
@@ -302,12 +305,14 @@ class HFEngine(ThreadedEngine):
         out: dict[tuple[int, ...], None] = {}
         for a, b in itertools.pairwise(ordered):
             n = common_prefix(a, b)
-            if n >= min_tokens and n - self._prefix.lookup(a[: n + 1])[0] >= min_tokens:
+            if n >= min_tokens and n - self._prefix.lookup(a[: n + 1]).tokens >= min_tokens:
                 out[tuple(a[:n])] = None
         return [list(p) for p in out]
 
-    def _remember(self, ids: list[int], cache: Cache, mask: torch.Tensor, row: int) -> None:
-        """Put row `row`'s KV (its real columns, copied out of the batch) in the prefix cache."""
+    def _remember(self, ids: list[int], cache: Cache, mask: torch.Tensor, row: int,
+                  routing: torch.Tensor | None) -> None:  # fmt: skip
+        """Put row `row`'s KV (its real columns, copied out of the batch) in the prefix cache, with the routing
+        (len(ids), layers, k) it was computed with when recording."""
         if self._prefix.max_tokens <= 0:
             return
         cols = mask[row].nonzero()[:, 0]
@@ -315,7 +320,7 @@ class HFEngine(ThreadedEngine):
             (layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols)) for layer in cache.layers
         ]
         assert kv[0][0].shape[1] == len(ids), "KV columns and ids disagree"
-        self._prefix.insert(ids, kv)
+        self._prefix.insert(ids, kv, routing)
 
     def _merge(self, reqs: list[_Request], cache: Cache, mask: torch.Tensor, which: list[int]) -> None:
         """Append the prefilled rows (row i of the batch is row which[i] of `cache`) to the running batch."""
@@ -361,7 +366,8 @@ class HFEngine(ThreadedEngine):
                 self._resolve(r)
                 if r.kv_version == self._version:  # its KV is all of the current weights
                     # the last sampled token was never fed: the KV holds the prompt and the rest
-                    self._remember(r.prompt + r.tokens[:-1], self._cache, self._mask, i)
+                    routing = None if r.routed is None else torch.tensor(r.prompt_routing + r.routed, dtype=torch.int16)
+                    self._remember(r.prompt + r.tokens[:-1], self._cache, self._mask, i, routing)
         # rows that go on, from the end, move into the finished rows' places: only they are copied
         holes = [i for i in range(n) if rows[i].finish is not None]
         sources = [i for i in range(n, B) if rows[i].finish is None]

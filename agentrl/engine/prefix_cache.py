@@ -5,7 +5,9 @@ prompt, its generated tokens and an observation delta; the G samples of a group 
 task prompt, and every task shares the system prompt and tool schemas. Without reuse each
 turn re-prefills the whole context, which dominates on CPU.
 
-Entries are token id sequences with their per-layer KV (one row, padding removed). A new
+Entries are token id sequences with their per-layer KV (one row, padding removed) and, when
+the engine records MoE routing, each position's experts: a hit's routing is the one its KV was
+computed with, so what a request reports for its prompt is what conditioned its tokens. A new
 prompt reuses the entry with the longest common prefix (causal attention: the KV of the
 first m tokens depends on those m tokens only) and prefills the rest. Content keyed, like
 vLLM's automatic prefix caching, so callers need no session ids. The KV belongs to one set
@@ -18,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +39,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class _Entry:
     ids: torch.Tensor  # (n,) long
     kv: KV
+    routing: torch.Tensor | None  # (n, layers, k): each position's experts, when recorded
+
+
+class Hit(NamedTuple):
+    tokens: int
+    """m: how many leading tokens of the prompt the entry holds (0: no hit)"""
+    kv: KV | None
+    routing: torch.Tensor | None
+    """(m, layers, k) when the entry recorded it"""
 
 
 class PrefixCache:
@@ -60,20 +72,23 @@ class PrefixCache:
         n = min(len(ids), self._table.shape[1])
         return self._rows, (self._table[:, :n] == ids[:n]).cumprod(1).sum(1)
 
-    def lookup(self, prompt: list[int]) -> tuple[int, KV | None]:
+    def lookup(self, prompt: list[int]) -> Hit:
         """The longest cached prefix of `prompt` (at most len - 1 tokens: the last is prefilled
-        for its logits) and its KV, or (0, None)."""
+        for its logits) with its KV and routing, or Hit(0, None, None)."""
         if len(prompt) < 2 or not self._entries:
-            return 0, None
+            return Hit(0, None, None)
         keys, shared = self._matches(torch.tensor(prompt[:-1]))
         m, row = (int(x) for x in shared.max(0))
         if m == 0:
-            return 0, None
+            return Hit(0, None, None)
         self._entries.move_to_end(keys[row])
-        return m, [(k[:, :m], v[:, :m]) for k, v in self._entries[keys[row]].kv]
+        entry = self._entries[keys[row]]
+        routing = None if entry.routing is None else entry.routing[:m]
+        return Hit(m, [(k[:, :m], v[:, :m]) for k, v in entry.kv], routing)
 
-    def insert(self, ids: list[int], kv: KV) -> None:
-        """Remember `ids` (KV columns one per id). Entries it extends are dropped: it serves them."""
+    def insert(self, ids: list[int], kv: KV, routing: torch.Tensor | None = None) -> None:
+        """Remember `ids` (KV columns one per id; `routing` (len(ids), layers, k) when recorded). Entries it
+        extends are dropped: it serves them."""
         if self.max_tokens <= 0 or not ids or len(ids) > self.max_tokens:
             return
         new = torch.tensor(ids)
@@ -87,7 +102,7 @@ class PrefixCache:
                     self._entries.move_to_end(key)
                     return
         key = next(self._keys)
-        self._entries[key] = _Entry(new, kv)
+        self._entries[key] = _Entry(new, kv, routing)
         width = max(self._table.shape[1], len(new))
         self._table = torch.cat([F.pad(self._table, (0, width - self._table.shape[1]), value=-1),
                                  F.pad(new, (0, width - len(new)), value=-1)[None]])  # fmt: skip

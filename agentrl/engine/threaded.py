@@ -33,6 +33,7 @@ class Request:
     versions: list[int] = field(default_factory=list)
     kv_versions: list[int] = field(default_factory=list)  # per token: the oldest version in the KV it was sampled over
     routed: list[list[list[int]]] | None = None  # per generated token, per layer: the experts chosen
+    prompt_routing: list[list[list[int]]] | None = None  # per prompt position but the last: the experts chosen
     aborted: bool = False
     finish: FinishReason | None = None
 
@@ -157,7 +158,8 @@ class ThreadedEngine(InferenceEngine):
         self._by_id.pop(req.id, None)
         req.finish = finish or req.finish or "aborted"
         result = None if error else Generation(req.tokens, req.logprobs, req.versions, req.finish, len(req.prompt),
-                                               routed_experts=req.routed, kv_versions=req.kv_versions)  # fmt: skip
+                                               routed_experts=req.routed, prompt_routing=req.prompt_routing,
+                                               kv_versions=req.kv_versions)  # fmt: skip
 
         def settle() -> None:
             if req.future.done():

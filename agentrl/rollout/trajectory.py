@@ -77,8 +77,12 @@ class Trajectory(BaseModel):
     kv_versions: list[int] = Field(default_factory=list)
     """empty in trajectories saved before it was recorded: read as `versions`"""
     turns: list[Turn] = Field(default_factory=list)
-    routed_experts: list[list[list[int]]] | None = None
-    """MoE models, when recorded: per generated token, per layer, the experts chosen"""
+    routed_experts: list[list[list[int]] | None] | None = None
+    """MoE models, when the engine records routing: aligned with token_ids, entry t holding per layer the experts
+    of position t − 1's forward (the one that predicted token t), for prompt, observation and generated tokens
+    alike; None where no forward ran (token 0, tokens after the last). A position that several requests ran (every
+    turn resends the context) keeps the latest request's record, the routing that conditioned its latest tokens.
+    Trajectories saved before prompt routing was recorded hold one entry per generated token instead"""
     status: Status = Status.RUNNING
     terminated: bool = False
     truncated: bool = False
@@ -101,6 +105,8 @@ class Trajectory(BaseModel):
         self.loss_mask.extend([int(segment is Segment.GENERATED)] * n)
         self.logprobs.extend([0.0] * n)
         self.versions.extend([-1] * n)
+        if self.routed_experts is not None and len(self.routed_experts) == len(self.token_ids) - n:
+            self.routed_experts.extend([None] * n)
 
     def append_prompt(self, ids: list[int]) -> None:
         if self.token_ids:
@@ -118,6 +124,8 @@ class Trajectory(BaseModel):
             self.turns.append(Turn(index=len(self.turns), start=len(self.token_ids), end=len(self.token_ids)))
         turn = self.turns[-1]
         start = len(self.token_ids)
+        if gen.routed_experts is not None and (self.routed_experts is None or len(self.routed_experts) != start):
+            self.routed_experts = [None] * start  # a record begins (or an old-format one is replaced)
         self._extend(gen.token_ids, Segment.GENERATED, turn.index)
         self.logprobs[start:] = gen.logprobs
         self.versions[start:] = gen.versions
@@ -125,7 +133,9 @@ class Trajectory(BaseModel):
             self.kv_versions[start:] = gen.kv_versions
         turn.end = len(self.token_ids)
         if gen.routed_experts is not None:
-            self.routed_experts = (self.routed_experts or []) + gen.routed_experts
+            if gen.prompt_routing is not None:  # prompt position p predicted token p + 1
+                self.routed_experts[1 : len(gen.prompt_routing) + 1] = gen.prompt_routing
+            self.routed_experts[start : start + len(gen.routed_experts)] = gen.routed_experts
         if gen.finish_reason != "aborted":
             turn.finish_reason = gen.finish_reason
 

@@ -31,10 +31,10 @@ class TrainBatch:
     token_versions: torch.Tensor | None = None  # (B, L) long: Trajectory.token_versions, -1 on padding; None: unknown
     token_turns: torch.Tensor | None = None  # (B, L) long: Trajectory.turn_index, -1 on padding; None: unknown
     routed_experts: torch.Tensor | None = None
-    """(B, L, layers, k) int16, MoE: at generated token t, the experts per layer the engine sent position t − 1
-    to, the forward that sampled token t (`Trajectory.routed_experts`, in the order the engine chose them); -1
-    where nothing was recorded: prompt, observation, padding, a trajectory without a whole record. None: no
-    trajectory of the batch has one"""
+    """(B, L, layers, k) int16, MoE: at token t, the experts per layer the engine sent position t − 1 to, the
+    forward that predicted token t (`Trajectory.routed_experts`, in the order the engine chose them), for prompt,
+    observation and generated tokens; -1 where nothing was recorded (token 0, padding, a trajectory without a
+    record; an old-format record has generated tokens only). None: no trajectory of the batch has one"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -64,17 +64,22 @@ class BatchInfo:
 
 
 def routed_experts(trajs: list[Trajectory], L: int) -> torch.Tensor | None:
-    """(B, L, layers, k) int16: each trajectory's recorded experts at its generated tokens' positions, -1
-    elsewhere; None when no trajectory has a record. A record that does not hold one entry per generated token
-    (recording was switched on while the episode was parked) cannot be aligned: that row stays -1."""
-    shape = next((torch.tensor(t.routed_experts[0]).shape for t in trajs if t.routed_experts), None)
+    """(B, L, layers, k) int16: each trajectory's recorded experts at its tokens, -1 where it has none; None when
+    no trajectory has a record. A record aligned with the tokens fills every token it holds; an old-format one
+    (one entry per generated token) fills the generated tokens; any other length cannot be aligned: -1."""
+    shape = next((torch.tensor(e).shape for t in trajs for e in t.routed_experts or () if e is not None), None)
     if shape is None:
         return None
     out = torch.full((len(trajs), L, *shape), -1, dtype=torch.int16)
     for i, t in enumerate(trajs):
-        generated = [p for p, s in enumerate(t.segments) if s == Segment.GENERATED]
-        if t.routed_experts and len(t.routed_experts) == len(generated):
-            out[i, generated] = torch.tensor(t.routed_experts, dtype=torch.int16)
+        record = t.routed_experts or []
+        if len(record) == len(t.token_ids):
+            at = [p for p, e in enumerate(record) if e is not None]
+            record = [record[p] for p in at]
+        else:
+            at = [p for p, s in enumerate(t.segments) if s == Segment.GENERATED]
+        if record and len(record) == len(at):
+            out[i, at] = torch.tensor(record, dtype=torch.int16)
     return out
 
 

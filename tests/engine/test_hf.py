@@ -154,7 +154,7 @@ def test_prefix_cache_keeps_the_longest_entries_within_its_budget():
     cache.insert([1, 2, 3], kv(3))
     cache.insert([1, 2, 3, 4, 5], kv(5))  # extends the first: replaces it
     assert len(cache) == 1 and cache.tokens == 5
-    m, got = cache.lookup([1, 2, 3, 9])
+    m, got, _ = cache.lookup([1, 2, 3, 9])
     assert m == 3 and got[0][0].flatten().tolist() == [0, 1, 2]
     assert cache.lookup([1, 2, 3, 4, 5])[0] == 4, "the last prompt token must be prefilled for its logits"
     assert cache.lookup([7, 1, 2])[0] == 0
@@ -291,7 +291,8 @@ def experts_of(model, ids: list[int]) -> list[list[list[int]]]:
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 async def test_routed_experts_are_those_of_a_fresh_forward(arch):
-    """Each generated token records, per layer, the experts of the position that sampled it."""
+    """Each generated token records, per layer, the experts of the position that sampled it; each prompt
+    position its own."""
     model = tiny_model(arch, seed=2)
     tok = load_tokenizer()
     prompts = [tok.encode("def add(a, b):"), tok.encode("The quick brown fox " * 3)]
@@ -300,7 +301,27 @@ async def test_routed_experts_are_those_of_a_fresh_forward(arch):
             *(eng.generate(p, SamplingParams(max_tokens=6, seed=i)) for i, p in enumerate(prompts))
         )
     for prompt, gen in zip(prompts, gens, strict=True):
-        expected = experts_of(model, prompt + gen.token_ids)[len(prompt) - 1 : -1]
-        assert [[sorted(e) for e in token] for token in gen.routed_experts] == expected
+        fresh = experts_of(model, prompt + gen.token_ids)
+        assert [[sorted(e) for e in token] for token in gen.routed_experts] == fresh[len(prompt) - 1 : -1]
+        assert [[sorted(e) for e in pos] for pos in gen.prompt_routing] == fresh[: len(prompt) - 1]
     with pytest.raises(ValueError, match="MoE"):
         HFEngine(tiny_model("llama", seed=0), record_routing=True)
+
+
+async def test_prompt_routing_of_prefix_cache_hits_is_the_routing_their_kv_was_computed_with():
+    """A later turn's prompt resends the earlier context: the part served from the prefix cache reports the
+    routing recorded with its KV (prefill and decode positions alike), equal to a fresh forward's."""
+    model = tiny_model("qwen3_moe", seed=3)
+    tok = load_tokenizer()
+    first = tok.encode("The quick brown fox jumps over the lazy dog. " * 2)
+    async with HFEngine(model, record_routing=True) as eng:
+        gen = await eng.generate(first, SamplingParams(max_tokens=8, seed=0))
+        turn2 = first + gen.token_ids + tok.encode(" and then")
+        cached = eng.cached_tokens
+        gen2 = await eng.generate(turn2, SamplingParams(max_tokens=4, seed=1))
+        assert eng.cached_tokens - cached == len(first) + len(gen.token_ids) - 1, "the first turn's KV is reused"
+    fresh = experts_of(model, turn2 + gen2.token_ids)
+    assert [[sorted(e) for e in pos] for pos in gen2.prompt_routing] == fresh[: len(turn2) - 1]
+    assert [[sorted(e) for e in token] for token in gen2.routed_experts] == fresh[len(turn2) - 1 : -1]
+    assert gen2.prompt_routing[: len(first) - 1] == gen.prompt_routing, "a hit reports what was recorded"
+    assert gen2.prompt_routing[len(first) - 1 : len(first) - 1 + len(gen.routed_experts)] == gen.routed_experts

@@ -13,7 +13,7 @@ from agentrl.engine.base import Generation, SamplingParams
 from agentrl.engine.hf import HFEngine
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
-from agentrl.rollout import Group, Segment, Status, Trajectory
+from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
 from agentrl.train.diagnostics import ROUTER_TURNS, Metrics, RouterDisagreement, Scored, router_disagreement
@@ -64,13 +64,16 @@ def engine_learner_counts(trainer: Trainer, batch: TrainBatch) -> dict[str, tupl
 
 
 def check_layout(groups: list[Group], batch: TrainBatch) -> None:
-    """Every generated token carries its engine record at its own position; nothing else does."""
+    """Every token but the first carries the engine's record of the position before it, prompt and observation
+    tokens too (every turn's request ran the whole context); padding does not."""
     assert batch.routed_experts is not None and batch.routed_experts.dtype == torch.int16
-    assert torch.equal(batch.routed_experts[..., 0, 0] >= 0, batch.loss_mask.bool())
+    recorded = batch.attention_mask.bool().clone()
+    recorded[:, 0] = False
+    assert torch.equal(batch.routed_experts[..., 0, 0] >= 0, recorded)
     trajs = [t for g in groups for t in g.trainable]
     for i, t in enumerate(trajs):
-        generated = [p for p, s in enumerate(t.segments) if s == Segment.GENERATED]
-        assert batch.routed_experts[i, generated].tolist() == t.routed_experts
+        assert len(t.routed_experts) == len(t.token_ids) and t.routed_experts[0] is None
+        assert batch.routed_experts[i, 1 : len(t.token_ids)].tolist() == t.routed_experts[1:]
         assert batch.token_turns[i, : len(t.turn_index)].tolist() == t.turn_index
 
 
@@ -86,6 +89,10 @@ async def test_an_fp32_engine_sharing_the_learner_s_weights_disagrees_on_no_rout
     assert counts["router_disagreement"] == (0, tokens * layers)  # every (generated token, layer): the same set
     assert counts["router_disagreement_tokens"] == (0, tokens)
     assert counts["router_disagreement_lag0"] == (0, tokens * layers)
+    everywhere = (batch.routed_experts[..., 0, 0] >= 0).long()  # prompt and observation positions too
+    counts = router_disagreement(batch.routed_experts, trainer.scorer(batch.input_ids, batch.attention_mask,
+                                 batch.sampling, router=True)[2], everywhere)  # fmt: skip
+    assert counts["router_disagreement"] == (0, int(everywhere.sum()) * layers) and everywhere.sum() > tokens
     metrics = trainer.update(batch)
     for key in ("router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
                 "router_disagreement_turn1"):  # fmt: skip
@@ -197,8 +204,26 @@ def test_the_trainer_logs_router_disagreement_only_when_the_batch_carries_routin
     assert not any(isinstance(o, RouterDisagreement) for o in dense.diagnostics)
 
 
+def test_trajectories_align_each_request_s_routing_with_their_tokens():
+    """Turn 2's request resends the context: its prompt routing (the latest) replaces turn 1's record of the
+    same positions; an aborted piece and its continuation fill the turn's tokens in order."""
+    t = Trajectory(episode_id="0", group_id="g", task_id="g", sampling=SamplingParams())
+    t.append_prompt([1, 2, 3])
+    e = lambda *xs: [[[x, x + 1]] for x in xs]  # noqa: E731  one layer, top-2
+    t.append_generation(Generation([10], [-0.5], [0], "aborted", 3, routed_experts=e(3), prompt_routing=e(1, 2)))
+    t.append_generation(Generation([11], [-0.5], [0], "stop", 4, routed_experts=e(5), prompt_routing=e(1, 2, 4)))
+    t.append_observation([7])
+    t.append_generation(Generation([12], [-0.5], [0], "stop", 6, routed_experts=e(9),
+                                   prompt_routing=e(1, 2, 6, 7, 8)))  # fmt: skip
+    assert t.routed_experts == [None, *e(1, 2, 6, 7, 8, 9)]
+    t.status = Status.FINISHED
+    batch, _ = build_batch([Group("g", "g", [t])], AlgoConfig())
+    assert batch.routed_experts[0, :, 0].tolist() == [[-1, -1], *([x, x + 1] for x in (1, 2, 6, 7, 8, 9))]
+
+
 def test_build_batch_leaves_records_it_cannot_align_out():
-    """No record anywhere: no field; a record without one entry per generated token: that row is -1."""
+    """No record anywhere: no field; an old-format record (one entry per generated token, saved before prompt
+    routing was recorded) fills the generated tokens; a record of any other length: that row is -1."""
     recorded, unrecorded, partial = (Trajectory(episode_id=str(i), group_id="g", task_id="g",
                                                 sampling=SamplingParams()) for i in range(3))  # fmt: skip
     for t in (recorded, unrecorded, partial):
