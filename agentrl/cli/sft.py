@@ -133,13 +133,23 @@ def init(
         str, typer.Option(help="default: the default policy's shapes; tiny: the test models'.")
     ] = "default",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    experts: Annotated[int | None, typer.Option(help="Experts per MoE layer (default: the preset's).", min=2)] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="Experts each token is routed to (default: the preset's).", min=1)
+    ] = None,
 ) -> None:
     """A random-init Qwen3-MoE with the project tokenizer: the starting point `agentrl sft` fine-tunes."""
     from agentrl.models.default import ARCHITECTURE
-    from agentrl.models.tiny import save_tiny
+    from agentrl.models.tiny import save_tiny, tiny_config
 
     presets = {"default": ARCHITECTURE, "tiny": {}}
     if preset not in presets:
         fail(f"unknown preset {preset!r}; choose one of {sorted(presets)}")
-    save_tiny(path, "qwen3_moe", seed=seed, **presets[preset])
+    shapes = presets[preset] | ({} if experts is None else {"num_experts": experts})
+    shapes |= {} if top_k is None else {"num_experts_per_tok": top_k}
+    config = tiny_config("qwen3_moe", **shapes)
+    if config.num_experts_per_tok > config.num_experts:  # transformers' config accepts it; routing would fail
+        fail(f"--top-k {config.num_experts_per_tok} routes each token to more experts than the {config.num_experts} "
+             "there are")  # fmt: skip
+    save_tiny(path, "qwen3_moe", seed=seed, **shapes)
     out.print(f"wrote {path}")

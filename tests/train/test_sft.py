@@ -36,6 +36,17 @@ def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
         chat.conversation_ids(CONVERSATION[:2])
 
 
+def test_models_init_sets_the_experts_and_their_top_k(tmp_path):
+    """The study's volatile-routing policy starts here: 8 experts, top-2, otherwise the default shapes."""
+    agentrl("models", "init", tmp_path / "m8", "--experts", 8, "--top-k", 2, cwd=tmp_path, timeout=600)
+    config = json.loads((tmp_path / "m8" / "config.json").read_text())
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["hidden_size"]) == (8, 2, 192)
+    r = agentrl("models", "init", tmp_path / "bad", "--experts", 4, "--top-k", 6, cwd=tmp_path, timeout=600,
+                check=False)  # fmt: skip
+    assert r.returncode != 0 and "more experts than the 4" in r.stdout + r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.docker
 @pytest.mark.slow  # 150 steps; the fast tier records demonstrations in tests/env/test_demos.py and lays them out here
 def test_sft_learns_demonstrations_recorded_in_sandboxes(tmp_path):
