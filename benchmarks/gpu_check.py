@@ -314,15 +314,16 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agentrl.engine import EngineConfig, EngineModel, build_engine
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.hf import HFEngine
     from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import init_distributed, shutdown_distributed
     from agentrl.train.trainer import Trainer
 
     need_cuda(ctx)
     figures["model"] = describe(model_config(ctx.big))
-    base = AutoModelForCausalLM.from_pretrained(model_folder(ctx, ctx.big), dtype=torch.float32)
+    folder = model_folder(ctx, ctx.big)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     n, T = (16, 64) if not ctx.dry else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
     requests = prompts(n)
@@ -332,12 +333,10 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
         figures["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
 
     def engine_tokens(dtype: str) -> list:
-        module = copy.deepcopy(base)
-        if dtype == "bfloat16":
-            module = module.to(torch.bfloat16)
-        engine = HFEngine(module.to(ctx.device).eval(), bf16_weights=dtype == "bfloat16_weights", seed=0)
+        """An engine of its own, loaded by the factory in `dtype` (an `engine.dtype` value) from the same folder."""
+        engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(folder), device=ctx.device))
         gens = generate(engine, requests, params)[0]
-        del engine, module
+        del engine
         free_memory()
         return gens
 

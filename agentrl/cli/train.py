@@ -272,8 +272,7 @@ def _check_docker(build_image: bool) -> list[str]:
     try:
         client = docker_client()
     except SandboxError as e:
-        return [f"Docker engine: {e}. Start it (sudo dockerd &, or systemctl start docker) "
-                "or run bash scripts/setup.sh, which installs and starts one."]  # fmt: skip
+        return [f"Docker engine: {e}"]  # the error says how to start one
     tag = sandbox_image.image_tag()
     if not sandbox_image.image_exists(client, tag):
         question = f"The sandbox image {tag} is missing. Build it now (about a minute, offline if need be)?"
