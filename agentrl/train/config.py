@@ -54,6 +54,13 @@ class AlgoConfig(_Strict):
     """C of behaviour_weight (unused under 'none'; > 1 for 'band'). 2, as truncated importance sampling (Yao et
     al., 2025) uses: w is about 1 where the engine sampled as the learner would, and a stale or mismatched unit
     weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
+    routing_replay: Literal["none", "R2", "R3"] = "none"
+    """MoE (Qwen3-MoE, Qwen2-MoE, Mixtral): the learner's forward routes to given top-k expert sets, the gate
+    weights over each set recomputed from its own router logits, so the router still learns (docs/design.md §4).
+    'R3' (arXiv:2510.11370): the engine's recorded sets at every position that conditions a generated token
+    (prompt, observations, prefix-cache hits); the engine must record them (engine.record_routing, an hf engine).
+    'R2': the learner's own sets from before the update, in every minibatch after the first: a no-op at
+    optim.minibatches = 1. 'none': the learner routes as it would"""
     async_level: int = Field(0, ge=0)
     """k: how many policy versions generation may run ahead of the learner. 0: rollout, update and sync in
     turn; k >= 1: the fleet samples the next batch while the learner trains (needs rollout.max_staleness >= k)"""

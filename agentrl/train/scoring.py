@@ -10,6 +10,7 @@ from torch import nn
 from agentrl.engine.base import SamplingParams
 from agentrl.train.logprobs import target_logprobs
 from agentrl.train.policy import causal_lm
+from agentrl.train.replay import RoutingReplay
 
 
 class Scorer(nn.Module):
@@ -29,18 +30,29 @@ class Scorer(nn.Module):
     KV cache broadcast to the rows) and only the suffixes run per row: the same lp_θ, entropy
     and router logits, and, since the broadcast sums the rows' gradients into the one prefix,
     the same gradients, for about P·(B − 1) fewer token forwards and backwards. Off under
-    activation checkpointing (its recomputation would replay the cache update).
+    activation checkpointing (its recomputation would replay the cache update). With a routing to
+    replay, a position is shared only where every row's routing is the same too.
+
+    Routing replay (`replay`, MoE; agentrl.train.replay): `routing` (B, L, layers, k), position-indexed, routes
+    each position with a record (≥ 0) to those experts, the gate weights recomputed from the learner's
+    router logits; the router logits returned are the router's own.
     """
 
-    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384) -> None:
+    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384,
+                 replay: bool = False) -> None:  # fmt: skip
         super().__init__()
         self.policy = policy
         self.min_shared_prefix = min_shared_prefix
         self.chunk_tokens = chunk_tokens
+        self.replay = RoutingReplay(policy) if replay else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
-                entropy: bool = False, router: bool = False):  # fmt: skip
+                entropy: bool = False, router: bool = False, routing: torch.Tensor | None = None):  # fmt: skip
         """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None)."""
+        if routing is not None:
+            if self.replay is None:
+                raise ValueError("a routing to replay needs a Scorer built with replay=True")
+            self.replay.check(routing)
         B, L = input_ids.shape
         lengths = attention_mask.sum(-1)
         order = torch.argsort(lengths, descending=True, stable=True)
@@ -48,7 +60,8 @@ class Scorer(nn.Module):
         while start < B:
             Lc = max(int(lengths[order[start]]), 1)  # the chunk's longest row: the first, sorted
             rows = order[start : start + max(1, self.chunk_tokens // Lc)]
-            parts.append(self._score(input_ids[rows, :Lc], attention_mask[rows, :Lc], params, entropy, router))
+            chunk = None if routing is None else routing[rows, :Lc]
+            parts.append(self._score(input_ids[rows, :Lc], attention_mask[rows, :Lc], params, entropy, router, chunk))
             start += len(rows)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(B, device=order.device)
@@ -64,23 +77,30 @@ class Scorer(nn.Module):
         return lp, ent, routed
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, entropy: bool,
-               router: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
+               router: bool, routing: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
         """One chunk: lp and entropy (B, L), router logits per layer (B, L, E)."""
         lm = causal_lm(self.policy)
         decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
         kwargs = {"output_router_logits": True} if router else {}
+
+        def replay(part: torch.Tensor | None) -> dict[str, torch.Tensor]:  # RoutingReplay's hooks take it
+            return {} if part is None else {"routing_replay": part}
+
         B, L = input_ids.shape
-        P = self._shared_prefix(input_ids, attention_mask)
+        P = self._shared_prefix(input_ids, attention_mask, routing)
         if P == 0:
-            out = decoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs, **replay(routing))
             lp, ent = target_logprobs(out.last_hidden_state[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
             routed = tuple(r.view(B, L, -1) for r in out.router_logits) if router else None
         else:
-            pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs)
+            pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs,
+                          **replay(None if routing is None else routing[:1, :P]))  # fmt: skip
             for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
                 layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
             suf = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                          past_key_values=pre.past_key_values, use_cache=True, **kwargs)  # fmt: skip
+                          past_key_values=pre.past_key_values, use_cache=True, **kwargs,
+                          **replay(None if routing is None else routing[:, P:]))  # fmt: skip
             # tokens 1..P-1 from the shared row; tokens P..L-1 from h at P-1 (shared) and the suffixes
             lp0, ent0 = target_logprobs(pre.last_hidden_state[:, :-1], head, input_ids[:1, 1:P], params,
                                         entropy=entropy)  # fmt: skip
@@ -95,8 +115,10 @@ class Scorer(nn.Module):
         pad = lp.new_zeros(B, 1)
         return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None, routed
 
-    def _shared_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
-        """P: the tokens every row starts with, kept below every row's length; 0 when not worth sharing."""
+    def _shared_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       routing: torch.Tensor | None = None) -> int:  # fmt: skip
+        """P: the tokens every row starts with (routed alike, with a routing to replay), kept below every row's
+        length; 0 when not worth sharing."""
         lm = causal_lm(self.policy)
         # transformers 5 renamed the flag (the old name warns)
         checkpointing = getattr(lm, "is_activation_checkpointing", None)
@@ -105,5 +127,7 @@ class Scorer(nn.Module):
         if input_ids.shape[0] < 2 or checkpointing:
             return 0
         same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (L,)
+        if routing is not None:  # the one prefix row is routed as every row's record says
+            same &= (routing == routing[:1]).flatten(2).all(-1).all(0)
         shared = min(int(same.long().cumprod(0).sum()), int(attention_mask.sum(-1).min()) - 1)
         return shared if shared >= self.min_shared_prefix else 0

@@ -11,6 +11,11 @@ lp_prox, the learner's logprobs before its first step on the batch, and lp_b wei
 0's lp_prox is its own first forward, detached (at M = 1 it costs nothing); the others' are scored in one
 no-grad pass before the first step.
 
+Routing replay (algo.routing_replay, MoE, agentrl.train.replay): under R3 every forward of the update's
+minibatches, that pass included, routes each position to the experts the engine recorded for it; under R2
+minibatch m >= 1 routes to the learner's own sets from that same pass, before the first step. The KL
+reference and the observers' own forwards route as the learner does: they measure its routing.
+
 Scoring is `Scorer`'s (agentrl.train.scoring); what is watched besides the loss (engine/trainer
 mismatch, expert flips, the rows the run records) is done by observers the step calls
 (agentrl.train.diagnostics); handing the new weights to an engine is `WeightSync`'s.
@@ -41,6 +46,7 @@ from agentrl.train.diagnostics import (
     staleness,
 )
 from agentrl.train.policy import causal_lm, gather_state, load_policy, meta_policy, prepare, train_device
+from agentrl.train.replay import own_routing, position_routing, replayed_positions
 from agentrl.train.scoring import Scorer
 
 
@@ -88,7 +94,7 @@ class Trainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.policy = policy
         self.lora = is_lora(policy)
-        self.scorer = Scorer(policy)
+        self.scorer = Scorer(policy, replay=cfg.algo.routing_replay != "none")  # refuses a policy it cannot replay
         self.device = train_device()
         if cfg.algo.kl_coef and not self.lora and reference is None:
             raise ValueError("algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
@@ -178,17 +184,24 @@ class Trainer:
                 raise ValueError("staleness needs the batch's token_versions (build_batch records them)")
             for k, v in staleness(batch.token_versions, batch.loss_mask, policy_version).items():
                 metrics.log(k, v)
-        decoupled = algo.behaviour_weight != "none"
+        decoupled, r2 = algo.behaviour_weight != "none", algo.routing_replay == "R2"
+        routing = self._recorded_routing(shares)  # (B, L, layers, k) per minibatch, position-indexed, or None
         proximal: list[torch.Tensor | None] = [None] * len(shares)
-        if decoupled:  # lp_prox: the weights before any step; minibatch 0's is its own forward's, detached
+        if decoupled or r2:  # the weights before any step: lp_prox, R2's routing; minibatch 0's is its own forward's
             with torch.no_grad():
                 for m, s in enumerate(shares[1:], 1):
-                    proximal[m] = self.scorer(s.batch.input_ids, s.batch.attention_mask, s.batch.sampling)[0]
+                    b = s.batch
+                    lp, _, router = self.scorer(b.input_ids, b.attention_mask, b.sampling, router=r2,
+                                                routing=routing[m])  # fmt: skip
+                    if decoupled:
+                        proximal[m] = lp
+                    if r2:
+                        routing[m] = own_routing(router, b.attention_mask, self.top_k)
         self.scorer.train()
         for m, s in enumerate(shares):
             mb = s.batch
             lp, entropy, router = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling, entropy=True,
-                                              router=self.moe)  # fmt: skip
+                                              router=self.moe, routing=routing[m])  # fmt: skip
             old, extra = mb.old_logprobs, {}
             if decoupled:
                 old = lp.detach() if m == 0 else proximal[m]
@@ -204,6 +217,9 @@ class Trainer:
                         metrics.log(k, v, s.n_local)
                 metrics.log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
                 metrics.log("loss", float(loss.detach()), s.n_local)
+                if algo.routing_replay != "none":  # the share of real positions routed to a given set
+                    real = int(mb.attention_mask.sum())
+                    metrics.log("routing_replayed", replayed_positions(routing[m], mb.attention_mask) / real, real)
                 loss = loss * (self.world * s.n_local / max(s.n_global, 1))
             else:
                 loss = lp.sum() * 0.0  # keeps this rank in the collectives
@@ -224,6 +240,15 @@ class Trainer:
         for o in watching:
             o.finished(self.scorer, metrics)
         return metrics.reduce(self.world)
+
+    def _recorded_routing(self, shares: list[_Share]) -> list[torch.Tensor | None]:
+        """Per minibatch, R3's replayed routing: the position view of the engine's record; None otherwise."""
+        if self.cfg.algo.routing_replay != "R3":
+            return [None] * len(shares)
+        if shares[0].batch.routed_experts is None:
+            raise ValueError("algo.routing_replay R3 replays the engine's recorded routing, and this batch has none: "
+                             "the engine must record it (engine.record_routing: true, an hf engine)")  # fmt: skip
+        return [position_routing(s.batch.routed_experts) for s in shares]
 
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
         """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
