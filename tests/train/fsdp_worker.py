@@ -1,7 +1,7 @@
 """One update of a tiny policy on a fixed batch; run plainly (one process) or under torchrun (gloo).
 
-python tests/train/fsdp_worker.py OUT {moe|lora}           # reference, no torch.distributed
-torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora}
+python tests/train/fsdp_worker.py OUT {moe|lora|replay}           # reference, no torch.distributed
+torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora|replay}
 python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16, checkpointing, offload
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT load CASES.json   # Trainer.build's sharded loading
 """
@@ -23,6 +23,7 @@ from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.learner import LocalLearner
 from agentrl.train.policy import causal_lm, decoder_layers, gather_state, init_distributed, state_bytes
+from agentrl.train.replay import position_routing
 from agentrl.train.trainer import Trainer
 from agentrl.train.weight_sync import weight_sync
 
@@ -47,6 +48,20 @@ def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:
         old_logprobs=(-3 - torch.rand(B, L, generator=g)) * loss_mask,
         advantages=torch.randn(B, L, generator=g) * loss_mask, sampling=SamplingParams(temperature=0.9),
     )  # fmt: skip
+
+
+def replayed_batch(P: int = 36) -> TrainBatch:
+    """`fixed_batch` with an engine's routing record of the tiny Qwen3-MoE (2 layers, top-2 of 4) at every real token
+    but the first: random sets, the same for every row up to the prompt's last position (as an engine's prefix
+    cache gives), so the shared-prefix scorer replays too."""
+    b = fixed_batch(P=P)
+    g = torch.Generator().manual_seed(1)
+    B, L = b.input_ids.shape
+    sets = torch.rand(B, L, 2, 4, generator=g).argsort(-1)[..., :2]
+    sets[:, : P + 1] = sets[:1, : P + 1]  # token t's record is position t − 1's: positions 0..P − 1 agree
+    recorded = b.attention_mask.bool() & (torch.arange(L) > 0)
+    b.routed_experts = torch.where(recorded[..., None, None], sets, -1).to(torch.int16)
+    return b
 
 
 def second_batch() -> TrainBatch:
@@ -76,7 +91,9 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         seen.add((args[0] if args else kwargs["hidden_states"]).dtype)
 
     decoder_layers(policy)[0].register_forward_pre_hook(note_dtype, with_kwargs=True)
-    trainer = Trainer(TrainerConfig(model=model, optim=OptimConfig(lr=1e-3, minibatches=2)), policy)
+    # replay: R3, decoupled, so the proximal pass replays too
+    algo = AlgoConfig(routing_replay="R3", behaviour_weight="truncate") if kind == "replay" else AlgoConfig()
+    trainer = Trainer(TrainerConfig(model=model, algo=algo, optim=OptimConfig(lr=1e-3, minibatches=2)), policy)
     if phase == "save":
         trainer.update(fixed_batch())
         checkpoint.save(ckpt, trainer, {"step": 1})
@@ -85,14 +102,20 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         assert checkpoint.load(ckpt, trainer) == {"step": 1}
         metrics = trainer.update(second_batch())
     else:
-        metrics = trainer.update(fixed_batch())
+        metrics = trainer.update(replayed_batch() if kind == "replay" else fixed_batch())
     state = full_state_dict(trainer.scorer)
     engine_state = asyncio.run(synced_engine_state(trainer)) if kind == "bf16" else None
+    replayed = None
+    if kind == "replay":  # lp after the update, the record replayed and not (every rank: FSDP's collectives)
+        b = replayed_batch()
+        with torch.no_grad():
+            replayed = [trainer.scorer(b.input_ids, b.attention_mask, b.sampling, routing=routing)[0]
+                        for routing in (position_routing(b.routed_experts), None)]  # fmt: skip
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()},
                     "world": dist.get_world_size() if dist.is_initialized() else 0, "compute": seen,
                     "checkpointing": [layer.gradient_checkpointing for layer in decoder_layers(policy)],
-                    "engine": engine_state}, out)  # fmt: skip
+                    "engine": engine_state, "replayed": replayed}, out)  # fmt: skip
     if dist.is_initialized():
         dist.destroy_process_group()
 

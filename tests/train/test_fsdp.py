@@ -52,6 +52,21 @@ def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
         assert changed
 
 
+def test_routing_replay_on_two_ranks_matches_one_process(tmp_path):
+    """R3 (decoupled: the proximal pass replays too) on an engine record that every row shares over the prompt, so
+    each rank's shared-prefix scorer replays: two ranks give one process's update, and replay the same."""
+    one, two = run(tmp_path / "one.pt", "replay", 1), run(tmp_path / "two.pt", "replay", 2)
+    for name, value in one["state"].items():
+        torch.testing.assert_close(two["state"][name], value, atol=ATOL, rtol=0, msg=name)
+    for key in ("loss", "grad_norm", "routing_replayed"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-7), key
+    assert 0.9 < one["metrics"]["routing_replayed"] < 1  # every real position but each row's last
+    (replayed, own), (replayed2, own2) = one["replayed"], two["replayed"]
+    torch.testing.assert_close(replayed2, replayed, atol=ATOL, rtol=0)
+    torch.testing.assert_close(own2, own, atol=ATOL, rtol=0)
+    assert (replayed - own).abs().max() > 1e-2  # the record is not the learner's routing: replay changes lp
+
+
 def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
     """model.dtype bfloat16 in a plain process: a process group of one, FSDP2 computing in bf16 with
     float32 master weights, activation checkpointing and CPU offload on; the update agrees with fp32
