@@ -15,6 +15,8 @@ backward's recomputation runs the submodules' hooks again but not the layer's ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -87,11 +89,12 @@ class RoutingReplay:
             layer.mlp.gate.register_forward_hook(self._replay(j))
 
     def check(self, routing: torch.Tensor) -> None:
+        """A routing (B, L, layers, k) must have a column per MoE layer, of the routers' k."""
         if routing.shape[2:] != (self.layers, self.top_k):
             raise ValueError(f"a routing record of {routing.shape[2]} layers × {routing.shape[3]} experts; the "
                              f"policy routes {self.layers} MoE layers to {self.top_k} experts each")  # fmt: skip
 
-    def _take(self, j: int):
+    def _take(self, j: int) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict]]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             routing = kwargs.pop("routing_replay", None)
             self._columns[j] = None if routing is None else routing[:, :, j]
@@ -99,7 +102,7 @@ class RoutingReplay:
 
         return hook
 
-    def _replay(self, j: int):
+    def _replay(self, j: int) -> Callable[[nn.Module, tuple, tuple], tuple | None]:
         def hook(module: nn.Module, args: tuple, out: tuple) -> tuple | None:
             column, self._columns[j] = self._columns[j], None
             if column is None:
