@@ -300,6 +300,9 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
                 folder.truncate_logs(state.iteration)
         lead = await _lead(cfg, folder, learner, state, stack, resumed=resumed) if lead_rank else None
         run = Run(cfg, folder, learner, weight_sync(learner, lead and lead.engine), state, display, stop, lead)
+        if lead is not None and cfg.algo.routing_replay == "R3" and not lead.engine.capabilities.records_routing:
+            raise ValueError(f"algo.routing_replay=R3 needs the engine's routing record, and the {lead.engine.name} "
+                             "engine returns none")  # fmt: skip
         if cfg.algo.async_level and run.sync.in_place:
             raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
                              f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "

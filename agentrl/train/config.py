@@ -56,7 +56,7 @@ class AlgoConfig(_Strict):
     weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
     routing_replay: Literal["none", "R2", "R3"] = "none"
     """MoE (Qwen3-MoE, Qwen2-MoE, Mixtral): the learner's forward routes to given top-k expert sets, the gate
-    weights over each set recomputed from its own router logits, so the router still learns (docs/design.md §4).
+    weights over each set recomputed from its own router logits, so the router still learns (docs/design.md §3).
     'R3' (arXiv:2510.11370): the engine's recorded sets at every position that conditions a generated token
     (prompt, observations, prefix-cache hits); the engine must record them (engine.record_routing, an hf engine).
     'R2': the learner's own sets from before the update, in every minibatch after the first: a no-op at

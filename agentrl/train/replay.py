@@ -1,4 +1,4 @@
-"""Routing replay (docs/design.md §4): the learner's MoE layers route positions to given top-k expert sets.
+"""Routing replay (docs/design.md §3): the learner's MoE layers route positions to given top-k expert sets.
 
 R3 replays the engine's recorded sets (`TrainBatch.routed_experts`), R2 the learner's own from before the
 update. Only the choice of experts is replayed: the gate weights over a replayed set are recomputed from the

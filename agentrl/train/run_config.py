@@ -80,6 +80,10 @@ class RunConfig(_Strict):
             self.engine.place(self.cluster.inference)
         if self.engine.replicas is not None and self.engine.ray_address is None:
             self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
+        if self.algo.routing_replay == "R3" and not self.engine.record_routing:
+            raise ValueError("algo.routing_replay=R3 forces the engine's recorded experts in the learner's forward: "
+                             "set engine.record_routing=true (an hf engine; openai and vllm engines return no "
+                             "routing)")  # fmt: skip
         if self.algo.async_level > self.rollout.max_staleness:
             raise ValueError(f"algo.async_level={self.algo.async_level} lets tokens be that many versions old when "
                              f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "

@@ -17,6 +17,8 @@ from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
 from agentrl.train.diagnostics import ROUTER_TURNS, Metrics, RouterDisagreement, Scored, router_disagreement
+from agentrl.train.replay import position_routing
+from agentrl.train.scoring import Scorer
 from agentrl.train.trainer import Trainer
 
 MOE = dict(num_experts=64, num_experts_per_tok=8, num_hidden_layers=4)
@@ -240,3 +242,57 @@ def test_build_batch_leaves_records_it_cannot_align_out():
     assert (batch.routed_experts[1:] == -1).all()
     assert batch.token_turns[0].tolist() == [0, 0, 0, 0, 0, 0, 1]
     assert batch.select([0]).routed_experts.shape == (1, 7, 1, 2)
+
+
+# -- routing replay against a real engine's record (docs/design.md §3) ---------------------------------------
+
+
+def scores(policy, batch: TrainBatch, replay: bool) -> torch.Tensor:
+    """lp_θ of the batch, with the engine's recorded routing replayed (R3) or not."""
+    scorer = Scorer(policy, replay=True)
+    routing = position_routing(batch.routed_experts) if replay else None
+    with torch.no_grad():
+        return scorer(batch.input_ids, batch.attention_mask, batch.sampling, routing=routing)[0]
+
+
+def mismatch(lp: torch.Tensor, batch: TrainBatch) -> tuple[float, float]:
+    """The first minibatch's engine/learner mismatch: the mean over sequences of the k3 sequence KL (as
+    `Mismatch` logs it), and the p99 of |lp_θ − lp_b| over generated tokens."""
+    on = batch.loss_mask.bool()
+    d = torch.where(on, lp - batch.old_logprobs, 0.0)
+    k3 = torch.where(on, d.exp() - d - 1, 0.0).sum(-1) / on.sum(-1)
+    return float(k3.mean()), float(d.abs()[on].quantile(0.99))
+
+
+async def test_r3_on_an_fp32_engine_sharing_the_weights_changes_no_logprob():
+    policy = moe_model()
+    async with HFEngine(policy, shared=True, record_routing=True) as engine:
+        groups = await rollouts(engine)
+    batch, _ = build_batch(groups, AlgoConfig())
+    plain, replayed = scores(policy, batch, replay=False), scores(policy, batch, replay=True)
+    real = batch.attention_mask.bool()
+    assert (position_routing(batch.routed_experts)[..., 0, 0] >= 0).sum() == real.sum() - len(batch)
+    assert (plain - replayed).abs()[real].max() <= 1e-6
+
+
+async def test_r3_lowers_a_bf16_engine_s_mismatch():
+    """A bf16 engine routes some positions elsewhere than the fp32 learner; replaying its record lowers both the
+    sequence KL and the p99 of |lp_θ − lp_b| on the same batch, and the trainer logs the lower KL."""
+    policy = moe_model()
+    async with HFEngine(moe_model().to(torch.bfloat16), record_routing=True) as engine:
+        groups = await rollouts(engine)
+    batch, _ = build_batch(groups, AlgoConfig())
+    everywhere = (batch.routed_experts[..., 0, 0] >= 0).long()
+    with torch.no_grad():
+        router = Scorer(policy)(batch.input_ids, batch.attention_mask, batch.sampling, router=True)[2]
+    differ, compared = router_disagreement(batch.routed_experts, router, everywhere)["router_disagreement"]
+    kl, p99 = mismatch(scores(policy, batch, replay=False), batch)
+    kl_r3, p99_r3 = mismatch(scores(policy, batch, replay=True), batch)
+    print(f"disagreement {differ}/{compared}; seq KL {kl:.3g} -> {kl_r3:.3g}; p99 |Δlp| {p99:.3g} -> {p99_r3:.3g}")
+    assert differ > 0
+    assert kl_r3 < kl and p99_r3 < p99
+    logged = {}
+    for mode in ("none", "R3"):
+        cfg = TrainerConfig(algo=AlgoConfig(routing_replay=mode), optim=OptimConfig(minibatches=1))
+        logged[mode] = Trainer(cfg, moe_model()).update(batch)["mismatch_seq_kl"]
+    assert logged["R3"] == pytest.approx(kl_r3, rel=1e-4) and logged["none"] == pytest.approx(kl, rel=1e-4)

@@ -41,6 +41,9 @@ def test_wrong_types_and_choices_are_refused_with_the_choices():
         (["algo.tis_cap=2"], "old_logprobs='recompute'"),
         (["algo.behaviour_weight=band", "algo.behaviour_cap=1"], r"needs behaviour_cap > 1, got 1.0"),
         ([*GSPO, "algo.behaviour_weight=mask", "algo.behaviour_level=token"], "or loss 'gspo_token'"),
+        (["algo.routing_replay=R3"], "set engine.record_routing=true"),
+        (["algo.routing_replay=R3", "engine.kind=openai", "engine.base_url=http://x"], "set engine.record_routing"),
+        (["algo.routing_replay=R4"], "'none', 'R2' or 'R3'"),
     ],
 )
 def test_incompatible_combinations_are_refused(sets, match):
