@@ -200,6 +200,14 @@ def test_the_trainer_logs_router_disagreement_only_when_the_batch_carries_routin
                            "router_disagreement_turn1"}  # fmt: skip
     assert 0 < logged["router_disagreement"] < 1  # random records: most sets differ, a few agree
 
+    # M = 2: minibatch 0 alone, scored before any step (minibatch 1 comes after the update's first step)
+    two = Trainer(TrainerConfig(optim=OptimConfig(minibatches=2)), tiny_model("qwen3_moe", seed=0))
+    first = batch.select(two._minibatches(batch)[0].rows)
+    with torch.no_grad():
+        _, _, router = two.scorer(first.input_ids, first.attention_mask, first.sampling, router=True)
+    d, n = router_disagreement(first.routed_experts, router, first.loss_mask, first.token_turns)["router_disagreement"]
+    assert two.update(batch)["router_disagreement"] == pytest.approx(d / n, rel=1e-12)
+
     batch.routed_experts = None  # a batch from an engine that records no routing
     assert not any(k.startswith("router_disagreement") for k in trainer.update(batch))
     dense = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), tiny_model("qwen3", seed=0))
