@@ -52,6 +52,7 @@ def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
         assert changed
 
 
+@pytest.mark.slow  # a launch of 2 ranks; the fast tier replays in one process (tests/train/test_routing_replay.py)
 def test_routing_replay_on_two_ranks_matches_one_process(tmp_path):
     """R3 (decoupled: the proximal pass replays too) on an engine record that every row shares over the prompt, so
     each rank's shared-prefix scorer replays: two ranks give one process's update, and replay the same."""
