@@ -213,7 +213,7 @@ async def test_budgets_truncate_before_the_model(ray_local):
 
 async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local):
     model = tiny_model("qwen3_moe", seed=1)
-    engine = RecordingEngine(model, shared=True)  # a learner changes it in place
+    engine = RecordingEngine(model, shared=True, record_routing=True)  # a learner changes it in place
     # the iteration's token budget ends it mid-flight: all six episodes are parked
     cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, env_kwargs={"max_turns": 4},
                  sampling=SamplingParams(max_tokens=64), iteration_token_budget=300)  # fmt: skip
@@ -235,6 +235,9 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
     assert len(seen) == len(set(seen)) == 3 * cfg.group_size
     if open_turns:  # aborted mid-turn: that turn's tokens span both versions
         assert any(len({t.versions[i] for i in range(turn.start, turn.end)}) == 2 for t in resumed for turn in t.turns)
+    for t in resumed:  # routing replay's record: every token the engine predicted, across the pause, in place
+        assert len(t.routed_experts) == len(t.token_ids) and t.routed_experts[0] is None
+        assert all(e is not None for e in t.routed_experts[1 : t.turns[-1].end])
 
 
 @pytest.mark.slow  # the fast tier parks and resumes above, with staleness allowed
