@@ -154,6 +154,7 @@ def main() -> None:
         for seed in args.seeds:  # seeds outermost: a partial study has every arm of its first seeds
             for arm in args.arms:
                 out = args.out / policy / f"{arm}_s{seed}"
+                out.parent.mkdir(exist_ok=True)
                 wall = None
                 if not args.summarize_only:
                     loss, *sets = ARMS[arm]
