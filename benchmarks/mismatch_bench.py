@@ -9,7 +9,9 @@ tokens. Printed as one JSON object, per mode:
 - logprob mismatch over the generated tokens: mean, p99 and max of |lp_learner − lp_engine|, and the mean per
   sequence of k3(lp_learner − lp_engine) (an estimate of KL(engine ‖ learner));
 - router disagreement (`agentrl.train.diagnostics.router_disagreement`): the share of (token, layer) pairs whose
-  top-k set differs, and of tokens with any layer differing.
+  top-k set differs, and of tokens with any layer differing;
+- the same mismatch with routing replay (R3, `r3_*`): the learner's forward routed to the engine's recorded experts
+  at every position, prompt included.
 
     python benchmarks/mismatch_bench.py                           # the default policy, 16 requests x 64 tokens
     python benchmarks/mismatch_bench.py --model DIR --requests 32  # another Hugging Face folder
@@ -30,6 +32,7 @@ from agentrl.engine import EngineConfig, EngineModel, build_engine
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.models.default import resolve_path
 from agentrl.train.diagnostics import router_disagreement
+from agentrl.train.replay import position_routing
 from agentrl.train.scoring import Scorer
 
 MODES = ("float32", "bfloat16_weights", "bfloat16")
@@ -66,15 +69,23 @@ def compare(scorer: Scorer, reqs: list[list[int]], gens: list[Generation]) -> di
         ids[b, :end] = torch.tensor(p + g.token_ids)
         attention[b, :end], mask[b, n:end] = 1, 1
         lp_b[b, n:end] = torch.tensor(g.logprobs)
-        routed[b, n:end] = torch.tensor(g.routed_experts)  # token t's record: the forward at t - 1 that sampled it
+        # token t's record: the forward at t - 1 that predicted it (prompt positions, then the sampling ones)
+        routed[b, 1:end] = torch.tensor(g.prompt_routing + g.routed_experts)
+    params = SamplingParams(temperature=1.0)
     with torch.no_grad():
-        lp, _, router = scorer(ids, attention, SamplingParams(temperature=1.0), router=True)
-    d = (lp - lp_b)[mask.bool()]
-    per_seq = torch.stack([_k3((lp - lp_b)[b][mask[b].bool()]) for b in range(B)])
+        lp, _, router = scorer(ids, attention, params, router=True)
+        lp_r3 = scorer(ids, attention, params, routing=position_routing(routed))[0]
     counts = router_disagreement(routed, router, mask)
     share = {key: counts[key][0] / counts[key][1] for key in ("router_disagreement", "router_disagreement_tokens")}
+    return {**_mismatch(lp, lp_b, mask), **share, **{f"r3_{k}": v for k, v in _mismatch(lp_r3, lp_b, mask).items()}}
+
+
+def _mismatch(lp: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """|lp_learner − lp_engine| over the generated tokens (mean, p99, max) and the mean k3 sequence KL."""
+    d = (lp - lp_b)[mask.bool()]
+    per_seq = torch.stack([_k3((lp - lp_b)[b][mask[b].bool()]) for b in range(len(lp))])
     return {"lp_abs_diff_mean": float(d.abs().mean()), "lp_abs_diff_p99": float(d.abs().quantile(0.99)),
-            "lp_abs_diff_max": float(d.abs().max()), "seq_kl_k3_mean": float(per_seq.mean()), **share}  # fmt: skip
+            "lp_abs_diff_max": float(d.abs().max()), "seq_kl_k3_mean": float(per_seq.mean())}  # fmt: skip
 
 
 def _k3(d: torch.Tensor) -> torch.Tensor:
@@ -90,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     path = resolve_path(args.model)
     reqs = prompts(path, args.requests)
-    scorer = Scorer(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    scorer = Scorer(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), replay=True)
     out: dict = {"model": args.model, "requests": args.requests, "tokens": args.tokens,
                  "machine": {"platform": platform.platform(), "torch": torch.__version__,
                              "threads": torch.get_num_threads()}, "modes": {}}  # fmt: skip
