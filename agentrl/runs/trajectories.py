@@ -32,6 +32,9 @@ class TrainedView(BaseModel):
     clipped: float
     """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
     minibatch: int
+    router_differs: list[float] | None = None
+    """MoE with the engine's routing record: per token, the share of MoE layers the learner routed otherwise than
+    the engine (generated tokens; -1 elsewhere); None: not recorded (no record, or saved before it existed)"""
 
 
 class Saveable(Protocol):

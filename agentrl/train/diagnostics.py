@@ -155,6 +155,26 @@ ROUTER_TURNS = 4
 """router disagreement is broken down per turn for turns 0 to ROUTER_TURNS − 1; later ones are pooled"""
 
 
+def routing_differs(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...],
+                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Which masked tokens with a record (`here`, (B, L), token 0 never) and, for each of them in row order, which
+    MoE layers (`differ`, (n, layers) bool) route its predicting position t − 1 to another top-k set in the
+    learner's forward than the engine's record says; the learner's set chosen as its routers choose (softmax in
+    float32, then top-k). `routed` (B, L, layers, k): `TrainBatch.routed_experts`; `router_logits` per layer
+    (B·L, E), the learner's at every position."""
+    B, L, layers, k = routed.shape
+    if len(router_logits) != layers:
+        raise ValueError(f"the engine recorded routing of {layers} layers, the learner routes {len(router_logits)}")
+    here = (routed[..., 0, 0] >= 0) & mask.bool()
+    here[:, 0] = False
+    engine = routed[:, 1:][here[:, 1:]].long().sort(-1).values  # (n, layers, k)
+    E = router_logits[0].shape[-1]
+    learner = [r.detach().reshape(B, L, E)[:, :-1][here[:, 1:]].float().softmax(-1).topk(k, -1).indices
+               for r in router_logits]  # fmt: skip
+    differ = (engine != torch.stack(learner, 1).sort(-1).values).any(-1) if len(engine) else engine[..., 0].bool()
+    return here, differ
+
+
 def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...], loss_mask: torch.Tensor,
                         token_turns: torch.Tensor | None = None, token_versions: torch.Tensor | None = None,
                         policy_version: int | None = None) -> dict[str, tuple[int, int]]:  # fmt: skip
@@ -167,17 +187,12 @@ def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor,
     pairs, `router_disagreement_tokens` tokens with any layer differing; the pairs again per turn of the token
     (`_turn{j}`, `_turn_later` from turn `ROUTER_TURNS` on) and per version lag, `policy_version` minus the
     token's version (`_lag{d}`, given both)."""
-    B, L, layers, k = routed.shape
-    if len(router_logits) != layers:
-        raise ValueError(f"the engine recorded routing of {layers} layers, the learner routes {len(router_logits)}")
-    here = (routed[:, 1:, 0, 0] >= 0) & loss_mask[:, 1:].bool()  # (B, L − 1): tokens 1..L−1 with a record
+    layers = routed.shape[2]
+    here, differ = routing_differs(routed, router_logits, loss_mask)
     n = int(here.sum())
     if not n:
         return {}
-    engine = routed[:, 1:][here].long().sort(-1).values  # (n, layers, k)
-    E = router_logits[0].shape[-1]
-    learner = [r.detach().reshape(B, L, E)[:, :-1][here].float().softmax(-1).topk(k, -1).indices for r in router_logits]
-    differ = (engine != torch.stack(learner, 1).sort(-1).values).any(-1)  # (n, layers)
+    here = here[:, 1:]
     counts = {"router_disagreement": (int(differ.sum()), differ.numel()),
               "router_disagreement_tokens": (int(differ.any(-1).sum()), n)}  # fmt: skip
     per_token = differ.sum(-1)  # (n,)
@@ -231,6 +246,10 @@ class RowStats:
     clipped: float
     """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
     minibatch: int
+    router_differs: list[float] | None = None
+    """MoE with the engine's routing record: per position of the row, the share of MoE layers whose top-k set the
+    learner's forward (the one `logprobs` come from) chose otherwise than the engine, at generated tokens; -1
+    elsewhere"""
 
 
 @dataclass
@@ -252,8 +271,16 @@ class RowRecorder(UpdateObserver):
                                         clip_low=a.clip_low, clip_high=a.clip_high)  # fmt: skip
         lengths = sel.attention_mask.sum(-1).tolist()
         lp = lp.float().cpu()
+        differs = None
+        if s.router_logits is not None and s.batch.routed_experts is not None:
+            here, differ = routing_differs(s.batch.routed_experts, s.router_logits, s.batch.loss_mask)
+            share = torch.full(here.shape, -1.0, device=differ.device)
+            share[here] = differ.float().mean(-1)
+            differs = share[local, :L].cpu()
         for j, i in enumerate(local):
-            self.stats[s.rows[i]] = RowStats(lp[j, : lengths[j]].tolist(), float(ratio[j]), float(clipped[j]), s.index)
+            n = lengths[j]
+            self.stats[s.rows[i]] = RowStats(lp[j, :n].tolist(), float(ratio[j]), float(clipped[j]), s.index,
+                                             None if differs is None else differs[j, :n].tolist())  # fmt: skip
 
     def finished(self, scorer: Scorer, metrics: Metrics) -> None:
         """Every rank's rows, on rank 0."""
@@ -274,5 +301,6 @@ class RowRecorder(UpdateObserver):
                 advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
                 trainer_logprobs=[round(x, 4) for x in r.logprobs], ratio=r.ratio, clipped=r.clipped,
                 minibatch=r.minibatch,
+                router_differs=None if r.router_differs is None else [round(x, 3) for x in r.router_differs],
             )  # fmt: skip
         return views

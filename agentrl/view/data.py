@@ -216,8 +216,10 @@ def _passed(row: dict[str, Any]) -> bool:
 
 def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """A saved trajectory as the page shows it: the prompt's text, then per turn its generated tokens
-    (text piece, engine logprob, policy version, advantage, trainer logprob) and the env's reply."""
+    (text piece, engine logprob, policy version, advantage, trainer logprob, and with an MoE routing record the
+    share of layers the trainer routed otherwise than the engine) and the env's reply."""
     ids, trained = row["token_ids"], row.get("trained")
+    routing = trained.get("router_differs") if trained else None  # None in rows saved before it was recorded
     pieces = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
 
     def text(lo: int, hi: int) -> str:
@@ -234,6 +236,7 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
             "version": [row["versions"][j] for j in span],
             "advantage": [trained["advantages"][j] for j in span] if trained else None,
             "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
+            "router_differs": [routing[j] for j in span] if routing else None,
             "observation": text(turn["end"], obs_end),
         })  # fmt: skip
     return {

@@ -16,7 +16,15 @@ from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import Group, Status, Trajectory
 from agentrl.train.batch import TrainBatch, build_batch
 from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
-from agentrl.train.diagnostics import ROUTER_TURNS, Metrics, RouterDisagreement, Scored, router_disagreement
+from agentrl.train.diagnostics import (
+    ROUTER_TURNS,
+    Metrics,
+    RouterDisagreement,
+    RowRecorder,
+    Scored,
+    router_disagreement,
+    routing_differs,
+)
 from agentrl.train.replay import position_routing
 from agentrl.train.scoring import Scorer
 from agentrl.train.trainer import Trainer
@@ -199,6 +207,19 @@ def test_the_trainer_logs_router_disagreement_only_when_the_batch_carries_routin
     assert set(logged) == {"router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
                            "router_disagreement_turn1"}  # fmt: skip
     assert 0 < logged["router_disagreement"] < 1  # random records: most sets differ, a few agree
+
+    # the rows the run saves carry, per token, the share of layers the learner routed otherwise (viewer colours)
+    recorder, batch.episode_ids = RowRecorder({0, 1}, AlgoConfig()), [f"e{i}" for i in range(B)]
+    fresh = Trainer(TrainerConfig(optim=OptimConfig(minibatches=1)), tiny_model("qwen3_moe", seed=0))
+    fresh.update(batch, recorder)
+    here, differ = routing_differs(batch.routed_experts, router, batch.loss_mask)
+    for i in (0, 1):
+        got = torch.tensor(recorder.stats[i].router_differs)
+        n = len(got)
+        expected = torch.full((B, L), -1.0)
+        expected[here] = differ.float().mean(-1)
+        assert torch.equal(got, expected[i, :n]) and (got > 0).any() and (got == -1).any()
+        assert recorder.views(batch)[batch.episode_ids[i]].router_differs == [round(x, 3) for x in got.tolist()]
 
     # M = 2: minibatch 0 alone, scored before any step (minibatch 1 comes after the update's first step)
     two = Trainer(TrainerConfig(optim=OptimConfig(minibatches=2)), tiny_model("qwen3_moe", seed=0))

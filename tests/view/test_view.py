@@ -228,6 +228,33 @@ def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
         page.close()
 
 
+def test_tokens_are_coloured_by_router_disagreement(run, browser, tmp_path):
+    """A trajectory whose update recorded, per token, the share of MoE layers the trainer routed otherwise than
+    the engine: the 'router disagreement' mode colours exactly the tokens with a share above 0, darker for more."""
+    moe = tmp_path / "moe"
+    shutil.copytree(run, moe, ignore=shutil.ignore_patterns("trajectories", "checkpoints", "final"))
+    row = saved(run, next(e for e in index_rows(run) if e["ratio"] is not None))
+    t = Trajectory.model_validate(row)
+    generated = [j for j, m in enumerate(t.loss_mask) if m]
+    shares = [-1.0] * len(t.token_ids)
+    for n, j in enumerate(generated):
+        shares[j] = [0.0, 0.25, 0.0, 1.0][n % 4]
+    view = TrainedView.model_validate(row["trained"] | {"router_differs": shares})
+    write_trajectories(moe / "trajectories", "iter-00000.jsonl", [t], 0, {t.episode_id: view})
+
+    with Viewer(moe) as v:
+        page = browser.new_page()
+        page.goto(v.url + f"/#/t/{t.episode_id}")
+        page.wait_for_selector(".tok")
+        page.select_option("#colour", "router")
+        coloured = page.eval_on_selector_all(".tok", "ts => ts.map(t => t.dataset.colour === 'router')")
+        assert coloured == [shares[j] > 0 for j in generated]
+        backgrounds = page.eval_on_selector_all(".tok", "ts => ts.map(t => t.style.background)")
+        assert backgrounds[1] != backgrounds[3], "a token with every layer differing is darker than one with a quarter"
+        assert "router differs 0.25" in page.locator(".tok").nth(1).get_attribute("title")
+        page.close()
+
+
 @pytest.mark.slow  # two `agentrl eval` runs; the fast tier opens an eval folder in tests/runs/
 def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_path):
     """`agentrl eval --out` of an agent (transcripts) and of a samples file (completions) both open."""

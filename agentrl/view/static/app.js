@@ -176,12 +176,15 @@ const MODES = {
     color: (t) => `rgba(255,140,0,${(1 - Math.exp(t.lp)) * 0.85})` },
   diff: { label: "engine vs trainer", scale: "darker: larger |lp_θ − lp_engine| (saturates at 0.5)",
     color: (t) => (t.tlp === null ? null : `rgba(128,0,200,${Math.min(Math.abs(t.tlp - t.lp) / 0.5, 1) * 0.85})`) },
+  router: { label: "router disagreement", scale: "darker: more MoE layers routed otherwise by the trainer than by the engine (none coloured: the same experts, or no record)",
+    color: (t) => (t.rd === null || t.rd <= 0 ? null : `rgba(0,90,200,${0.15 + t.rd * 0.7})`) },
 };
 let colourMode = "advantage";
 
 function tokens(turn) {
   return turn.tokens.map((s, j) => ({ s, lp: turn.logprob[j], v: turn.version[j],
-    a: turn.advantage ? turn.advantage[j] : null, tlp: turn.trainer_logprob ? turn.trainer_logprob[j] : null }));
+    a: turn.advantage ? turn.advantage[j] : null, tlp: turn.trainer_logprob ? turn.trainer_logprob[j] : null,
+    rd: turn.router_differs ? turn.router_differs[j] : null }));
 }
 
 function paint(root) {
@@ -197,7 +200,8 @@ function paint(root) {
 
 function generated(turn) {
   return el("div", { class: "gen" }, ...tokens(turn).map((t) => {
-    const span = el("span", { class: "tok", title: `lp ${fmt(t.lp, 4)} · v${t.v} · A ${fmt(t.a, 3)} · lp_θ ${fmt(t.tlp, 4)}`, text: t.s });
+    const routed = t.rd === null || t.rd < 0 ? "" : ` · router differs ${fmt(t.rd, 2)}`;
+    const span = el("span", { class: "tok", title: `lp ${fmt(t.lp, 4)} · v${t.v} · A ${fmt(t.a, 3)} · lp_θ ${fmt(t.tlp, 4)}${routed}`, text: t.s });
     span._tok = t;
     return span;
   }));
