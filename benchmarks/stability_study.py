@@ -8,7 +8,8 @@ GSPO paper's update shape:
   learner, and records routing in every arm, so router disagreement is measured in every arm;
 - M = 4 minibatches per update (`optim.minibatches=4`; R2 only means something then), the cosine decay spread
   over the run's 4x more optimizer steps (`optim.decay_steps`), nothing else of the recipe changed;
-- k = 1: generation runs one policy version ahead of the learner (`algo.async_level=1`);
+- k = 1: generation runs one policy version ahead of the learner (`algo.async_level=1`), and no trained token is
+  more than one version old (`rollout.max_staleness=1`: a parked partial rollout older than that is dropped);
 - held-out evaluation every 2 iterations, so a collapse shows.
 
 Arms: GRPO; GRPO + R2; GRPO + R3; GRPO + masked importance sampling (`algo.behaviour_weight=mask`); GSPO-token;
@@ -49,7 +50,7 @@ MINIBATCHES = 4
 SETUP = [
     "engine.dtype=bfloat16", "engine.replicas=1", "engine.record_routing=true",
     f"optim.minibatches={MINIBATCHES}", f"optim.decay_steps={ITERATIONS * MINIBATCHES}",
-    "algo.async_level=1", "eval.every=2",
+    "algo.async_level=1", "rollout.max_staleness=1", "eval.every=2",
 ]  # fmt: skip
 ARMS = {
     "grpo": ["algo.loss=grpo"],
