@@ -1,0 +1,293 @@
+"""The offline task generator: a template, one planted bug, the issue it causes and the tests that grade a fix.
+
+An instance is named `repo-<template>-<n>`. The number picks, in mixed radix, the bug site (the fastest digit),
+the package's name and each template parameter, so ids `0 .. count(template) - 1` are distinct instances and
+any process rebuilds one from its id alone. The phrasing of the issue and which failing session it shows are
+drawn from a generator seeded with a SHA-256 of the id.
+
+What an instance holds:
+- `repo`: the template's package with the bug planted, and the template's visible tests less those the bug
+  breaks, so the visible suite is green on the base, as a real project's was when the bug slipped in: the
+  agent must reproduce the issue itself, and `run_tests` cannot point at the bug;
+- `test_patch`: puts the dropped visible tests back and adds `tests/test_regressions.py`, one hidden test per
+  session of every site of the template, each asserting the value (or the exception) that the original
+  package gives, computed by running it;
+- FAIL_TO_PASS: the dropped visible tests and the hidden tests whose session the bug changes (at least one of
+  its own site's); PASS_TO_PASS: every other test, visible and hidden;
+- `problem_statement`: the site's symptom line and one failing session, as a REPL shows it, with the expected
+  output; never the file, the code or the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import hashlib
+import math
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentrl.tasks.repos.instance import RepoInstance, content_hash, make_patch
+from agentrl.tasks.repos.sessions import Outcome, plain, run, split_session
+from agentrl.tasks.repos.template import Site, Template
+from agentrl.tasks.repos.templates import TEMPLATES
+
+HIDDEN_TESTS = "tests/test_regressions.py"
+"""the file `test_patch` adds"""
+
+_ID = re.compile(r"^repo-([a-z]+)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What an instance number chooses within its template."""
+
+    template: Template
+    site: Site
+    pkg: str
+    values: Mapping[str, str]
+
+
+def count(template: Template) -> int:
+    """How many distinct instances a template has: sites x package names x parameter values."""
+    return len(template.sites) * len(template.packages) * math.prod(len(v) for v in template.params.values())
+
+
+def instance_id(template: str, n: int) -> str:
+    return f"repo-{template}-{n}"
+
+
+def variant(instance_id: str) -> Variant:
+    """Decode an id; ValueError for one that names no template or is past its template's count."""
+    m = _ID.match(instance_id)
+    if not m:
+        raise ValueError(f"not a generated repository id (`repo-<template>-<n>`): {instance_id!r}")
+    name, n = m[1], int(m[2])
+    if name not in TEMPLATES:
+        raise ValueError(f"{instance_id}: no template {name!r}; templates: {sorted(TEMPLATES)}")
+    template = TEMPLATES[name]
+    if n >= count(template):
+        raise ValueError(f"{instance_id}: template {name} has {count(template)} instances (0 .. {count(template) - 1})")
+    n, site = divmod(n, len(template.sites))
+    n, pkg = divmod(n, len(template.packages))
+    values = {}
+    for param, choices in template.params.items():
+        n, k = divmod(n, len(choices))
+        values[param] = choices[k]
+    return Variant(template, template.sites[site], template.packages[pkg], values)
+
+
+def generate(instance_id: str) -> RepoInstance:
+    """The instance with this id, the same in every process."""
+    v = variant(instance_id)
+    template, site, pkg, values = v.template, v.site, v.pkg, v.values
+    original = template.files(pkg, values)
+    full = plant(template, site, pkg, values)  # the buggy package with every visible test
+    names, sessions = _hidden_sessions(template, pkg, values)
+    visible = collect_tests(full)
+    expected = _expected(template.name, pkg, tuple(values.items()))
+    got, passed = run(full, pkg, sessions, visible)
+    failing = [names[k] for k, (e, g) in enumerate(zip(expected, got, strict=True)) if not g.same(e)]
+    own = [k for k, name in enumerate(names) if name in failing and _of_site(name, site)]
+    if not own:
+        raise ValueError(f"template {template.name}, site {site.id}: the bug changes none of the site's sessions")
+    # Visible tests the bug breaks leave the repository and come back through the test patch: the visible suite
+    # stays green on the base, as a real project's did when the bug slipped in.
+    broken = [node for node, ok in zip(visible, passed, strict=True) if not ok]
+    buggy = _drop_tests(full, broken)
+    module = f"{pkg}/{site.module}"
+    restored = {n.split("::")[0]: full[n.split("::")[0]] for n in broken}
+    hidden = _hidden_file(template, pkg, values, names, sessions, expected)
+    fail_to_pass = broken + [f"{HIDDEN_TESTS}::{name}" for name in failing]
+    pass_to_pass = [n for n in visible if n not in broken]
+    pass_to_pass += [f"{HIDDEN_TESTS}::{name}" for name in names if name not in failing]
+    rng = random.Random(int.from_bytes(hashlib.sha256(instance_id.encode()).digest()[:8], "big"))
+    shown = rng.choice(own)
+    return RepoInstance(
+        instance_id=instance_id,
+        repo=buggy,
+        base_commit=content_hash(buggy),
+        problem_statement=_statement(template, site, pkg, values, got[shown], expected[shown], rng),
+        patch=make_patch(buggy, {**buggy, module: original[module]}),
+        test_patch=make_patch(buggy, {**buggy, **restored, HIDDEN_TESTS: hidden}),
+        FAIL_TO_PASS=fail_to_pass,
+        PASS_TO_PASS=pass_to_pass,
+        template=template.name,
+        family=site.family,
+    )
+
+
+def _of_site(test_name: str, site: Site) -> bool:
+    return test_name == f"test_{site.id}" or test_name.startswith(f"test_{site.id}_")
+
+
+def _drop_tests(files: Mapping[str, str], nodes: list[str]) -> dict[str, str]:
+    """`files` without the test functions `nodes` (top-level functions only)."""
+    out = dict(files)
+    for path in sorted({n.split("::")[0] for n in nodes}):
+        names = {n.split("::")[1] for n in nodes if n.startswith(f"{path}::")}
+        lines = out[path].splitlines(keepends=True)
+        for node in reversed(ast.parse(out[path]).body):
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+                del lines[first : node.end_lineno]
+        out[path] = re.sub(r"\n{3,}", "\n\n\n", "".join(lines)).rstrip("\n") + "\n"
+    return out
+
+
+def plant(template: Template, site: Site, pkg: str, values: Mapping[str, str]) -> dict[str, str]:
+    """The template's files with `site`'s bug in them; ValueError unless the original text occurs exactly once."""
+    files = template.files(pkg, values)
+    path = f"{pkg}/{site.module}"
+    if path not in files:
+        raise ValueError(f"template {template.name}, site {site.id}: no module {site.module}")
+    old, new = (template.render(t, pkg, values) for t in (site.original, site.buggy))
+    if files[path].count(old) != 1:
+        n = files[path].count(old)
+        raise ValueError(f"template {template.name}, site {site.id}: the original text occurs {n} times in {path}")
+    files[path] = files[path].replace(old, new)
+    return files
+
+
+def collect_tests(files: Mapping[str, str]) -> list[str]:
+    """The node ids of the test functions in `tests/test_*.py` (top-level `test*`, and `test*` methods of
+    `Test*` classes), in file order: what pytest would collect from them."""
+    ids = []
+    for path in sorted(p for p in files if re.fullmatch(r"tests/(.+/)?test_\w*\.py", p)):
+        for node in ast.parse(files[path]).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                ids.append(f"{path}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                ids += [
+                    f"{path}::{node.name}::{f.name}"
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef) and f.name.startswith("test")
+                ]
+    return ids
+
+
+def _hidden_sessions(template: Template, pkg: str, values: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(test name, session) for every session of every site: `test_<site>` for the example, then `_2`, `_3`..."""
+    names, sessions = [], []
+    for site in template.sites:
+        for k, session in enumerate(site.sessions(), 1):
+            names.append(f"test_{site.id}" if k == 1 else f"test_{site.id}_{k}")
+            sessions.append(template.render(session, pkg, values))
+    return names, sessions
+
+
+@functools.lru_cache(maxsize=256)
+def _expected(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> list[Outcome]:
+    """What the original package gives for every hidden session (cached: every site of a variant shares it).
+    ValueError for a template whose own tests fail, or whose sessions a test could not check."""
+    template = TEMPLATES[name]
+    files = template.files(pkg, dict(values))
+    _, sessions = _hidden_sessions(template, pkg, dict(values))
+    visible = collect_tests(files)
+    outcomes, passed = run(files, pkg, sessions, visible)
+    if not all(passed):
+        failed = [n for n, ok in zip(visible, passed, strict=True) if not ok]
+        raise ValueError(f"template {name}: its own tests fail: {failed}")
+    for session, outcome in zip(sessions, outcomes, strict=True):
+        if outcome.raised is not None and len(outcome.shown) < len(split_session(session)):
+            raise ValueError(f"template {name}: on the original, a statement before the last raises: {session!r}")
+        if outcome.raised is None and not plain(outcome.value):
+            raise ValueError(f"template {name}: the session's value is not a plain literal: {session!r}")
+    return outcomes
+
+
+def _hidden_file(
+    template: Template,
+    pkg: str,
+    values: Mapping[str, str],
+    names: list[str],
+    sessions: list[str],
+    expected: list[Outcome],
+) -> str:
+    """The hidden test module: each session's statements, then an assert on its last expression."""
+    public = _public_names(template, pkg, values)
+    used: set[str] = set()
+    bodies = []
+    for name, session, outcome in zip(names, sessions, expected, strict=True):
+        *setup, last = split_session(session)
+        used |= _names(session) & public
+        lines = [f"def {name}():", *(f"    {s}" for s in "\n".join(setup).splitlines())]
+        if outcome.raised is not None:
+            exc = type(outcome.raised).__name__
+            if exc in public:
+                used.add(exc)
+            elif getattr(builtins, exc, None) is not type(outcome.raised):
+                raise ValueError(f"template {template.name}: {exc} is neither a builtin nor exported by the package")
+            lines += [f"    with pytest.raises({exc}):", f"        {last}"]
+        else:
+            op = "is" if outcome.value is None or isinstance(outcome.value, bool) else "=="
+            lines.append(f"    assert {last} {op} {outcome.value!r}")
+        bodies.append("\n".join(lines) + "\n")
+    head = "import pytest\n\n" if any(o.raised is not None for o in expected) else ""
+    head += f"from {pkg} import {', '.join(sorted(used))}\n" if used else ""
+    return head + "\n\n" + "\n\n".join(bodies)
+
+
+@functools.lru_cache(maxsize=256)
+def _public_names_cached(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> frozenset[str]:
+    template = TEMPLATES[name]
+    tree = ast.parse(template.files(pkg, dict(values))[f"{pkg}/__init__.py"])
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return frozenset(n for n in names if not n.startswith("_"))
+
+
+def _public_names(template: Template, pkg: str, values: Mapping[str, str]) -> frozenset[str]:
+    """The names the package's `__init__` defines or imports: what a session may use without an import."""
+    return _public_names_cached(template.name, pkg, tuple(values.items()))
+
+
+def _names(session: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(session)) if isinstance(n, ast.Name)}
+
+
+def _prompted(source: str) -> list[str]:
+    return [f"{'>>>' if k == 0 else '...'} {line}" for k, line in enumerate(source.splitlines())]
+
+
+_LEADS = ("Steps to reproduce:", "To reproduce:", "A minimal example:", "Reproducer:")
+_EXPECT = ("Expected:", "Expected output:", "It should give:")
+
+
+def _statement(
+    template: Template,
+    site: Site,
+    pkg: str,
+    values: Mapping[str, str],
+    got: Outcome,
+    expected: Outcome,
+    rng: random.Random,
+) -> str:
+    """The issue: the symptom line, the session as a REPL shows it on the buggy package, the expected output."""
+    used = sorted(_names("\n".join(s for s, _ in got.shown)) & _public_names(template, pkg, values))
+    repl = [f">>> from {pkg} import {', '.join(used)}"] if used else []
+    for k, (source, printed) in enumerate(got.shown):
+        repl += _prompted(source)
+        if printed and got.raised is not None and k == len(got.shown) - 1:
+            repl += ["Traceback (most recent call last):", "  ...", printed]
+        elif printed:
+            repl.append(printed)
+    want = expected.shown[-1][1] if expected.raised is not None else repr(expected.value)
+    if len(got.shown) < len(expected.shown):  # the bug stopped the session early: say how it should end
+        want = "\n".join([*_prompted(expected.shown[-1][0]), want])
+    title = template.render(site.title, pkg, values)
+    return (
+        f"{title}\n\n"
+        f"Using `{pkg}` ({template.about}). {rng.choice(_LEADS)}\n\n"
+        + "\n".join(repl)
+        + f"\n\n{rng.choice(_EXPECT)}\n\n{want}\n"
+    )
