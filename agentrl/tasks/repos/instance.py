@@ -105,7 +105,9 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str], *, context: 
             out.append("deleted file mode 100644\n")
         a = "/dev/null" if old is None else f"a/{path}"
         b = "/dev/null" if new is None else f"b/{path}"
-        lines = difflib.unified_diff(_lines(old or ""), _lines(new or ""), a, b, n=context)
+        lines = list(difflib.unified_diff(_lines(old or ""), _lines(new or ""), a, b, n=context))
+        if not lines:  # an empty file created or deleted: headers without hunks
+            lines = [f"--- {a}\n", f"+++ {b}\n"]
         for line in lines:
             # difflib ends header lines with "\n" but a last line without one stays bare: git marks it.
             out.append(line if line.endswith("\n") else f"{line}\n{_NO_EOL}\n")

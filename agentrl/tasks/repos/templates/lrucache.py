@@ -73,9 +73,10 @@ class LRUCache:
 from .cache import LRUCache
 
 _MISSING = object()
+DEFAULT_CAPACITY = @CAP@
 
 
-def memoize(capacity=@CAP@):
+def memoize(capacity=DEFAULT_CAPACITY):
     """A decorator caching results by positional arguments."""
 
     def wrap(fn):
@@ -226,7 +227,7 @@ def test_ttl_alive():
             "memo_capacity",
             "parsing_or_config",
             "memo.py",
-            "def memoize(capacity=@CAP@):",
+            "def memoize(capacity=DEFAULT_CAPACITY):",
             "def memoize(capacity=1):",
             "memoize() keeps only the last result",
             "calls = []\n@memoize()\ndef f(x):\n    calls.append(x)\n    return x\nf(1)\nf(2)\nf(1)\nlen(calls)",

@@ -72,13 +72,19 @@ class Router:
 ''',
         "build.py": r'''"""URLs from route names."""
 
+from .pattern import match
+
 
 def url_for(router, name, **params):
-    """The path of route `name` with `params` filled in; KeyError for an unknown route or a missing param."""
+    """The path of route `name` with `params` filled in; KeyError for an unknown route or a missing param,
+    ValueError for a value that its parameter's type refuses."""
     for _, segments, route_name in router.routes:
         if route_name == name:
             parts = [literal if literal is not None else str(params[pname]) for literal, pname, _ in segments]
-            return "/" + "/".join(parts)
+            path = "/" + "/".join(parts)
+            if match(segments, path) is None:
+                raise ValueError(f"{params} do not fit route {name!r}")
+            return path
     raise KeyError(name)
 ''',
     },
@@ -128,8 +134,8 @@ def test_url_for():
             "leading_slash",
             "wrong_operator_or_constant",
             "build.py",
-            'return "/" + "/".join(parts)',
-            'return "/".join(parts)',
+            'path = "/" + "/".join(parts)',
+            'path = "/".join(parts)',
             "url_for() returns relative paths",
             'r = Router()\nr.add("GET", "/a/<x>", "a")\nurl_for(r, "a", x="b")',
         ),

@@ -83,6 +83,8 @@ def convert(value, source, target):
 
 from .convert import convert
 
+DIGITS = @DIGITS@
+
 
 def parse_quantity(text):
     """(number, unit) of `text`; the unit follows the number, with or without a space."""
@@ -95,7 +97,7 @@ def parse_quantity(text):
     return float(text[:i]), text[i:].strip()
 
 
-def convert_text(text, target, digits=@DIGITS@):
+def convert_text(text, target, digits=DIGITS):
     """The quantity in `text` converted to `target`, rounded to `digits` places."""
     value, unit = parse_quantity(text)
     return round(convert(value, unit, target), digits)
@@ -204,7 +206,7 @@ def test_unknown_unit():
             "rounding_default",
             "parsing_or_config",
             "parse.py",
-            "def convert_text(text, target, digits=@DIGITS@):",
+            "def convert_text(text, target, digits=DIGITS):",
             "def convert_text(text, target, digits=0):",
             "convert_text() rounds to whole numbers",
             'convert_text("1 in", "cm")',
