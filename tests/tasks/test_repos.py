@@ -347,6 +347,13 @@ def test_generator_rejects_authoring_mistakes(fake_template):
     with pytest.raises(ValueError, match="not a plain literal"):
         generate(fake_template(sites=(site,)))
     gen_module._expected.cache_clear()
+    twins = (
+        Site("plus", "wrong_operator_or_constant", "a.py", "x + ONE", "x - ONE", "inc is off", "inc(5)", ("inc(0)",)),
+        Site("plus_2", "off_by_one", "b.py", "ONE = 1", "ONE = 2", "inc is off", "inc(1)"),
+    )
+    with pytest.raises(ValueError, match="hidden test names clash"):
+        generate(fake_template(sites=twins))
+    gen_module._expected.cache_clear()
     with pytest.raises(KeyError, match="unknown marker @WIDTH@"):
         generate(fake_template(modules={**TEMPLATES["fake"].modules, "b.py": "ONE = @WIDTH@\n"}))
 

@@ -86,12 +86,12 @@ def generate(instance_id: str) -> RepoInstance:
     template, site, pkg, values = v.template, v.site, v.pkg, v.values
     original = template.files(pkg, values)
     full = plant(template, site, pkg, values)  # the buggy package with every visible test
-    names, sessions = _hidden_sessions(template, pkg, values)
+    names, sessions, owners = _hidden_sessions(template, pkg, values)
     visible = collect_tests(full)
     expected = _expected(template.name, pkg, tuple(values.items()))
     got, passed = run(full, pkg, sessions, visible)
     failing = [names[k] for k, (e, g) in enumerate(zip(expected, got, strict=True)) if not g.same(e)]
-    own = [k for k, name in enumerate(names) if name in failing and _of_site(name, site)]
+    own = [k for k, name in enumerate(names) if name in failing and owners[k] == site.id]
     if not own:
         raise ValueError(f"template {template.name}, site {site.id}: the bug changes none of the site's sessions")
     # Visible tests the bug breaks leave the repository and come back through the test patch: the visible suite
@@ -118,10 +118,6 @@ def generate(instance_id: str) -> RepoInstance:
         template=template.name,
         family=site.family,
     )
-
-
-def _of_site(test_name: str, site: Site) -> bool:
-    return test_name == f"test_{site.id}" or test_name.startswith(f"test_{site.id}_")
 
 
 def _drop_tests(files: Mapping[str, str], nodes: list[str]) -> dict[str, str]:
@@ -169,14 +165,18 @@ def collect_tests(files: Mapping[str, str]) -> list[str]:
     return ids
 
 
-def _hidden_sessions(template: Template, pkg: str, values: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """(test name, session) for every session of every site: `test_<site>` for the example, then `_2`, `_3`..."""
-    names, sessions = [], []
+def _hidden_sessions(template: Template, pkg: str, values: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """(test name, session, site id) for every session of every site: `test_<site>` for the example, then
+    `test_<site>_2`, `_3`...; ValueError when two names clash."""
+    names, sessions, owners = [], [], []
     for site in template.sites:
         for k, session in enumerate(site.sessions(), 1):
             names.append(f"test_{site.id}" if k == 1 else f"test_{site.id}_{k}")
             sessions.append(template.render(session, pkg, values))
-    return names, sessions
+            owners.append(site.id)
+    if len(set(names)) != len(names):
+        raise ValueError(f"template {template.name}: hidden test names clash; rename a site")
+    return names, sessions, owners
 
 
 @functools.lru_cache(maxsize=256)
@@ -185,7 +185,7 @@ def _expected(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> list[
     ValueError for a template whose own tests fail, or whose sessions a test could not check."""
     template = TEMPLATES[name]
     files = template.files(pkg, dict(values))
-    _, sessions = _hidden_sessions(template, pkg, dict(values))
+    _, sessions, _ = _hidden_sessions(template, pkg, dict(values))
     visible = collect_tests(files)
     outcomes, passed = run(files, pkg, sessions, visible)
     if not all(passed):
