@@ -1,4 +1,4 @@
-"""`agentrl envs list | show | new`."""
+"""`agentrl envs list | show | new | validate-repos` (`demos` is in `agentrl.cli.sft`)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,55 @@ def new(
     except (ValueError, FileExistsError) as e:
         fail(e, 1)
     out.print(f"created {root}\nnext: pip install -e '{root}[test]' && pytest {root}/tests")
+
+
+@app.command("validate-repos")
+def validate_repos(
+    tasks: Annotated[str, typer.Argument(help="A repository task set: swebench:PATH, or repos[:...].")],
+    limit: Annotated[int | None, typer.Option(help="Validate only the first N instances.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Instances at once, each in its own sandbox.", min=1)] = 4,
+    timeout: Annotated[float, typer.Option(help="Wall-clock limit of one pytest run, seconds.")] = 120.0,
+) -> None:
+    """Check that each instance grades what it claims, in sandboxes: FAIL_TO_PASS fails and PASS_TO_PASS passes on
+    the base, and both pass with the gold patch. Exit status 1 when any instance does not."""
+    import asyncio
+    import itertools
+
+    from agentrl.env.repos import image_sandbox, validate_instance
+    from agentrl.sandbox import DockerSandbox, SandboxError
+    from agentrl.tasks.registry import load_tasks
+    from agentrl.tasks.repos.taskset import RepoTaskSet
+
+    try:
+        task_set = load_tasks(tasks)
+    except (ValueError, FileNotFoundError) as e:
+        fail(e)
+    if not isinstance(task_set, RepoTaskSet):
+        fail(f"{tasks} is not a repository task set (swebench:PATH or repos)")
+    ids = list(itertools.islice(task_set.ids(), limit))
+
+    async def one(iid: str, gate: asyncio.Semaphore) -> bool:
+        async with gate:
+            instance = task_set.instance(iid)
+            sandbox = await (image_sandbox(instance.image) if instance.image else DockerSandbox.create())
+            try:
+                report = await validate_instance(instance, sandbox, timeout_s=timeout)
+            finally:
+                await sandbox.close()
+        out.print(f"{iid}: " + ("ok" if report.ok else "; ".join(report.problems)), markup=False)
+        return report.ok
+
+    async def run() -> list[bool]:
+        gate = asyncio.Semaphore(concurrency)
+        return await asyncio.gather(*(one(i, gate) for i in ids))
+
+    try:
+        oks = asyncio.run(run())
+    except SandboxError as e:
+        fail(f"sandbox failure: {e}", 3)
+    out.print(f"{sum(oks)} of {len(oks)} instances valid")
+    if not all(oks):
+        raise typer.Exit(1)
 
 
 def _meaning(config: type, field: str) -> str:

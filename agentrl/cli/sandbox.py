@@ -36,11 +36,19 @@ def build(
     base: Annotated[str | None, typer.Option(help="Build on this local image instead (needs python3).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the image for this content hash exists.")] = False,
     mirror: Annotated[str, typer.Option(help="Debian mirror for the offline base.")] = sandbox_image.DEBIAN_MIRROR,
+    wheels: Annotated[
+        Path | None,
+        typer.Option(help="A folder with the wheels of sandboxes/python/requirements.txt (no package index)."),
+    ] = None,
 ) -> None:
     """Build the sandbox image (reused while sandboxes/ is unchanged)."""
-    tag = sandbox_image.ensure_image(
-        _client(), offline=offline, base=base, force=force, mirror=mirror, log=lambda m: err.print(m)
-    )
+    try:
+        tag = sandbox_image.ensure_image(
+            _client(), offline=offline, base=base, force=force, mirror=mirror, wheels=wheels,
+            log=lambda m: err.print(m),
+        )  # fmt: skip
+    except RuntimeError as e:
+        fail(e)
     print(tag)
 
 

@@ -75,6 +75,20 @@ def demos(
             "result instead of returning it; its wrong episodes are kept.",
         ),
     ] = 0.0,
+    wrong_file: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert of repository tasks: with this probability it looks in the wrong file and "
+            "submits no change; its wrong episodes are kept.",
+        ),
+    ] = 0.0,
+    sloppy_edit: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert of repository tasks: with this probability it retypes the text to replace "
+            "with the whitespace wrong, its edit fails, and it submits no change; its wrong episodes are kept.",
+        ),
+    ] = 0.0,
     holdout: Annotated[
         float,
         typer.Option(
@@ -93,7 +107,8 @@ def demos(
 
     try:
         env_kwargs = parse_sets(set_)
-        expert = load(Expert, {"misread": misread, "prints": prints}, source="expert")
+        expert = load(Expert, {"misread": misread, "prints": prints, "wrong_file": wrong_file,
+                               "sloppy_edit": sloppy_edit}, source="expert")  # fmt: skip
     except ConfigError as e:
         fail(e)
 

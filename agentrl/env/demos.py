@@ -35,7 +35,9 @@ class Demonstration(BaseModel):
 
 
 class TrustedSandboxes:
-    """A fixed set of long-lived sandboxes, each lent to one episode at a time and taken back as is.
+    """Long-lived sandboxes, each lent to one episode at a time and taken back as is: `size` started at once, and
+    as many more on demand while none is free (an episode that grades in a second sandbox, as repo_fix does, holds
+    two).
 
     Only for trusted code (an expert's reference solutions): training hands every episode a
     fresh sandbox instead (`SandboxSource`).
@@ -45,14 +47,17 @@ class TrustedSandboxes:
         self.size, self.kind = size, kind
         self._free: asyncio.Queue[Sandbox] = asyncio.Queue()
         self._all: list[Sandbox] = []
+        self._create = DockerSandbox.create if kind == "docker" else LocalSandbox.create
 
     async def start(self) -> None:
-        create = DockerSandbox.create if self.kind == "docker" else LocalSandbox.create
-        self._all = list(await asyncio.gather(*(create() for _ in range(self.size))))
+        self._all = list(await asyncio.gather(*(self._create() for _ in range(self.size))))
         for sb in self._all:
             self._free.put_nowait(sb)
 
     async def acquire(self, env: TextEnv) -> Sandbox:
+        if self._free.empty() and len(self._all) < 2 * self.size:
+            self._all.append(await self._create())
+            return self._all[-1]
         return await self._free.get()
 
     async def release(self, sandbox: Sandbox) -> None:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.sandbox import Sandbox, SandboxError
 from agentrl.sandbox.image import sandboxes_dir
-from agentrl.tasks import IOTests, Task, Tests, test_count
+from agentrl.tasks import IOTests, RepoTests, Task, Tests, test_count
 
 
 class TaskError(RuntimeError):
@@ -140,6 +140,8 @@ async def run_tests(
     sandbox: Sandbox, tests: Tests, solution: str, *, test_timeout_s: float = 5.0, max_total_s: float = 120.0
 ) -> GradeResult:
     """Run `tests` against `solution` (an assembled program) and report each test's outcome."""
+    if isinstance(tests, RepoTests):
+        raise ValueError("repository tasks are graded on a repository, not a solution: use the repo_fix env")
     if isinstance(tests, IOTests):
         return await _run_io(sandbox, tests, solution, test_timeout_s)
     request = {"solution": solution, "tests": tests.model_dump(mode="json"), "test_timeout_s": test_timeout_s}

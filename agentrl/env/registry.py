@@ -29,6 +29,7 @@ BUILTINS = {
     "code_sandbox": "agentrl.envs.code_sandbox:CodeSandboxEnv",
     "tool_use": "agentrl.envs.tool_use:ToolUseEnv",
     "humaneval": "agentrl.envs.humaneval:HumanEvalEnv",
+    "repo_fix": "agentrl.envs.repo_fix:RepoFixEnv",
 }
 
 _sources: dict[str, str] = {}  # env id -> where it came from

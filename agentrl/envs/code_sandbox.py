@@ -52,8 +52,9 @@ class CodeSandboxEnv(ToolEnv):
     cfg: CodeSandboxConfig
 
     async def _reset(self, task: Task) -> list[Message]:
-        if task.tests is None:
-            raise ValueError(f"code_sandbox needs code tasks with tests; {task.id} is a question task")
+        if task.tests is None or task.tests.kind == "repo":
+            what = "a question task" if task.tests is None else "a repository task (use repo_fix)"
+            raise ValueError(f"code_sandbox needs function-level code tasks with tests; {task.id} is {what}")
         self._public_passed: set[int] = set()
         return [
             {"role": "system", "content": SYSTEM.format(turns=self.cfg.max_turns)},

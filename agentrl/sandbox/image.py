@@ -5,6 +5,10 @@ exactly when the Dockerfile or the executor changed. Offline (no registry, or
 `offline=True`), the base is a Debian rootfs with python3 made by `debootstrap`
 and `docker import`-ed, then the same Dockerfile is built on it with
 `--build-arg BASE=...`: one definition, two bases.
+
+The test tools of `sandboxes/python/requirements.txt` (pytest) are pure-Python wheels that pip on the host
+unpacks into the build context (`site/`): nothing inside Docker needs a network, and an air-gapped host
+passes a folder of those wheels (`wheels=`, `agentrl sandbox build --wheels DIR`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -72,12 +77,14 @@ def ensure_image(
     force: bool = False,
     mirror: str = DEBIAN_MIRROR,
     suite: str = DEBIAN_SUITE,
+    wheels: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> str:
     """Return the tag of an up-to-date sandbox image, building it if needed.
 
     base: a base image to build on (must have python3 >= 3.9). Default: pull
     python:3.12-slim, or bootstrap a Debian base offline when that fails.
+    wheels: a folder holding requirements.txt's wheels, for a host without a package index.
     """
     tag = image_tag()
     if not force and image_exists(client, tag):
@@ -88,14 +95,60 @@ def ensure_image(
         if base is None:
             base = bootstrap_base(client, mirror=mirror, suite=suite, log=log)
     log(f"building {tag} on {base}")
-    try:
-        client.images.build(
-            path=str(sandboxes_dir() / "python"), tag=tag, buildargs={"BASE": base}, rm=True, pull=False
-        )
-    except docker.errors.BuildError as e:
-        lines = "".join(chunk.get("stream", "") for chunk in e.build_log)
-        raise RuntimeError(f"building {tag} on {base} failed: {e.msg}\n{lines[-4000:]}") from e
+    _build(client, tag, base, wheels)
     return tag
+
+
+def _build(client: docker.DockerClient, tag: str, base: str, wheels: Path | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="agentrl-build-") as tmp:
+        context = build_context(Path(tmp) / "context", wheels=wheels)
+        try:
+            client.images.build(path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, pull=False)
+        except docker.errors.BuildError as e:
+            lines = "".join(chunk.get("stream", "") for chunk in e.build_log)
+            raise RuntimeError(f"building {tag} on {base} failed: {e.msg}\n{lines[-4000:]}") from e
+
+
+def instance_image(client: docker.DockerClient, tarball: Path, *, wheels: Path | None = None,
+                   log: Callable[[str], None] = print) -> str:  # fmt: skip
+    """The sandbox image for a repository instance's own image (a `docker save` tarball with its dependencies and
+    python3): the sandbox's Dockerfile built on it, so its containers run the executor, locked down as every
+    sandbox is. Tagged by the sandbox definition and the tarball's bytes; built once."""
+    h = hashlib.sha256()
+    with open(tarball, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    tag = f"{image_tag()}-{h.hexdigest()[:12]}"
+    if image_exists(client, tag):
+        return tag
+    with open(tarball, "rb") as f:
+        loaded = client.images.load(f)
+    if not loaded:
+        raise RuntimeError(f"{tarball} holds no image (make it with `docker save IMAGE -o FILE`)")
+    log(f"building {tag} on {loaded[0].id} (from {tarball})")
+    _build(client, tag, loaded[0].id, wheels)
+    return tag
+
+
+def build_context(dest: Path, *, wheels: Path | None = None) -> Path:
+    """`sandboxes/python/` copied to `dest`, with requirements.txt's packages unpacked into `dest/site` by this
+    interpreter's pip (from its index, or only from the folder `wheels`). RuntimeError with pip's own words when
+    it cannot get them."""
+    shutil.copytree(sandboxes_dir() / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+           "--only-binary=:all:", "--no-compile", "--target", str(dest / "site"),
+           "-r", str(dest / "requirements.txt")]  # fmt: skip
+    if wheels is not None:
+        cmd += ["--no-index", "--find-links", str(wheels)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        where = f"the folder {wheels}" if wheels is not None else "the package index"
+        raise RuntimeError(
+            f"could not get the sandbox's test tools (sandboxes/python/requirements.txt) from {where}:\n"
+            f"{proc.stderr[-2000:]}\nOn a host without an index, download those wheels elsewhere "
+            "(`pip download --no-deps --only-binary=:all: -r requirements.txt -d DIR`) and pass --wheels DIR."
+        )
+    return dest
 
 
 def _pull(client: docker.DockerClient, ref: str, log: Callable[[str], None]) -> bool:

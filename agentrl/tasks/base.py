@@ -81,7 +81,18 @@ class IOTests(_Spec):
     cases: list[IOCase]
 
 
-Tests = Annotated[CallTests | AssertTests | CheckTests | IOTests, Field(discriminator="kind")]
+class RepoTests(_Spec):
+    """pytest node ids run on a repository after the agent's change (SWE-bench's shape). The repository, the hidden
+    test files and the known fix are the task set's (`agentrl.tasks.repos`): too big to travel with every task."""
+
+    kind: Literal["repo"] = "repo"
+    FAIL_TO_PASS: list[str]
+    """tests that fail before the fix and must pass after it"""
+    PASS_TO_PASS: list[str]
+    """tests that pass before and must keep passing"""
+
+
+Tests = Annotated[CallTests | AssertTests | CheckTests | IOTests | RepoTests, Field(discriminator="kind")]
 
 
 def test_count(tests: Tests) -> int:
@@ -93,6 +104,8 @@ def test_count(tests: Tests) -> int:
             return len(tests.asserts)
         case CheckTests():
             return 1
+        case RepoTests():
+            return len(tests.FAIL_TO_PASS) + len(tests.PASS_TO_PASS)
 
 
 class Task(_Spec):

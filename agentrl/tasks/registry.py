@@ -17,6 +17,9 @@ SPECS = {
     "jsonl:PATH": "a JSONL file of any supported shape (detected from its keys)",
     "hf:NAME[@SPLIT][;since=DATE;until=DATE]": "a Hugging Face dataset (pip install agentrl[hf]); shape "
     "detected from its columns; a release window as for lcb",
+    "repos[:templates=test;by=site;families=off_by_one]": "generated repositories with a planted bug (repo_fix); "
+    "the training templates, or the held-out ones; held out by instance (default) or by bug site",
+    "swebench:PATH": "a SWE-bench-style JSONL file of repository instances (repo_fix; docs/design.md)",
 }
 
 
@@ -29,6 +32,20 @@ def load_tasks(spec: str) -> TaskSet:
         from agentrl.tasks.procedural import ProceduralCodeTasks
 
         return ProceduralCodeTasks(**_options(spec, arg, {"levels": int, "families": str}))
+    if kind == "repos":
+        from agentrl.tasks.repos.tasks import RepoTasks
+        from agentrl.tasks.repos.taskset import GeneratedRepos
+
+        opts = _options(spec, arg, {"templates": str, "by": str, "families": str})
+        templates = opts.get("templates", ["train"])[-1]
+        if templates not in ("train", "test"):
+            raise ValueError(f"task set {spec!r}: templates is train or test, got {templates!r}")
+        catalogue = RepoTasks(by=opts.get("by", ["instance"])[-1], families=opts.get("families"))
+        return GeneratedRepos(catalogue, templates=templates)
+    if kind == "swebench" and arg:
+        from agentrl.tasks.repos.swebench import load_swebench
+
+        return load_swebench(arg)
     if kind == "arithmetic" and not arg:
         from agentrl.tasks.questions import ArithmeticQuestions
 

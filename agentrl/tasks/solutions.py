@@ -39,10 +39,15 @@ class Expert(BaseModel):
     """each step it can misread (procedural tasks), it misreads with this probability"""
     prints: float = Field(0.0, ge=0, le=1)
     """with this probability a solution prints its result instead of returning it (`printing`)"""
+    wrong_file: float = Field(0.0, ge=0, le=1)
+    """repository tasks: with this probability it looks for the bug in the wrong file and submits no change"""
+    sloppy_edit: float = Field(0.0, ge=0, le=1)
+    """repository tasks: with this probability it retypes the text to replace with the whitespace wrong, so the
+    edit fails, and submits no change"""
 
     @property
     def perfect(self) -> bool:
-        return self.misread == 0 and self.prints == 0
+        return self.misread == 0 and self.prints == 0 and self.wrong_file == 0 and self.sloppy_edit == 0
 
     def solution(self, task_set: TaskSet, task: Task, rng: random.Random) -> str:
         """This expert's solution of `task`, one of `task_set`'s (which knows its reference solution): random

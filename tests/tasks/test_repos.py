@@ -446,8 +446,9 @@ def test_validation_catches_a_wrong_instance(instances):
 # Splits
 
 
-def test_splits_hold_out_templates_and_sites():
-    tasks = RepoTasks(seed=0)
+@pytest.mark.parametrize("by", ["instance", "site"])
+def test_splits_hold_out_templates_and_instances_or_sites(by):
+    tasks = RepoTasks(seed=0, by=by)
     cells = {(s, t): tasks.ids(s, templates=t) for s in ("train", "test") for t in ("train", "test")}
     assert all(cells.values())
     flat = [iid for ids in cells.values() for iid in ids]
@@ -457,13 +458,18 @@ def test_splits_hold_out_templates_and_sites():
     for (split, templates), ids in cells.items():
         assert {variant(i).template.name for i in ids} <= (test_t if templates == "test" else train_t)
         assert all(tasks.cell_of(i) == (split, templates) for i in ids)
-    # a held-out instance's bug site never appears in training, under any package name or constant
     sites = {s: {(variant(i).template.name, variant(i).site.id) for i in cells[s, "train"]} for s in ("train", "test")}
-    assert not sites["train"] & sites["test"]
-    assert {t for t, _ in sites["test"]} == train_t  # every training template holds some sites out
+    if by == "site":  # a held-out instance's bug site never appears in training, under any package name or constant
+        assert not sites["train"] & sites["test"]
+    else:  # held out per template, an exact share of its instances; their bug sites recur in training
+        for name in train_t:
+            held = sum(variant(i).template.name == name for i in cells["test", "train"])
+            assert held == max(1, round(0.2 * count(TEMPLATES[name])))
+        assert sites["train"] & sites["test"]
+    assert {t for t, _ in sites["test"]} == train_t  # every training template holds some out
     # deterministic given the seed; another seed splits otherwise
-    assert RepoTasks(seed=0).ids("test", templates="train") == cells["test", "train"]
-    assert RepoTasks(seed=1).templates("test") != tasks.templates("test")
+    assert RepoTasks(seed=0, by=by).ids("test", templates="train") == cells["test", "train"]
+    assert RepoTasks(seed=1, by=by).templates("test") != tasks.templates("test")
 
 
 def test_split_options():
@@ -476,7 +482,7 @@ def test_split_options():
     inst = tasks.sample(np.random.default_rng(0), "test")
     assert inst.instance_id in tasks.ids("test") and tasks.get(inst.instance_id) == inst
     assert next(iter(tasks.instances("train", templates="test"))).template in tasks.templates("test")
-    for bad in ({"heldout_templates": 0.0}, {"heldout_sites": 1.0}, {"families": ["typo"]}):
+    for bad in ({"heldout_templates": 0.0}, {"heldout": 1.0}, {"families": ["typo"]}, {"by": "file"}):
         with pytest.raises(ValueError):
             RepoTasks(**bad)
 

@@ -222,13 +222,29 @@ def _hidden_file(
             elif getattr(builtins, exc, None) is not type(outcome.raised):
                 raise ValueError(f"template {template.name}: {exc} is neither a builtin nor exported by the package")
             lines += [f"    with pytest.raises({exc}):", f"        {last}"]
+        elif outcome.value is None or isinstance(outcome.value, bool):
+            lines.append(f"    assert {last} is {outcome.value!r}")
         else:
-            op = "is" if outcome.value is None or isinstance(outcome.value, bool) else "=="
-            lines.append(f"    assert {last} {op} {outcome.value!r}")
+            lines.append(f"    assert _plain({last}) == {outcome.value!r}")
         bodies.append("\n".join(lines) + "\n")
     head = "import pytest\n\n" if any(o.raised is not None for o in expected) else ""
     head += f"from {pkg} import {', '.join(sorted(used))}\n" if used else ""
+    if any("_plain(" in b for b in bodies):
+        head += "\n\n" + _PLAIN
     return head + "\n\n" + "\n\n".join(bodies)
+
+
+_PLAIN = '''def _plain(value):
+    """`value` if it is made of builtin types only: an object that says it equals anything is no answer."""
+    kind = type(value)
+    if kind in (list, tuple):
+        return kind(_plain(v) for v in value)
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if kind not in (int, float, str, bool, type(None)):
+        raise AssertionError(f"not a plain value: {kind.__name__}")
+    return value
+'''
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,4 +1,4 @@
-"""The generated instances as a task set, split two ways: by template and, within a template, by bug site.
+"""The generated instances as a task set, split two ways: by template and, within a template, by instance.
 
 `RepoTasks.ids(split, templates=...)` names one of four disjoint cells:
 
@@ -7,15 +7,21 @@
 | `split="train"` | what training sees | (for adapting to a new template, if wanted) |
 | `split="test"` | held-out instances of training templates | held-out instances of held-out templates |
 
-A held-out instance is held out by its bug site: no instance with the same planted bug (under any package
-name or constant) is on the other side, so a fix cannot be remembered, only found. Held-out templates are
-never seen in training at all; evaluate on both `split="train"` and `split="test"` of them for all of it.
+`by` says what a held-out instance is held out by:
+- `instance` (the default): the instance itself. The same planted bug may be in training under another package
+  name or constants, as a project's recurring kinds of bugs are: a held-out instance is a new repository of a
+  known kind, and the agent must still find the file, make the edit and check it there;
+- `site`: its bug site. No instance with the same planted bug is on the other side, so a fix cannot be
+  remembered, only found.
+
+Held-out templates are never seen in training at all: their instances, of either side, are all new.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -39,7 +45,8 @@ def _held_out(keys: Sequence[str], seed: int, fraction: float) -> set[str]:
 
 
 class RepoTasks:
-    """Generated `repo_fix` instances (`agentrl.tasks.repos.generate`), split by template and by bug site.
+    """Generated `repo_fix` instances (`agentrl.tasks.repos.generate`), split by template and by instance (or bug
+    site: `by`).
 
     Finite: every id of every template is in exactly one cell, listed in template, then number, order.
     `families` keeps the instances of those bug families only.
@@ -53,23 +60,30 @@ class RepoTasks:
         *,
         seed: int = 0,
         heldout_templates: float = 0.2,
-        heldout_sites: float = 0.2,
+        heldout: float = 0.2,
+        by: Literal["instance", "site"] = "instance",
         families: Sequence[Family] | None = None,
     ):
-        for what, fraction in (("heldout_templates", heldout_templates), ("heldout_sites", heldout_sites)):
+        if by not in ("instance", "site"):
+            raise ValueError(f"by must be instance or site, got {by!r}")
+        for what, fraction in (("heldout_templates", heldout_templates), ("heldout", heldout)):
             if not 0.0 < fraction < 1.0:
                 raise ValueError(f"{what} must be in (0, 1), got {fraction}")
         unknown = sorted(set(families or ()) - set(FAMILIES))
         if unknown:
             raise ValueError(f"unknown bug families {unknown}; choose among {list(FAMILIES)}")
-        self.seed = seed
+        self.seed, self.by, self.heldout, self.heldout_templates = seed, by, heldout, heldout_templates
         self.families = tuple(families) if families else FAMILIES
         self._test_templates = _held_out(sorted(TEMPLATES), seed, heldout_templates)
-        # Sites are split over all of a template's sites before the family filter, so that choosing families
-        # never moves a site from one side to the other.
-        self._test_sites = {
-            name: _held_out([s.id for s in t.sites], seed, heldout_sites) for name, t in TEMPLATES.items()
-        }
+        # Held out per template, over all of its instances (or sites) before the family filter, so that choosing
+        # families never moves an instance from one side to the other.
+        if by == "site":
+            self._held = {name: _held_out([s.id for s in t.sites], seed, heldout) for name, t in TEMPLATES.items()}
+        else:
+            self._held = {
+                name: _held_out([instance_id(name, n) for n in range(count(t))], seed, heldout)
+                for name, t in TEMPLATES.items()
+            }
         self._cells: dict[tuple[Split, Split], list[str]] = {}
 
     def templates(self, split: Split) -> list[str]:
@@ -109,6 +123,6 @@ class RepoTasks:
         """(split, templates) of an instance id."""
         v = variant(iid)
         return (
-            "test" if v.site.id in self._test_sites[v.template.name] else "train",
+            "test" if (v.site.id if self.by == "site" else iid) in self._held[v.template.name] else "train",
             "test" if v.template.name in self._test_templates else "train",
         )

@@ -109,17 +109,35 @@ class ValidationReport(BaseModel):
         return not self.problems
 
 
-def validate(instance: RepoInstance, runner: Runner) -> ValidationReport:
-    """Run FAIL_TO_PASS and PASS_TO_PASS on the base and on the base with the gold patch; a patch that does not
-    apply is a problem too (reported, not raised)."""
+def validation_trees(instance: RepoInstance) -> tuple[dict[str, str], dict[str, str]]:
+    """The two trees validation runs the tests on: the base and the base with the gold patch, both with the hidden
+    tests added. PatchError (a ValueError) when a patch does not apply."""
+    base = apply_patch(instance.repo, instance.test_patch)
+    gold = apply_patch(apply_patch(instance.repo, instance.patch), instance.test_patch)
+    return base, gold
+
+
+def judge(
+    instance: RepoInstance, on_base: Mapping[str, TestOutcome], on_gold: Mapping[str, TestOutcome]
+) -> ValidationReport:
+    """The report on how the tests ended on the two trees."""
     nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-    try:
-        base = apply_patch(instance.repo, instance.test_patch)
-        gold = apply_patch(apply_patch(instance.repo, instance.patch), instance.test_patch)
-    except ValueError as e:
-        return ValidationReport(instance_id=instance.instance_id, base={}, gold={}, problems=[f"patch: {e}"])
-    on_base, on_gold = runner(base, nodes), runner(gold, nodes)
     problems = [f"FAIL_TO_PASS {n} {on_base[n]} on the base" for n in instance.FAIL_TO_PASS if on_base[n] == "passed"]
     problems += [f"PASS_TO_PASS {n} {on_base[n]} on the base" for n in instance.PASS_TO_PASS if on_base[n] != "passed"]
     problems += [f"{n} {on_gold[n]} with the gold patch" for n in nodes if on_gold[n] != "passed"]
-    return ValidationReport(instance_id=instance.instance_id, base=on_base, gold=on_gold, problems=problems)
+    return ValidationReport(instance_id=instance.instance_id, base=dict(on_base), gold=dict(on_gold), problems=problems)
+
+
+def patch_problem(instance: RepoInstance, error: ValueError) -> ValidationReport:
+    return ValidationReport(instance_id=instance.instance_id, base={}, gold={}, problems=[f"patch: {error}"])
+
+
+def validate(instance: RepoInstance, runner: Runner) -> ValidationReport:
+    """Run FAIL_TO_PASS and PASS_TO_PASS on the base and on the base with the gold patch; a patch that does not
+    apply is a problem too (reported, not raised)."""
+    try:
+        base, gold = validation_trees(instance)
+    except ValueError as e:
+        return patch_problem(instance, e)
+    nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    return judge(instance, runner(base, nodes), runner(gold, nodes))

@@ -1,0 +1,318 @@
+"""Repositories in sandboxes: placing one, running pytest on it, taking the agent's diff, and grading a fix as
+SWE-bench does (docs/design.md, "Repository tasks").
+
+Grading never happens where the agent worked. The agent's diff is taken from its sandbox, filtered (test files,
+`conftest.py`, `.pth` files, `sitecustomize`/`usercustomize`, pytest and packaging config and package metadata are
+left out: changing how tests run is not a fix), applied to a clean checkout in a fresh sandbox, the hidden tests
+added there, and the FAIL_TO_PASS and PASS_TO_PASS tests run. The hidden tests never enter the agent's sandbox.
+
+What the agent's code can still do, as in SWE-bench: it runs inside the pytest process that grades it. Two things
+are checked after the run: every test file still holds what was placed (a fix that rewrites the tests it is
+graded by is caught and scores 0), and a test pytest did not report counts as failed (a fix that exits the
+process, or stops collection, scores 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import io
+import json
+import posixpath
+import re
+import secrets
+import tarfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.sandbox import DockerSandbox, Sandbox, SandboxError
+from agentrl.sandbox.docker_sandbox import DockerSandboxConfig, docker_client
+from agentrl.sandbox.image import instance_image, sandboxes_dir
+from agentrl.tasks.repos.instance import PatchError, RepoInstance, apply_patch, make_patch
+from agentrl.tasks.repos.validate import (
+    TestOutcome,
+    ValidationReport,
+    judge,
+    parse_junit,
+    patch_problem,
+    validation_trees,
+)
+
+WORK = "/work"
+REPO = "repo"
+"""the repository's folder, relative to the sandbox's work dir (`/work/repo`)"""
+STATE = ".agentrl"
+"""the episode's own files beside it (the bash tool's shell state), relative to the work dir"""
+
+_TEST_DIRS = {"tests", "test", "testing"}
+_CONFIG = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "setup.py", "noxfile.py"}
+
+
+def is_test_path(path: str) -> bool:
+    """A test file, as SWE-bench's harness tells them: in a tests/ folder, `test_*.py`, `*_test.py`, `conftest.py`."""
+    *dirs, name = path.split("/")
+    return bool(_TEST_DIRS & set(dirs)) or bool(re.fullmatch(r"test_.*\.py|.*_test\.py|conftest\.py", name))
+
+
+def excluded(path: str) -> str | None:
+    """Why a changed path is left out of the agent's diff, or None when it is part of the fix."""
+    *dirs, name = path.split("/")
+    if name == "conftest.py":
+        return "conftest.py"
+    if is_test_path(path):
+        return "a test file"
+    if name.endswith(".pth"):
+        return "a .pth file"
+    if name in ("sitecustomize.py", "usercustomize.py"):
+        return name
+    if name in _CONFIG:
+        return "pytest or packaging config"
+    if any(d.endswith((".dist-info", ".egg-info")) for d in dirs) or name.endswith((".dist-info", ".egg-info")):
+        return "package metadata (plugins are declared there)"
+    return None
+
+
+def repo_path(path: str) -> str:
+    """A path the agent gave, relative to the repository (`/work/repo/x`, `./x` and `x` alike); ValueError when it
+    leaves the repository."""
+    if path.startswith(f"{WORK}/{REPO}/") or path == f"{WORK}/{REPO}":
+        path = path[len(f"{WORK}/{REPO}/") :]
+    elif path.startswith("/"):
+        raise ValueError(f"{path} is outside the repository ({WORK}/{REPO}); give a path inside it")
+    norm = posixpath.normpath(path or ".")
+    if norm == ".." or norm.startswith("../"):
+        raise ValueError(f"{path} is outside the repository")
+    return norm
+
+
+@functools.cache
+def _program(name: str) -> str:
+    return (sandboxes_dir() / "programs" / name).read_text()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def _tree(sandbox: Sandbox, request: dict, timeout_s: float = 60.0) -> dict:
+    r = await sandbox.run_python(_program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
+    if not r.ok:
+        raise RepoError(f"{request['op']} in the sandbox ended with {r.status}: {r.stderr[-500:]}")
+    return json.loads(r.stdout)
+
+
+_image_lock = threading.Lock()
+
+
+@functools.cache
+def _image_tag(tarball: str) -> str:
+    with _image_lock:  # one build per image, however many episodes ask at once
+        return instance_image(docker_client(), Path(tarball), log=lambda m: None)
+
+
+async def image_sandbox(tarball: str, cfg: DockerSandboxConfig | None = None) -> Sandbox:
+    """A sandbox running an instance's own image (`RepoInstance.image`), built into a sandbox image on first use in
+    this process. Every other setting is the default sandbox's (or `cfg`'s): the same lockdown."""
+    try:
+        tag = await asyncio.to_thread(_image_tag, tarball)
+    except (OSError, RuntimeError) as e:
+        raise SandboxError(f"the instance's image {tarball} cannot be used: {e}") from e
+    return await DockerSandbox.create((cfg or DockerSandboxConfig()).model_copy(update={"image": tag}))
+
+
+class RepoError(RuntimeError):
+    """The repository could not be read from the sandbox (the agent's own doing: a tree too big, a walk cut short)."""
+
+
+async def place(sandbox: Sandbox, files: Mapping[str, str], root: str = REPO) -> None:
+    """Put `files` at `root` (relative to the work dir), removing what was there and the episode's state: one tar
+    written into the sandbox and unpacked there, whatever the number of files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(files):
+            data = files[path].encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tar_path = f"/tmp/agentrl-place-{secrets.token_hex(4)}.tar"
+    await sandbox.write_file(tar_path, buf.getvalue())
+    request = {"op": "place", "root": f"{WORK}/{root}", "clear": [f"{WORK}/{root}", f"{WORK}/{STATE}"], "tar": tar_path}
+    try:
+        await _tree(sandbox, request)
+    except RepoError as e:
+        raise SandboxError(f"placing the repository failed: {e}") from e  # nothing of the agent's ran yet
+
+
+class Changes(BaseModel):
+    """How the repository in a sandbox differs from the files placed there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    changed: dict[str, str]
+    """new or changed files, path -> text"""
+    deleted: list[str]
+    skipped: dict[str, str]
+    """paths not read, and why (a symlink, binary, too large)"""
+
+    def tree(self, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` with these changes."""
+        out = {p: t for p, t in base.items() if p not in set(self.deleted)}
+        return out | self.changed
+
+
+async def changes(sandbox: Sandbox, base: Mapping[str, str], root: str = REPO, *, max_file_bytes: int = 1 << 20,
+                  max_total_bytes: int = 16 << 20, timeout_s: float = 60.0) -> Changes:  # fmt: skip
+    """What changed at `root` since `base` was placed there; RepoError when the sandbox cannot say."""
+    request = {"op": "diff", "root": f"{WORK}/{root}", "known": {p: _sha(t) for p, t in base.items()},
+               "max_file_bytes": max_file_bytes, "max_total_bytes": max_total_bytes}  # fmt: skip
+    return Changes(**await _tree(sandbox, request, timeout_s))
+
+
+class AgentDiff(BaseModel):
+    """The agent's diff: what grading applies, and what it left out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    patch: str
+    """a unified diff of the kept changes, against the base"""
+    files: list[str]
+    """the files it changes"""
+    left_out: dict[str, str]
+    """changed paths not in the patch, and why (test files, config, ... and what could not be read)"""
+
+
+def agent_diff(base: Mapping[str, str], found: Changes) -> AgentDiff:
+    """Split the changes into the fix (`patch`) and what is left out of it."""
+    left_out = dict(found.skipped)
+    after = dict(base)
+    for path in found.deleted:
+        if (why := excluded(path)) is not None:
+            left_out[path] = why
+        else:
+            after.pop(path, None)
+    for path, text in found.changed.items():
+        if (why := excluded(path)) is not None:
+            left_out[path] = why
+        else:
+            after[path] = text
+    files = sorted(p for p in set(base) | set(after) if base.get(p) != after.get(p))
+    return AgentDiff(patch=make_patch(base, after), files=files, left_out=dict(sorted(left_out.items())))
+
+
+def pytest_argv(args: Sequence[str]) -> list[str]:
+    """python3 running pytest on `args` in the repository's folder: pytest is imported before the repository joins
+    the path, so no file of the repository can stand in for it; isolated mode ignores PYTHON* variables."""
+    code = "import sys, pytest; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
+    return ["python3", "-I", "-c", code, "-p", "no:cacheprovider", *args]
+
+
+async def run_pytest(sandbox: Sandbox, node_ids: Sequence[str], *, root: str = REPO, timeout_s: float = 60.0,
+                     plugins: bool = False) -> dict[str, TestOutcome]:  # fmt: skip
+    """Run the files of `node_ids` at `root` and say how each node ended; `missing` when pytest did not report it
+    (a collection error, a time-out, a process that died). Plugins installed in the image load only if `plugins`."""
+    outcomes: dict[str, TestOutcome] = dict.fromkeys(node_ids, "missing")
+    files = sorted({n.split("::")[0] for n in node_ids})
+    report = f"/tmp/agentrl-junit-{secrets.token_hex(6)}.xml"
+    args = ["-q", "--continue-on-collection-errors", f"--rootdir={WORK}/{root}", f"--junitxml={report}", *files]
+    env = {} if plugins else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    r = await sandbox.run(pytest_argv(args), cwd=root, env=env, timeout_s=timeout_s)
+    if r.status == "timeout":
+        return outcomes
+    try:
+        xml = (await sandbox.read_file(report)).decode(errors="replace")
+    except OSError:  # no report: pytest never got to write it
+        return outcomes
+    try:
+        for node, outcome in parse_junit(xml, dict.fromkeys(files, "")).items():
+            if node in outcomes:
+                outcomes[node] = outcome
+    except Exception:  # a report the agent's code garbled: nothing in it counts
+        return dict.fromkeys(node_ids, "missing")
+    return outcomes
+
+
+class RepoGrade(BaseModel):
+    """How a fix fared on the hidden tests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fail_to_pass: dict[str, TestOutcome]
+    pass_to_pass: dict[str, TestOutcome]
+    problem: str | None = None
+    """why nothing ran or nothing counts: the diff did not apply, or the tests were tampered with"""
+
+    @property
+    def broke(self) -> int:
+        return sum(o != "passed" for o in self.pass_to_pass.values())
+
+    @property
+    def fixed(self) -> int:
+        return sum(o == "passed" for o in self.fail_to_pass.values())
+
+    @property
+    def resolved(self) -> bool:
+        """SWE-bench's verdict: every FAIL_TO_PASS test passes, and every PASS_TO_PASS test still does."""
+        return self.problem is None and self.fixed == len(self.fail_to_pass) and self.broke == 0
+
+    def outcome(self, rule: Literal["fraction", "all"]) -> float:
+        """`all`: 1 when resolved, else 0. `fraction`: the share of FAIL_TO_PASS tests that pass, and 0 if any
+        PASS_TO_PASS test broke (a fix that breaks what worked is no fix)."""
+        if rule == "all" or self.problem is not None or self.broke:
+            return float(self.resolved)
+        return self.fixed / len(self.fail_to_pass)
+
+    def summary(self) -> str:
+        """What the agent may read: counts only, no test names or contents."""
+        if self.problem is not None:
+            return f"Not graded: {self.problem}."
+        verdict = "Resolved." if self.resolved else "Not resolved."
+        kept = len(self.pass_to_pass) - self.broke
+        return (
+            f"{verdict} {self.fixed}/{len(self.fail_to_pass)} of the tests that showed the issue pass; "
+            f"{kept}/{len(self.pass_to_pass)} of the tests that passed before still do."
+        )
+
+
+async def grade(sandbox: Sandbox, instance: RepoInstance, patch: str, *, timeout_s: float = 120.0,
+                plugins: bool = False) -> RepoGrade:  # fmt: skip
+    """Grade `patch` (the agent's diff) on `instance` in `sandbox`, a fresh one: the base with the patch and the
+    hidden tests applied, the instance's tests run, and the test files checked afterwards."""
+    failed = {"fail_to_pass": dict.fromkeys(instance.FAIL_TO_PASS, "missing"),
+              "pass_to_pass": dict.fromkeys(instance.PASS_TO_PASS, "missing")}  # fmt: skip
+    try:
+        files = apply_patch(apply_patch(instance.repo, patch), instance.test_patch)
+    except PatchError as e:
+        return RepoGrade(**failed, problem=f"the change and the hidden tests conflict ({e})")
+    await place(sandbox, files)
+    outcomes = await run_pytest(sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s,
+                                plugins=plugins)  # fmt: skip
+    try:
+        after = await changes(sandbox, files)
+    except RepoError:
+        return RepoGrade(**failed, problem="the test files could not be checked after the run")
+    touched = [p for p in [*after.changed, *after.deleted] if p in files and is_test_path(p)]
+    if touched:
+        return RepoGrade(**failed, problem=f"the tests were changed while they ran ({', '.join(sorted(touched)[:3])})")
+    return RepoGrade(fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
+                     pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS})  # fmt: skip
+
+
+async def validate_instance(instance: RepoInstance, sandbox: Sandbox, *, timeout_s: float = 120.0,
+                            plugins: bool = False) -> ValidationReport:  # fmt: skip
+    """`agentrl.tasks.repos.validate` in a sandbox (the instance's own image, for a loaded one): FAIL_TO_PASS fails
+    and PASS_TO_PASS passes on the base, and everything passes with the gold patch, the hidden tests added to both."""
+    try:
+        base, gold = validation_trees(instance)
+    except ValueError as e:
+        return patch_problem(instance, e)
+    nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    outcomes = []
+    for tree in (base, gold):
+        await place(sandbox, tree)
+        outcomes.append(await run_pytest(sandbox, nodes, timeout_s=timeout_s, plugins=plugins))
+    return judge(instance, *outcomes)

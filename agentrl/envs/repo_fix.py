@@ -1,0 +1,356 @@
+"""repo_fix: fix the bug an issue describes in a multi-file repository, with a shell, file tools and the visible
+tests; graded as SWE-bench grades (docs/design.md, "Repository tasks").
+
+At reset the instance's repository is placed at /work/repo in the episode's sandbox and the agent reads the issue
+(and the repository's file list). Its tools act there; `submit` takes its diff of non-test files, applies it to a
+clean checkout in a fresh sandbox with the hidden tests added, and runs FAIL_TO_PASS and PASS_TO_PASS
+(`agentrl.env.repos`). The hidden tests never enter the agent's sandbox, and no reward before the outcome looks
+at them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from typing import Literal
+
+from pydantic import Field
+
+from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
+from agentrl.env.base import Message
+from agentrl.env.repos import (
+    REPO,
+    RepoError,
+    agent_diff,
+    changes,
+    grade,
+    image_sandbox,
+    is_test_path,
+    place,
+    pytest_argv,
+    repo_path,
+)
+from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
+from agentrl.envs._format import run_output
+from agentrl.sandbox import Sandbox
+from agentrl.sandbox.image import sandboxes_dir
+from agentrl.tasks import Task
+from agentrl.tasks.repos.instance import RepoInstance
+from agentrl.tasks.repos.taskset import RepoTaskSet
+from agentrl.tasks.solutions import PERFECT, Expert
+
+SYSTEM = """You are fixing a bug in a Python repository, checked out at /work/repo. You have {turns} turns.
+Each turn, call one or more tools:
+- bash(command): run a shell command in the repository (the working directory and exported variables persist);
+- view(path, start, end): read a file, or some of its lines;
+- edit(path, old, new): replace the text old, which must occur exactly once in the file, with new;
+- create(path, content): create a new file;
+- run_tests(selector): run the repository's tests, or some of them;
+- submit(): end the task. Your changes to non-test files are graded by hidden tests.
+Find the cause of the issue, fix it, check the fix, then submit."""
+
+_SHELL = "shell.sh"
+
+
+class RepoFixConfig(ToolEnvConfig):
+    tasks: str = "repos"
+    """repos (generated repositories; `repos:templates=test` for the held-out templates) or swebench:PATH"""
+    max_turns: int = Field(20, ge=1)
+    max_observation_chars: int = Field(2000, ge=200)
+    outcome: Literal["fraction", "all"] = "fraction"
+    """outcome reward: the share of FAIL_TO_PASS tests that pass (0 when a PASS_TO_PASS test breaks), or 1 only
+    when the issue is resolved (all pass)"""
+    bash_timeout_s: float = Field(10.0, gt=0)
+    """wall-clock limit of one bash call"""
+    test_timeout_s: float = Field(60.0, gt=0)
+    """wall-clock limit of one run_tests call"""
+    grade_timeout_s: float = Field(120.0, gt=0)
+    """wall-clock limit of the hidden tests' run"""
+    autosubmit: bool = True
+    """when the last turn ends without a submission, grade the repository as it is (SWE-agent's exit); false:
+    no outcome (truncated)"""
+    list_files: bool = True
+    """show the repository's files with the issue"""
+    pytest_plugins: bool = False
+    """let pytest load the plugins installed in the image (a per-instance image may need them); never those of the
+    repository, whose package metadata is left out of the agent's diff"""
+
+
+class RepoFixEnv(ToolEnv):
+    """Repository-level bug fixing (SWE-bench style) in a Docker sandbox, graded by hidden pytest tests."""
+
+    description = "Fix an issue in a multi-file Python repository with a shell and file tools; hidden tests grade it."
+    reward_doc = (
+        "outcome (on submit, or at the last turn with autosubmit): the share of FAIL_TO_PASS tests passing, 0 if a "
+        "PASS_TO_PASS test broke (outcome=all: 1 only when resolved); malformed: malformed_penalty per bad tool "
+        "call or message without one. No per-turn term looks at the hidden tests."
+    )
+    Config = RepoFixConfig
+    cfg: RepoFixConfig
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(self.task_set, RepoTaskSet):
+            raise ValueError(f"repo_fix needs a repository task set (repos, swebench:PATH), not {self.cfg.tasks!r}")
+        self.repo_tasks: RepoTaskSet = self.task_set
+        self.instance: RepoInstance | None = None
+        self._own: Sandbox | None = None  # the workspace of an instance with its own image
+
+    async def sandbox(self) -> Sandbox:
+        """The episode's workspace: from the pool, or of the instance's own image."""
+        if self.instance is None or self.instance.image is None:
+            return await super().sandbox()
+        if self._own is None:
+            self._own = await self.timed(image_sandbox(self.instance.image))
+        return self._own
+
+    async def _release_sandbox(self) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            await own.close()
+        await super()._release_sandbox()
+
+    async def _reset(self, task: Task) -> list[Message]:
+        self.instance = self.repo_tasks.instance(task.id)
+        await self.timed(place(await self.sandbox(), self.instance.repo))
+        prompt = f"<issue>\n{self.instance.problem_statement.strip()}\n</issue>"
+        if self.cfg.list_files:
+            prompt += "\n\nFiles in /work/repo:\n" + "\n".join(sorted(self.instance.repo))
+        return [
+            {"role": "system", "content": SYSTEM.format(turns=self.cfg.max_turns)},
+            {"role": "user", "content": prompt},
+        ]
+
+    async def _step(self, action: str) -> StepResult:
+        result = await super()._step(action)
+        last = self.turn + 1 >= self.cfg.max_turns
+        if not result.terminated and last and self.cfg.autosubmit:
+            out = await self._grade(autosubmitted=True)
+            result.observation.append({"role": "user", "content": out.content})
+            result.reward_breakdown.update(out.reward)
+            result.info.update(out.info)
+            result.terminated = True
+        elif not result.terminated and self.turn + 2 == self.cfg.max_turns:
+            result.observation.append({"role": "user", "content": "One turn left: submit now."})
+        return result
+
+    async def _no_call(self, text: str) -> StepResult:
+        return self.malformed("no tool call found. Call a tool in <tool_call> tags; submit() when done.", role="user")
+
+    # ---- tools
+
+    @tool
+    async def bash(self, command: str) -> ToolOutput:
+        """Run a bash command in the repository and return its exit status and output.
+
+        Args:
+            command: The command, e.g. `grep -rn "def parse" .`
+        """
+        shell = (sandboxes_dir() / "programs" / _SHELL).read_text()
+        sandbox = await self.sandbox()
+        run = await self.timed(sandbox.run(["bash", "-c", shell, "agentrl-bash", command],
+                                           timeout_s=self.cfg.bash_timeout_s))  # fmt: skip
+        return run_output(run)
+
+    @tool
+    async def view(self, path: str, start: int = 1, end: int = 0) -> str:
+        """Show a file of the repository, or its lines start to end.
+
+        Args:
+            path: The file's path in the repository, e.g. `pkg/module.py`.
+            start: The first line to show (from 1).
+            end: The last line to show; 0 for the end of the file.
+        """
+        rel = self._path(path)
+        lines = (await self._read(rel)).splitlines()
+        first, last = max(start, 1), len(lines) if end <= 0 else min(end, len(lines))
+        if lines and first > last:
+            raise ToolError(f"{rel} has {len(lines)} lines; lines {start} to {end} show nothing")
+        head = f"{rel} (lines {first}-{last} of {len(lines)})" if (first, last) != (1, len(lines)) else rel
+        return "\n".join([f"[{head}]", *lines[first - 1 : last]])
+
+    @tool
+    async def edit(self, path: str, old: str, new: str) -> str:
+        """Replace text in a file: old must occur exactly once in it.
+
+        Args:
+            path: The file's path in the repository.
+            old: The exact text to replace, whitespace included.
+            new: The text to put in its place.
+        """
+        rel = self._path(path)
+        text = await self._read(rel)
+        n = text.count(old) if old else 0
+        if n != 1:
+            why = "old is empty" if not old else "old was not found" if n == 0 else f"old occurs {n} times"
+            hint = "copy it exactly, whitespace included" if n == 0 else "include more lines around it"
+            raise ToolError(f"no edit made: {why} in {rel}; {hint}")
+        updated = text.replace(old, new, 1)
+        await self.timed((await self.sandbox()).write_file(f"{REPO}/{rel}", updated))
+        at = text[: text.index(old)].count("\n")
+        shown = updated.splitlines()[max(at - 2, 0) : at + new.count("\n") + 3]
+        return f"Edited {rel}. Lines {max(at - 2, 0) + 1}-{max(at - 2, 0) + len(shown)} now read:\n" + "\n".join(shown)
+
+    @tool
+    async def create(self, path: str, content: str) -> str:
+        """Create a new file in the repository.
+
+        Args:
+            path: The new file's path in the repository.
+            content: What the file holds.
+        """
+        rel = self._path(path)
+        sandbox = await self.sandbox()
+        try:
+            await self.timed(sandbox.read_file(f"{REPO}/{rel}"))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ToolError(f"cannot create {rel}: {e.strerror or e}") from None
+        else:
+            raise ToolError(f"{rel} exists; change it with edit")
+        try:
+            await self.timed(sandbox.write_file(f"{REPO}/{rel}", content))
+        except OSError as e:
+            raise ToolError(f"cannot create {rel}: {e.strerror or e}") from None
+        return f"Created {rel} ({content.count(chr(10)) + bool(content) - content.endswith(chr(10))} lines)."
+
+    @tool
+    async def run_tests(self, selector: str = "") -> ToolOutput:
+        """Run the repository's tests with pytest: all of them, or those a selector names.
+
+        Args:
+            selector: A test file or a test in the repository, e.g. `tests/test_core.py::test_add`; empty for all.
+        """
+        targets = [t for t in self.instance.repo if is_test_path(t) and t.endswith(".py") and "/test_" in f"/{t}"]
+        if selector:
+            file, sep, rest = selector.partition("::")
+            rel = self._path(file)
+            if not is_test_path(rel):
+                raise ToolError(f"{rel} is not a test file; give a file under tests/ or a test in one")
+            targets = [f"{rel}{sep}{rest}"]
+        sandbox = await self.sandbox()
+        run = await self.timed(sandbox.run(pytest_argv(["-q", "--no-header", "-rfE", *targets]), cwd=REPO,
+                                           timeout_s=self.cfg.test_timeout_s))  # fmt: skip
+        out = run_output(run)
+        return out.model_copy(update={"content": out.content.replace("stdout:\n", "", 1)})
+
+    @tool
+    async def submit(self) -> ToolOutput:
+        """Submit your changes: they are graded by hidden tests and the task ends."""
+        return await self._grade(autosubmitted=False)
+
+    # ---- helpers
+
+    def _path(self, path: str) -> str:
+        try:
+            return repo_path(path)
+        except ValueError as e:
+            raise ToolError(str(e)) from None
+
+    async def _read(self, rel: str) -> str:
+        try:
+            data = await self.timed((await self.sandbox()).read_file(f"{REPO}/{rel}"))
+        except (OSError, ValueError) as e:
+            reason = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or e
+            raise ToolError(f"cannot read {rel}: {reason}") from None
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise ToolError(f"{rel} is not a UTF-8 text file") from None
+
+    async def _grade(self, *, autosubmitted: bool) -> ToolOutput:
+        """Take the diff, grade it in a fresh sandbox, end the episode."""
+        base = self.instance.repo
+        try:
+            found = await self.timed(changes(await self.sandbox(), base))
+        except RepoError as e:  # the agent's own doing (a tree too big to walk in time): nothing to grade
+            info = {"outcome": 0.0, "resolved": False, "diff": "", "grading": f"no diff: {e}"}
+            return ToolOutput(content=f"Not graded: the repository could not be read ({e}).",
+                              reward={"outcome": 0.0}, terminated=True, info=info)  # fmt: skip
+        diff = agent_diff(base, found)
+        image = self.instance.image
+        fresh = await self.timed(image_sandbox(image) if image else self._sandboxes.acquire(self))
+        try:
+            result = await self.timed(grade(fresh, self.instance, diff.patch, timeout_s=self.cfg.grade_timeout_s,
+                                            plugins=self.cfg.pytest_plugins))  # fmt: skip
+        finally:
+            await (fresh.close() if image else self._sandboxes.release(fresh))
+        outcome = result.outcome(self.cfg.outcome)
+        info = {
+            "outcome": outcome, "resolved": result.resolved, "diff": diff.patch, "changed_files": diff.files,
+            "left_out": diff.left_out, "autosubmitted": autosubmitted, "tests_passed": result.fixed,
+            "tests_total": len(result.fail_to_pass), "pass_to_pass_broken": result.broke,
+        }  # fmt: skip
+        if result.problem is not None:
+            info["grading"] = result.problem
+        lines = [result.summary()]
+        if not diff.files:
+            lines.append("You changed no non-test file.")
+        if diff.left_out:
+            lines.append(f"Left out of your change: {', '.join(f'{p} ({w})' for p, w in diff.left_out.items())}.")
+        return ToolOutput(content=" ".join(lines), reward={"outcome": outcome}, terminated=True, info=info)
+
+    # ---- the scripted expert
+
+    def demonstration(self, task: Task, rng: random.Random, *, expert: Expert = PERFECT) -> list[str]:
+        """View the file the gold patch changes, make its edits, sometimes run the tests, submit.
+
+        An imperfect expert errs at two repository skills, each with its own probability: finding the file
+        (`wrong_file`: it reads another module of the package, finds nothing, and submits unchanged) and making the
+        edit (`sloppy_edit`: its `old` text is retyped with the whitespace wrong, the edit fails, and it submits)."""
+        instance = self.repo_tasks.instance(task.id)
+        edits = expert_edits(instance)
+        path = edits[0][0]
+        call = self.parser.format
+        if expert.wrong_file and rng.random() < expert.wrong_file:
+            others = sorted(p for p in instance.repo if p.endswith(".py") and not is_test_path(p) and p != path)
+            if others:
+                return [call(ToolCall(name="view", arguments={"path": rng.choice(others)})),
+                        call(ToolCall(name="submit", arguments={}))]  # fmt: skip
+        messages = [call(ToolCall(name="view", arguments={"path": path}))]
+        sloppy = expert.sloppy_edit and rng.random() < expert.sloppy_edit
+        for file, old, new in edits:
+            if sloppy:
+                old = misquote(old, instance.repo[file])
+            messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": old, "new": new})))
+            if sloppy:
+                break
+        if not sloppy and rng.random() < 0.5:
+            messages.append(call(ToolCall(name="run_tests", arguments={})))
+        return [*messages, call(ToolCall(name="submit", arguments={}))]
+
+
+def expert_edits(instance: RepoInstance) -> list[tuple[str, str, str]]:
+    """The gold patch as `edit` calls, (path, old, new): for each changed run of lines, the fewest whole lines
+    around it that occur once in the file. Files the patch creates or deletes are not edits: ValueError."""
+    from agentrl.tasks.repos.instance import apply_patch
+
+    fixed = apply_patch(instance.repo, instance.patch)
+    edits = []
+    for path in sorted(p for p in set(instance.repo) | set(fixed) if instance.repo.get(p) != fixed.get(p)):
+        if path not in instance.repo or path not in fixed:
+            raise ValueError(f"{instance.instance_id}: the gold patch creates or deletes {path}; the expert only edits")
+        a, b = instance.repo[path].splitlines(keepends=True), fixed[path].splitlines(keepends=True)
+        text = instance.repo[path]
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            for pad in range(len(a) + 1):
+                lo, hi = max(i1 - pad, 0), min(i2 + pad, len(a))
+                old = "".join(a[lo:hi])
+                if old and text.count(old) == 1:
+                    new = "".join(a[lo:i1] + b[j1:j2] + a[i2:hi])
+                    edits.append((path, old.rstrip("\n"), new.rstrip("\n")))
+                    break
+    return edits
+
+
+def misquote(old: str, text: str) -> str:
+    """`old` retyped with its whitespace wrong, so that it is in `text` no more: its indentation dropped, else
+    spaces doubled after commas, else a space put before its first line's end."""
+    for candidate in ("\n".join(line.lstrip() for line in old.split("\n")), old.replace(", ", ",  ")):
+        if candidate != old and candidate not in text:
+            return candidate
+    first, _, rest = old.partition("\n")
+    return f"{first} \n{rest}" if rest else f"{first} "

@@ -1,0 +1,155 @@
+"""Repository instances as task sets: the generated ones by spec (`repos`), and SWE-bench-style JSONL files
+(`swebench:PATH`) of repositories the test builds itself (a git repository, a tarball)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentrl.tasks import RepoTests
+from agentrl.tasks import test_count as count_tests
+from agentrl.tasks.registry import load_tasks
+from agentrl.tasks.repos import LocalRunner, RepoTasks, generate, make_patch, validate
+from agentrl.tasks.repos.taskset import GeneratedRepos, LoadedRepos
+
+
+def test_generated_repos_by_spec_split_and_serve_instances():
+    train_templates = load_tasks("repos")
+    assert isinstance(train_templates, GeneratedRepos) and train_templates.templates == "train"
+    train, test = train_templates.split("train"), train_templates.split("test")
+    assert not set(train.ids()) & set(test.ids()) and len(train) + len(test) == len(train_templates)
+    assert set(test.ids()) == set(RepoTasks().ids("test"))
+    task = next(iter(test))
+    inst = test.instance(task.id)
+    assert task.prompt == inst.problem_statement and isinstance(task.tests, RepoTests)
+    assert count_tests(task.tests) == len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
+    assert task.metadata["template"] == inst.template and test.reference_solution(task) == inst.patch
+    assert test.get(task.id) == task and test.sample(np.random.default_rng(0)).id in set(test.ids())
+    with pytest.raises(KeyError):
+        test.instance(next(iter(train)).id)  # the other side
+    # the first N of a split span the templates (held-out evaluation takes the first N)
+    assert len({test.instance(i).template for i in test.ids()[:20]}) >= 8
+    held_out = load_tasks("repos:templates=test;by=site;families=off_by_one")
+    assert set(held_out.ids()) <= set(RepoTasks(by="site").ids("train", templates="test")) | set(
+        RepoTasks(by="site").ids("test", templates="test")
+    )
+    assert {held_out.instance(i).family for i in held_out.ids()} == {"off_by_one"}
+    for bad in ("repos:templates=dev", "repos:by=file", "repos:colour=red"):
+        with pytest.raises(ValueError):
+            load_tasks(bad)
+
+
+def test_a_fix_returning_an_object_equal_to_anything_fails_the_hidden_tests():
+    """The generated hidden tests compare plain values: an answer object whose __eq__ says yes to anything fails."""
+    inst = generate("repo-inifile-3")
+    path = next(p for p in inst.repo if p.endswith("config.py"))
+    hack = inst.repo[path] + (
+        "\n\nclass _Yes:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "Config.getint = lambda self, *a, **k: _Yes()\n"
+    )
+    files = {**inst.repo, path: hack}
+    from agentrl.tasks.repos import apply_patch
+
+    outcomes = LocalRunner()(apply_patch(files, inst.test_patch), inst.FAIL_TO_PASS)
+    assert set(outcomes.values()) == {"failed"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SWE-bench-style files
+
+BUGGY = {
+    "mathy/__init__.py": "from .ops import clamp\n",
+    "mathy/ops.py": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi - 1))\n",
+    "tests/test_ops.py": "from mathy import clamp\n\n\ndef test_inside():\n    assert clamp(5, 0, 10) == 5\n",
+}
+FIXED = {**BUGGY, "mathy/ops.py": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"}
+HIDDEN = {**BUGGY, "tests/test_edges.py": "from mathy import clamp\n\n\ndef test_top():\n    assert clamp(12, 0, 10) == 10\n"}
+
+
+def git_repo(root: Path, files: dict[str, str]) -> str:
+    """A git repository at `root` holding `files` in one commit; its hash."""
+    root.mkdir(parents=True)
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    (root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")  # a binary file, left out of the repository
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "base"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def record(repo: str, commit: str, **over) -> dict:
+    return {
+        "instance_id": "mathy__clamp-1", "repo": repo, "base_commit": commit, "version": "1.0",
+        "problem_statement": "clamp(12, 0, 10) gives 9, not 10", "patch": make_patch(BUGGY, FIXED),
+        "test_patch": make_patch(BUGGY, HIDDEN), "FAIL_TO_PASS": json.dumps(["tests/test_edges.py::test_top"]),
+        "PASS_TO_PASS": ["tests/test_ops.py::test_inside"], **over,
+    }  # fmt: skip
+
+
+def write_jsonl(path: Path, *records: dict) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_git_repository_instance_loads_and_validates(tmp_path):
+    commit = git_repo(tmp_path / "src" / "mathy", BUGGY)
+    # a later commit must not leak into the instance: it is read at base_commit
+    (tmp_path / "src" / "mathy" / "mathy" / "ops.py").write_text("BROKEN = True\n")
+    subprocess.run(["git", "-C", str(tmp_path / "src" / "mathy"), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qam", "later"], check=True)  # fmt: skip
+    tasks = load_tasks(f"swebench:{write_jsonl(tmp_path / 'data.jsonl', record('src/mathy', commit))}")
+    assert isinstance(tasks, LoadedRepos) and tasks.ids() == ["mathy__clamp-1"]
+    inst = tasks.instance("mathy__clamp-1")
+    assert inst.repo == BUGGY  # text files at base_commit, the binary one left out
+    assert inst.FAIL_TO_PASS == ["tests/test_edges.py::test_top"] and inst.image is None
+    report = validate(inst, LocalRunner())
+    assert report.ok, report.problems
+    assert report.base["tests/test_edges.py::test_top"] == "failed"
+    task = next(iter(tasks))
+    assert task.prompt.startswith("clamp(12") and tasks.reference_solution(task) == inst.patch
+
+
+def test_a_tarball_instance_with_a_top_folder_loads(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path, text in BUGGY.items():
+            info = tarfile.TarInfo(f"mathy-abc123/{path}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    (tmp_path / "mathy.tar.gz").write_bytes(buf.getvalue())
+    image = tmp_path / "deps.tar"
+    image.write_bytes(b"not checked here")
+    tasks = load_tasks(f"swebench:{write_jsonl(tmp_path / 'd.jsonl', record('mathy.tar.gz', 'abc123', image='deps.tar'))}")
+    inst = tasks.instance("mathy__clamp-1")
+    assert inst.repo == BUGGY and inst.image == str(image)
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"patch": None}, "patch"),
+        ({"repo": "nowhere"}, "no such folder or tarball"),
+        ({"base_commit": "0" * 40}, "git archive"),
+        ({"FAIL_TO_PASS": ["not a node id"]}, "not pytest node ids"),
+        ({"FAIL_TO_PASS": []}, "FAIL_TO_PASS is empty"),
+        ({"image": "missing.tar"}, "image missing.tar"),
+    ],
+)
+def test_a_bad_record_is_refused_with_its_line_and_reason(tmp_path, over, needle):
+    commit = git_repo(tmp_path / "r", BUGGY)
+    rec = {**record("r", commit), **over}
+    if rec["patch"] is None:
+        del rec["patch"]
+    path = write_jsonl(tmp_path / "d.jsonl", record("r", commit, instance_id="ok-1"), rec)
+    with pytest.raises(ValueError, match=needle) as e:
+        load_tasks(f"swebench:{path}")
+    assert str(e.value).startswith(f"{path}:2:")
