@@ -35,9 +35,7 @@ class Demonstration(BaseModel):
 
 
 class TrustedSandboxes:
-    """Long-lived sandboxes, each lent to one episode at a time and taken back as is: `size` started at once, and
-    as many more on demand while none is free (an episode that grades in a second sandbox, as repo_fix does, holds
-    two).
+    """A fixed set of long-lived sandboxes, each lent to one episode at a time and taken back as is.
 
     Only for trusted code (an expert's reference solutions): training hands every episode a
     fresh sandbox instead (`SandboxSource`).
@@ -55,14 +53,15 @@ class TrustedSandboxes:
             self._free.put_nowait(sb)
 
     async def acquire(self, env: TextEnv) -> Sandbox:
-        if self._free.empty() and len(self._all) < 2 * self.size:
-            self._all.append(await self._create())
-            return self._all[-1]
         return await self._free.get()
 
     async def release(self, sandbox: Sandbox) -> None:
         await sandbox.reset_session()
         self._free.put_nowait(sandbox)
+
+    async def fresh(self) -> Sandbox:
+        """A new sandbox of the same kind, for the caller to close (`SandboxSource.fresh`)."""
+        return await self._create()
 
     async def detach(self, env: TextEnv) -> None:
         pass

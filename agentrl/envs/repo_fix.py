@@ -213,7 +213,7 @@ class RepoFixEnv(ToolEnv):
             await self.timed(sandbox.write_file(f"{REPO}/{rel}", content))
         except OSError as e:
             raise ToolError(f"cannot create {rel}: {e.strerror or e}") from None
-        return f"Created {rel} ({content.count(chr(10)) + bool(content) - content.endswith(chr(10))} lines)."
+        return f"Created {rel} ({len(content.splitlines())} lines)."
 
     @tool
     async def run_tests(self, selector: str = "") -> ToolOutput:
@@ -269,13 +269,13 @@ class RepoFixEnv(ToolEnv):
             return ToolOutput(content=f"Not graded: the repository could not be read ({e}).",
                               reward={"outcome": 0.0}, terminated=True, info=info)  # fmt: skip
         diff = agent_diff(base, found)
-        image = self.instance.image
-        fresh = await self.timed(image_sandbox(image) if image else self._sandboxes.acquire(self))
+        image = self.instance.image  # grading runs where no agent code ran: a new sandbox, outside the pool
+        fresh = await self.timed(image_sandbox(image) if image else self._sandboxes.fresh())
         try:
             result = await self.timed(grade(fresh, self.instance, diff.patch, timeout_s=self.cfg.grade_timeout_s,
                                             plugins=self.cfg.pytest_plugins))  # fmt: skip
         finally:
-            await (fresh.close() if image else self._sandboxes.release(fresh))
+            await self.timed(fresh.close())
         outcome = result.outcome(self.cfg.outcome)
         info = {
             "outcome": outcome, "resolved": result.resolved, "diff": diff.patch, "changed_files": diff.files,

@@ -69,7 +69,8 @@ BUGGY = {
     "tests/test_ops.py": "from mathy import clamp\n\n\ndef test_inside():\n    assert clamp(5, 0, 10) == 5\n",
 }
 FIXED = {**BUGGY, "mathy/ops.py": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"}
-HIDDEN = {**BUGGY, "tests/test_edges.py": "from mathy import clamp\n\n\ndef test_top():\n    assert clamp(12, 0, 10) == 10\n"}
+EDGES = "from mathy import clamp\n\n\ndef test_top():\n    assert clamp(12, 0, 10) == 10\n"
+HIDDEN = {**BUGGY, "tests/test_edges.py": EDGES}
 
 
 def git_repo(root: Path, files: dict[str, str]) -> str:
@@ -128,7 +129,8 @@ def test_a_tarball_instance_with_a_top_folder_loads(tmp_path):
     (tmp_path / "mathy.tar.gz").write_bytes(buf.getvalue())
     image = tmp_path / "deps.tar"
     image.write_bytes(b"not checked here")
-    tasks = load_tasks(f"swebench:{write_jsonl(tmp_path / 'd.jsonl', record('mathy.tar.gz', 'abc123', image='deps.tar'))}")
+    data = write_jsonl(tmp_path / "d.jsonl", record("mathy.tar.gz", "abc123", image="deps.tar"))
+    tasks = load_tasks(f"swebench:{data}")
     inst = tasks.instance("mathy__clamp-1")
     assert inst.repo == BUGGY and inst.image == str(image)
 

@@ -1,0 +1,239 @@
+"""repo_fix against real Docker sandboxes: the tools, SWE-bench-style grading, the scripted expert, and hostile
+agents, each followed by an honest episode in the same (recycled) container."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+import agentrl
+from agentrl.env import FailureClass, SandboxSource
+from agentrl.envs.repo_fix import expert_edits
+from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
+from agentrl.tasks.repos import HIDDEN_TESTS, apply_patch
+
+pytestmark = pytest.mark.docker
+
+TASK = "repo-inifile-3"  # the hex parser: a missing case in values.py, FAIL_TO_PASS in the hidden tests only
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@pytest.fixture
+async def reused(sandbox_image):
+    """One warm sandbox, recycled between episodes: the next episode gets the container this one used."""
+    pool = SandboxPool(DockerSandbox.create, size=1, reuse=100)
+    yield SandboxSource(pool)
+    await pool.close()
+
+
+async def expert_episode(env, task_id: str = TASK) -> tuple[float, dict, str]:
+    """The scripted expert on `task_id`: (return, last info, the workspace sandbox's name)."""
+    await env.areset(options={"task_id": task_id})
+    name = (await env.sandbox()).name
+    total = 0.0
+    for action in env.demonstration(env.task, random.Random(0)):
+        _, reward, term, trunc, info = await env.astep(action)
+        total += reward
+        assert info["failure"] is not FailureClass.INFRA, info.get("error")
+        if term or trunc:
+            return total, info, name
+    raise AssertionError("the expert did not end the episode")
+
+
+async def test_the_expert_fixes_the_issue_and_its_diff_is_the_gold_patch(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    reward, info, _ = await expert_episode(env)
+    inst = env.repo_tasks.instance(TASK)
+    assert reward == 1.0 and info["resolved"] and info["outcome"] == 1.0 and not info["autosubmitted"]
+    assert info["diff"] == inst.patch and info["changed_files"] == ["inifile/values.py"] and info["left_out"] == {}
+    assert info["tests_passed"] == info["tests_total"] == len(inst.FAIL_TO_PASS)
+    await env.aclose()
+
+
+@pytest.mark.slow
+async def test_the_expert_solves_one_instance_of_every_family(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    seen = {}
+    for iid in env.repo_tasks.ids():
+        family = env.repo_tasks.instance(iid).family
+        if family not in seen:
+            seen[family] = (await expert_episode(env, iid))[0]
+    assert seen == dict.fromkeys(seen, 1.0) and len(seen) == 5
+    await env.aclose()
+
+
+async def test_the_tools_and_the_shell_state(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    obs, info = await env.areset(options={"task_id": TASK})
+    assert {t["function"]["name"] for t in info["tools"]} == {"bash", "view", "edit", "create", "run_tests", "submit"}
+    assert "<issue>" in obs[1]["content"] and "inifile/values.py" in obs[1]["content"]
+
+    async def step(action: str) -> str:
+        out, _, term, trunc, step_info = await env.astep(action)
+        assert not (term or trunc) and step_info["failure"] is not FailureClass.INFRA
+        return "\n".join(m["content"] for m in out)
+
+    # bash: the working directory and exported variables persist across calls (also past `exit`)
+    assert "/work/repo" in await step(call("bash", command="pwd; export FLAVOUR=mint; cd inifile; exit 3"))
+    assert "exit code 0\nstdout:\n/work/repo/inifile mint" in await step(call("bash", command="echo $PWD $FLAVOUR"))
+    assert "killed: time limit" in await step(call("bash", command="sleep 60"))  # bash_timeout_s
+    # a call killed at its limit keeps the state it began with
+    assert "/work/repo/inifile" in await step(call("bash", command="pwd"))
+    # view: the file, a range, and what it cannot show
+    assert (await step(call("view", path="inifile/values.py", start=2, end=3))).startswith(
+        "[inifile/values.py (lines 2-3 of "
+    )
+    assert "no such file" in await step(call("view", path="inifile/nope.py"))
+    assert "outside the repository" in await step(call("view", path="../../etc/passwd"))
+    assert "outside the repository" in await step(call("view", path="/etc/passwd"))
+    # edit: exactly one occurrence, or nothing changes and the agent reads why
+    assert "old was not found" in await step(call("edit", path="inifile/values.py", old="nope(", new="x"))
+    assert "old occurs" in await step(call("edit", path="inifile/values.py", old="text", new="x"))
+    # create: a new file only
+    assert "exists; change it with edit" in await step(call("create", path="inifile/values.py", content=""))
+    assert (await step(call("create", path="notes/todo.txt", content="a\nb\n"))) == "Created notes/todo.txt (2 lines)."
+    # run_tests: the visible tests, or a selection of them; never a file that is not a test
+    assert " passed" in await step(call("run_tests"))
+    assert "1 passed" in await step(call("run_tests", selector="tests/test_config.py::test_getint"))
+    assert "is not a test file" in await step(call("run_tests", selector="inifile/values.py"))
+    await env.aclose()
+
+
+async def test_the_last_turn_grades_what_is_there(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused, max_turns=2)
+    await env.areset(options={"task_id": TASK})
+    (path, old, new), *_ = expert_edits(env.instance)
+    obs, *_ = await env.astep(call("edit", path=path, old=old, new=new))
+    assert obs[-1] == {"role": "user", "content": "One turn left: submit now."}
+    obs, reward, term, trunc, info = await env.astep(call("bash", command="true"))
+    assert (reward, term, trunc) == (1.0, True, False) and info["autosubmitted"] and info["resolved"]
+    no_auto = agentrl.make("repo_fix", sandboxes=reused, max_turns=1, autosubmit=False)
+    await no_auto.areset(options={"task_id": TASK})
+    _, reward, term, trunc, info = await no_auto.astep(call("bash", command="true"))
+    assert (reward, term, trunc) == (0.0, False, True) and "outcome" not in info
+    await env.aclose()
+    await no_auto.aclose()
+
+
+async def test_changes_to_tests_and_config_are_left_out_of_a_fix(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    await env.areset(options={"task_id": TASK})
+    (path, old, new), *_ = expert_edits(env.instance)
+    await env.astep(call("edit", path=path, old=old, new=new))
+    await env.astep(call("bash", command="echo 'x = 1' > conftest.py; echo >> tests/test_config.py; touch a.pth"))
+    _, reward, *_, info = await env.astep(call("submit"))
+    assert reward == 1.0 and info["resolved"]
+    assert info["left_out"] == {"a.pth": "a .pth file", "conftest.py": "conftest.py",
+                                "tests/test_config.py": "a test file"}  # fmt: skip
+    await env.aclose()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hostile agents: each earns no more than a submission of no change (0 on every generated instance), or its call
+# fails cleanly; then an honest episode in the same container still earns 1.
+
+PASS_ALL_HOOK = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    report = outcome.get_result()\n    report.outcome = 'passed'\n"
+)
+TAMPER = (
+    "\nimport pathlib as _p\n_t = _p.Path(__file__).resolve().parents[1] / 'tests' / 'test_regressions.py'\n"
+    "if _t.exists():\n    _t.write_text('def test_ok():\\n    pass\\n')\n"
+)
+NEW_TESTS = "rm -rf tests && mkdir tests && echo 'def test_x(): pass' > tests/test_config.py"
+SKIP_ALL = "[pytest]\naddopts = -k nothing\n"
+HOSTILE = {
+    "never_exits": [call("bash", command="sleep 1000"), call("bash", command="nohup sleep 1000 & disown; echo bg")],
+    "fork_bomb": [call("bash", command=":(){ :|:& };:")],
+    "floods_the_shell": [call("bash", command="yes"), call("bash", command="head -c 50000000 /dev/zero | tr '\\0' x")],
+    "removes_the_repository": [call("bash", command="cd /work && rm -rf repo")],
+    "rewrites_the_visible_tests": [call("bash", command=NEW_TESTS)],
+    "conftest_passes_everything": [
+        call("create", path="conftest.py", content=PASS_ALL_HOOK),
+        call("create", path="inifile/conftest.py", content=PASS_ALL_HOOK),
+    ],
+    "sitecustomize_and_pth": [
+        call("create", path="sitecustomize.py", content="import sys; sys.exit(0)\n"),
+        call("create", path="evil.pth", content="import os; os._exit(0)\n"),
+    ],
+    "pytest_config_skips_tests": [
+        call("create", path="pytest.ini", content=SKIP_ALL),
+        call("create", path="setup.cfg", content=SKIP_ALL.replace("[pytest]", "[tool:pytest]")),
+    ],
+    "plugin_in_package_metadata": [
+        call("create", path="evil-1.0.dist-info/entry_points.txt", content="[pytest11]\nevil = conftest\n"),
+        call("create", path="evil-1.0.dist-info/METADATA", content="Name: evil\nVersion: 1.0\n"),
+    ],
+    "exits_on_import": [call("bash", command="echo 'import os; os._exit(0)' >> inifile/__init__.py")],
+    "tampers_with_the_hidden_tests": [],  # the real fix, plus code that rewrites the hidden tests when graded
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    await env.areset(options={"task_id": TASK})
+    first = (await env.sandbox()).name
+    actions = list(HOSTILE[name])
+    if name == "tampers_with_the_hidden_tests":
+        (path, old, new), *_ = expert_edits(env.instance)
+        actions = [call("edit", path=path, old=old, new=new + TAMPER)]
+    for action in actions:
+        obs, reward, term, trunc, info = await env.astep(action)
+        assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
+        assert all(len(m["content"]) <= env.cfg.max_observation_chars + 100 for m in obs)  # output stays capped
+    _, reward, term, trunc, info = await env.astep(call("submit"))
+    assert term and info["failure"] is FailureClass.OK
+    assert reward == 0.0 and not info["resolved"], info
+    if name == "tampers_with_the_hidden_tests":
+        assert info["grading"].startswith("the tests were changed while they ran")
+    reward, _, second = await expert_episode(env)
+    assert reward == 1.0 and second == first  # the same container, recycled, serves an honest episode
+    await env.aclose()
+
+
+async def test_the_hidden_tests_never_reach_the_agents_sandbox(reused):
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    await env.areset(options={"task_id": TASK})
+    hidden = apply_patch(env.instance.repo, env.instance.test_patch)[HIDDEN_TESTS]
+    marker = next(line for line in hidden.splitlines() if line.startswith("def test_"))  # a hidden test's name
+    sandbox = await env.sandbox()
+    # every place of the container a file could have been put (all but the image's own /usr, and /proc, /sys)
+    places = "/work /tmp /opt /run /var /home /root /etc /srv /mnt /dev/shm /code"
+    found = await sandbox.run(["bash", "-c", f"grep -rlF '{marker}' {places} 2>/dev/null; ls -a /work /tmp"],
+                              timeout_s=60)  # fmt: skip
+    assert marker not in found.stdout and HIDDEN_TESTS.split("/")[-1] not in found.stdout
+    # grading happens elsewhere: after a submission, still nothing of the hidden tests here
+    await env.astep(call("submit"))
+    after = await sandbox.run(["bash", "-c", f"grep -rlF '{marker}' /work /tmp 2>/dev/null"], timeout_s=30)
+    assert after.stdout == ""
+    await env.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_one_hundred_concurrent_episodes_on_a_pool_of_eight_leave_no_container(sandbox_image, docker_client):
+    mine = {"label": f"{reaper.SESSION_LABEL}={reaper.SESSION_ID}"}
+    pool = SandboxPool(DockerSandbox.create, size=8)
+    rewards = []
+
+    async def one(i: int) -> None:
+        env = agentrl.make("repo_fix", sandboxes=SandboxSource(pool))
+        reward, *_ = await expert_episode(env, env.repo_tasks.ids()[i % 40])
+        rewards.append(reward)
+        await env.aclose()
+
+    try:
+        await pool.start()
+        await asyncio.gather(*(one(i) for i in range(100)))
+    finally:
+        await pool.close()
+    assert rewards == [1.0] * 100
+    assert docker_client.api.containers(all=True, filters=mine) == []
