@@ -1,15 +1,16 @@
 """Per-step overhead of the environment layer above the sandbox call, and many concurrent episodes.
 
-Measures, in one run:
+Measures, in one run, for `--env code_sandbox` (default) or `--env repo_fix`:
 
-- serial: one `code_sandbox` env steps `run_python("print(sum(range(10)))")` as a tool call,
-  `--steps` times; each step's wall time, the part spent in sandbox calls (`env.sandbox_s`),
-  and the rest: parsing the tool call, validating arguments, formatting the observation,
-  bookkeeping. Baseline in the same run: the bare `sandbox.run_python` of the same code.
-- concurrent: `--episodes` code_sandbox episodes at once from one event loop and one pool
-  (reset, a run_python step, a submit of the reference solution graded on 10 hidden tests),
-  with the same per-step split, the wall time of the whole batch, the rewards, and the
-  agentrl containers of this process left afterwards (must be 0).
+- serial: one env steps one cheap tool call `--steps` times (code_sandbox: `run_python("print(sum(range(10)))")`;
+  repo_fix: `bash("echo $PWD")`, whose shell state is restored and saved around it); each step's wall time, the
+  part spent in sandbox calls (`env.sandbox_s`), and the rest: parsing the tool call, validating arguments,
+  formatting the observation, bookkeeping. Baseline in the same run: the bare sandbox call of the same program.
+- concurrent: `--episodes` episodes at once from one event loop and one pool, with the same per-step split, the
+  wall time of the whole batch, the rewards, and the agentrl containers of this process left afterwards (must be
+  0). code_sandbox: reset, a run_python step, a submit of the reference solution graded on 10 hidden tests.
+  repo_fix: the scripted expert (view the file, edit it, sometimes run the visible tests, submit: its diff graded
+  by the hidden tests in a new sandbox).
 
 Prints one JSON object. Run: `python benchmarks/env_bench.py` (about a minute), or `--quick`.
 Needs a Docker engine and the sandbox image (`agentrl sandbox build`).
@@ -22,17 +23,29 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import time
 
 import agentrl
 from agentrl.env import SandboxSource
+from agentrl.env.repos import bash_argv
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
 from agentrl.sandbox.docker_sandbox import docker_client
 from agentrl.sandbox.image import image_exists, image_tag
 
 CODE = "print(sum(range(10)))"
-ACTION = '<tool_call>{"name": "run_python", "arguments": {"code": "print(sum(range(10)))"}}</tool_call>'
+ACTIONS = {
+    "code_sandbox": '<tool_call>{"name": "run_python", "arguments": {"code": "print(sum(range(10)))"}}</tool_call>',
+    "repo_fix": '<tool_call>{"name": "bash", "arguments": {"command": "echo $PWD"}}</tool_call>',
+}
+
+
+def bare(env_name: str, sandbox):
+    """The sandbox call under one serial step, made directly."""
+    if env_name == "repo_fix":
+        return sandbox.run(bash_argv("echo $PWD"))
+    return sandbox.run_python(CODE)
 
 
 def ms(xs: list[float]) -> dict[str, float]:
@@ -44,24 +57,25 @@ def ms(xs: list[float]) -> dict[str, float]:
     }
 
 
-async def serial(steps: int) -> dict:
+async def serial(env_name: str, steps: int) -> dict:
     pool = SandboxPool(DockerSandbox.create, size=1)
-    env = agentrl.make("code_sandbox", sandboxes=SandboxSource(pool), max_turns=steps + 1)
+    env = agentrl.make(env_name, sandboxes=SandboxSource(pool), max_turns=steps + 20)
+    action = ACTIONS[env_name]
     try:
         await env.areset(seed=0)
         sandbox = await env.sandbox()
-        bare, wall, inside = [], [], []
+        direct, wall, inside = [], [], []
         for _ in range(10):  # warm-up of both paths
-            await sandbox.run_python(CODE)
-            await env.astep(ACTION)
+            await bare(env_name, sandbox)
+            await env.astep(action)
         await env.areset(seed=0)
         sandbox = await env.sandbox()
         for _ in range(steps):
             t0 = time.perf_counter()
-            await sandbox.run_python(CODE)
-            bare.append(time.perf_counter() - t0)
+            await bare(env_name, sandbox)
+            direct.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            await env.astep(ACTION)
+            await env.astep(action)
             wall.append(time.perf_counter() - t0)
             inside.append(env.sandbox_s)
     finally:
@@ -69,29 +83,35 @@ async def serial(steps: int) -> dict:
         await pool.close()
     overhead = [w - s for w, s in zip(wall, inside, strict=True)]
     return {
-        "bare_run_python": ms(bare),
+        "bare_call": ms(direct),
         "env_step": ms(wall),
         "of_which_sandbox": ms(inside),
         "of_which_env_overhead": ms(overhead),
-        "step_over_bare_p50_ratio": round(statistics.median(wall) / statistics.median(bare), 3),
+        "step_over_bare_p50_ratio": round(statistics.median(wall) / statistics.median(direct), 3),
     }
 
 
-async def concurrent(episodes: int, pool_size: int) -> dict:
+async def concurrent(env_name: str, episodes: int, pool_size: int) -> dict:
     client = docker_client()
     mine = {"label": f"{reaper.SESSION_LABEL}={reaper.SESSION_ID}"}
     steps: list[tuple[float, float]] = []
     rewards: list[float] = []
 
     async def episode(i: int, source: SandboxSource) -> None:
-        env = agentrl.make("code_sandbox", sandboxes=source)
+        env = agentrl.make(env_name, sandboxes=source)
         await env.areset(seed=i)
-        submit = json.dumps({"name": "submit", "arguments": {"code": env.task_set.reference_solution(env.task)}})
-        for action in (ACTION, f"<tool_call>{submit}</tool_call>"):
+        if env_name == "repo_fix":
+            actions = env.demonstration(env.task, random.Random(i))
+        else:
+            submit = json.dumps({"name": "submit", "arguments": {"code": env.task_set.reference_solution(env.task)}})
+            actions = [ACTIONS[env_name], f"<tool_call>{submit}</tool_call>"]
+        total = 0.0
+        for action in actions:
             t0 = time.perf_counter()
             _, reward, *_ = await env.astep(action)
             steps.append((time.perf_counter() - t0, env.sandbox_s))
-        rewards.append(reward)
+            total += reward
+        rewards.append(total)
         await env.aclose()
 
     pool = SandboxPool(DockerSandbox.create, size=pool_size)
@@ -119,6 +139,7 @@ async def concurrent(episodes: int, pool_size: int) -> dict:
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", choices=sorted(ACTIONS), default="code_sandbox")
     p.add_argument("--quick", action="store_true", help="few repetitions: a smoke run")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--episodes", type=int, default=100)
@@ -132,8 +153,9 @@ async def main() -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load},
         "image": image_tag(),
-        "serial": await serial(args.steps),
-        "concurrent": await concurrent(args.episodes, args.pool_size),
+        "env": args.env,
+        "serial": await serial(args.env, args.steps),
+        "concurrent": await concurrent(args.env, args.episodes, args.pool_size),
     }
     result["machine"]["load_after"] = os.getloadavg()
     print(json.dumps(result, indent=2))

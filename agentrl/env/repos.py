@@ -91,7 +91,8 @@ def repo_path(path: str) -> str:
 
 
 @functools.cache
-def _program(name: str) -> str:
+def program(name: str) -> str:
+    """The text of a program of sandboxes/programs/ (read once)."""
     return (sandboxes_dir() / "programs" / name).read_text()
 
 
@@ -100,7 +101,7 @@ def _sha(text: str) -> str:
 
 
 async def _tree(sandbox: Sandbox, request: dict, timeout_s: float = 60.0) -> dict:
-    r = await sandbox.run_python(_program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
+    r = await sandbox.run_python(program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
     if not r.ok:
         raise RepoError(f"{request['op']} in the sandbox ended with {r.status}: {r.stderr[-500:]}")
     return json.loads(r.stdout)
@@ -202,6 +203,12 @@ def agent_diff(base: Mapping[str, str], found: Changes) -> AgentDiff:
             after[path] = text
     files = sorted(p for p in set(base) | set(after) if base.get(p) != after.get(p))
     return AgentDiff(patch=make_patch(base, after), files=files, left_out=dict(sorted(left_out.items())))
+
+
+def bash_argv(command: str) -> list[str]:
+    """bash running `command` with the episode's shell state (cwd, exported variables) restored before and saved
+    after (`sandboxes/programs/shell.sh`)."""
+    return ["bash", "-c", program("shell.sh"), "agentrl-bash", command]
 
 
 def pytest_argv(args: Sequence[str]) -> list[str]:

@@ -22,6 +22,7 @@ from agentrl.env.repos import (
     REPO,
     RepoError,
     agent_diff,
+    bash_argv,
     changes,
     grade,
     image_sandbox,
@@ -33,7 +34,6 @@ from agentrl.env.repos import (
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.envs._format import run_output
 from agentrl.sandbox import Sandbox
-from agentrl.sandbox.image import sandboxes_dir
 from agentrl.tasks import Task
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.taskset import RepoTaskSet
@@ -48,8 +48,6 @@ Each turn, call one or more tools:
 - run_tests(selector): run the repository's tests, or some of them;
 - submit(): end the task. Your changes to non-test files are graded by hidden tests.
 Find the cause of the issue, fix it, check the fix, then submit."""
-
-_SHELL = "shell.sh"
 
 
 class RepoFixConfig(ToolEnvConfig):
@@ -146,10 +144,8 @@ class RepoFixEnv(ToolEnv):
         Args:
             command: The command, e.g. `grep -rn "def parse" .`
         """
-        shell = (sandboxes_dir() / "programs" / _SHELL).read_text()
         sandbox = await self.sandbox()
-        run = await self.timed(sandbox.run(["bash", "-c", shell, "agentrl-bash", command],
-                                           timeout_s=self.cfg.bash_timeout_s))  # fmt: skip
+        run = await self.timed(sandbox.run(bash_argv(command), timeout_s=self.cfg.bash_timeout_s))
         return run_output(run)
 
     @tool

@@ -237,3 +237,22 @@ async def test_one_hundred_concurrent_episodes_on_a_pool_of_eight_leave_no_conta
         await pool.close()
     assert rewards == [1.0] * 100
     assert docker_client.api.containers(all=True, filters=mine) == []
+
+
+@pytest.mark.slow
+def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(sandbox_image, tmp_path):
+    from cli import agentrl as run_agentrl
+
+    out = tmp_path / "eval"
+    run_agentrl("eval", "--env", "repo_fix", "--model", "default", "--tasks", 2, "--samples", 2, "--k", "1,2",
+                "--set", "env_kwargs.max_turns=3", "--out", out, timeout=600)  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert (
+        summary["env"] == "repo_fix" and summary["problems"] == 2 and set(summary["pass_at_k"]) == {"pass@1", "pass@2"}
+    )
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in results] == [2, 2]
+    transcripts = [json.loads(line) for line in (out / "trajectories" / "eval.jsonl").read_text().splitlines()]
+    assert len(transcripts) == 4
+    # every episode ended graded (a submission, or the last turn's autosubmit), its diff in the last turn's info
+    assert all(isinstance(t["turns"][-1]["info"].get("diff"), str) for t in transcripts)

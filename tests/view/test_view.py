@@ -255,6 +255,28 @@ def test_tokens_are_coloured_by_router_disagreement(run, browser, tmp_path):
         page.close()
 
 
+def test_a_repository_episodes_diff_is_shown(run, browser, tmp_path):
+    """repo_fix records its final diff in the graded turn's info: the viewer shows it, lines added and removed marked,
+    with what was left out of it."""
+    repo = tmp_path / "repo"
+    shutil.copytree(run, repo, ignore=shutil.ignore_patterns("trajectories", "checkpoints", "final"))
+    row = saved(run, next(e for e in index_rows(run) if e["ratio"] is not None))
+    t = Trajectory.model_validate(row)
+    diff = "diff --git a/p/m.py b/p/m.py\n--- a/p/m.py\n+++ b/p/m.py\n@@ -1,2 +1,2 @@\n x = 1\n-y = 2\n+y = 3\n"
+    t.turns[-1].info |= {"diff": diff, "changed_files": ["p/m.py"], "left_out": {"conftest.py": "conftest.py"}}
+    write_trajectories(repo / "trajectories", "iter-00000.jsonl", [t], 0, {t.episode_id: TrainedView(**row["trained"])})
+    with Viewer(repo) as v:
+        page = browser.new_page()
+        page.goto(v.url + f"/#/t/{t.episode_id}")
+        page.wait_for_selector(".diffbox")
+        assert page.locator(".diffbox").count() == 1
+        summary = page.inner_text(".diffbox summary")
+        assert "1 file" in summary and "conftest.py (conftest.py)" in summary
+        assert page.eval_on_selector_all(".diff .add", "ls => ls.map(l => l.textContent)") == ["+y = 3\n"]
+        assert page.eval_on_selector_all(".diff .del", "ls => ls.map(l => l.textContent)") == ["-y = 2\n"]
+        page.close()
+
+
 @pytest.mark.slow  # two `agentrl eval` runs; the fast tier opens an eval folder in tests/runs/
 def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_path):
     """`agentrl eval --out` of an agent (transcripts) and of a samples file (completions) both open."""

@@ -219,13 +219,26 @@ function calls(info) {
       el("td", {}, pre(c.run ? c.run.stdout : "")), el("td", {}, pre(c.run ? c.run.stderr : "")))));
 }
 
+// A repository episode's final diff (repo_fix puts it in the graded turn's info), lines coloured as added or removed.
+function diffBox(info) {
+  if (!info || typeof info.diff !== "string") return null;
+  const files = info.changed_files || [];
+  const left = Object.entries(info.left_out || {}).map(([p, why]) => `${p} (${why})`);
+  const title = `the agent's diff: ${files.length} file${files.length === 1 ? "" : "s"}` + (left.length ? ` · left out: ${left.join(", ")}` : "");
+  const kind = (line) => (/^\+(?!\+\+ )/.test(line) ? "add" : /^-(?!-- )/.test(line) ? "del" : /^@@/.test(line) ? "hunk" : null);
+  const lines = info.diff ? info.diff.replace(/\n$/, "").split("\n") : ["(no change)"];
+  return el("details", { class: "diffbox", open: "" }, el("summary", { text: title }),
+    el("pre", { class: "diff" }, ...lines.map((line) => el("span", { class: kind(line), text: line + "\n" }))));
+}
+
 function turnBox(turn) {
   const adv = turn.advantage ? turn.advantage.find((a) => a !== 0) ?? 0 : null;
   const info = turn.info || {};
   const outcome = "outcome" in info ? ` · outcome ${info.outcome}` + ("tests_passed" in info ? ` (${info.tests_passed}/${info.tests_total} tests)` : "") : "";
   return el("div", { class: "turn", "data-turn": turn.index },
     el("h3", { text: `turn ${turn.index} · reward ${fmt(turn.reward, 3)} · advantage ${fmt(adv, 3)} · ${turn.tokens.length} tokens · ${turn.finish_reason ?? "unfinished"}${outcome}` }),
-    generated(turn), calls(info) || "", el("pre", { class: "obs", text: turn.observation || "(no reply: the episode ended)" }));
+    generated(turn), calls(info) || "", el("pre", { class: "obs", text: turn.observation || "(no reply: the episode ended)" }),
+    diffBox(info) || "");
 }
 
 function modeSelect(root) {
