@@ -39,15 +39,8 @@ from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.taskset import RepoTaskSet
 from agentrl.tasks.solutions import PERFECT, Expert
 
-SYSTEM = """You are fixing a bug in a Python repository, checked out at /work/repo. You have {turns} turns.
-Each turn, call one or more tools:
-- bash(command): run a shell command in the repository (the working directory and exported variables persist);
-- view(path, start, end): read a file, or some of its lines;
-- edit(path, old, new): replace the text old, which must occur exactly once in the file, with new;
-- create(path, content): create a new file;
-- run_tests(selector): run the repository's tests, or some of them;
-- submit(): end the task. Your changes to non-test files are graded by hidden tests.
-Find the cause of the issue, fix it, check the fix, then submit."""
+SYSTEM = """You are fixing a bug in the Python repository at /work/repo, with the tools. You have {turns} turns.
+Find the cause of the issue, fix it in the package (changes to tests do not count), check the fix, then submit()."""
 
 
 class RepoFixConfig(ToolEnvConfig):
