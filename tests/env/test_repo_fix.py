@@ -256,3 +256,74 @@ def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(
     assert len(transcripts) == 4
     # every episode ended graded (a submission, or the last turn's autosubmit), its diff in the last turn's info
     assert all(isinstance(t["turns"][-1]["info"].get("diff"), str) for t in transcripts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loaded instances (SWE-bench-style JSONL; tests/repo_data.py builds the repository)
+
+
+async def test_a_loaded_instance_validates_and_is_solved_in_sandboxes(sandbox_image, tmp_path):
+    from repo_data import BUGGY, git_repo, record, write_jsonl
+
+    from agentrl.env.repos import validate_instance
+
+    commit = git_repo(tmp_path / "mathy", BUGGY)
+    data = write_jsonl(tmp_path / "data.jsonl", record("mathy", commit))
+    env = agentrl.make("repo_fix", tasks=f"swebench:{data}", split="all")
+    (iid,) = env.repo_tasks.ids()
+    async with await DockerSandbox.create() as sandbox:
+        report = await validate_instance(env.repo_tasks.instance(iid), sandbox)
+    assert report.ok, report.problems
+    reward, info, _ = await expert_episode(env, iid)
+    assert reward == 1.0 and info["changed_files"] == ["mathy/ops.py"]
+    await env.aclose()
+
+
+@pytest.mark.slow
+async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_image, docker_client, tmp_path):
+    """An instance whose package needs a dependency only its image has: it validates, and is solved, in sandboxes
+    of that image (locked down as any), and does not validate in the default one."""
+    from repo_data import git_repo, write_jsonl
+
+    from agentrl.env.repos import image_sandbox, validate_instance
+    from agentrl.tasks.repos import make_patch
+
+    deps = "agentrl-test-deps:1"
+    module = "pathlib.Path(site.getsitepackages()[0], 'mathdeps.py').write_text('def top(hi):\\\\n    return hi\\\\n')"
+    dockerfile = f"FROM {sandbox_image}\nUSER 0\nRUN python3 -c \"import site, pathlib; {module}\"\n"
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "Dockerfile").write_text(dockerfile)
+    docker_client.images.build(path=str(tmp_path / "img"), tag=deps, rm=True)
+    tarball = tmp_path / "deps.tar"
+    try:
+        with open(tarball, "wb") as f:
+            for chunk in docker_client.images.get(deps).save(named=True):
+                f.write(chunk)
+    finally:
+        docker_client.images.remove(deps, force=True)
+    buggy = {"dep/__init__.py": "from mathdeps import top\n\n\ndef cap(x, hi):\n    return min(x, top(hi) - 1)\n",
+             "tests/test_dep.py": "from dep import cap\n\n\ndef test_low():\n    assert cap(1, 5) == 1\n"}  # fmt: skip
+    fixed = {**buggy, "dep/__init__.py": buggy["dep/__init__.py"].replace("top(hi) - 1", "top(hi)")}
+    hidden = {**buggy, "tests/test_hidden.py": "from dep import cap\n\n\ndef test_high():\n    assert cap(9, 5) == 5\n"}
+    commit = git_repo(tmp_path / "dep", buggy)
+    rec = {"instance_id": "dep-1", "repo": "dep", "base_commit": commit, "problem_statement": "cap(9, 5) is 4",
+           "patch": make_patch(buggy, fixed), "test_patch": make_patch(buggy, hidden),
+           "FAIL_TO_PASS": ["tests/test_hidden.py::test_high"], "PASS_TO_PASS": ["tests/test_dep.py::test_low"],
+           "image": "deps.tar"}  # fmt: skip
+    env = agentrl.make("repo_fix", tasks=f"swebench:{write_jsonl(tmp_path / 'd.jsonl', rec)}", split="all")
+    inst = env.repo_tasks.instance("dep-1")
+    tags = []
+    try:
+        async with await image_sandbox(inst.image) as sandbox:
+            tags.append(sandbox.container.image.tags[0])
+            assert (await validate_instance(inst, sandbox)).ok
+            locked = await sandbox.run(["bash", "-c", "id -u; cat /proc/1/status | grep CapEff"], timeout_s=10)
+            assert locked.stdout.startswith("65534\n")
+        async with await DockerSandbox.create() as plain:
+            assert not (await validate_instance(inst, plain)).ok  # the dependency is the image's alone
+        reward, info, name = await expert_episode(env, "dep-1")
+        assert reward == 1.0 and info["resolved"] and name.startswith("agentrl-")
+    finally:
+        await env.aclose()
+        for tag in tags:
+            docker_client.images.remove(tag, force=True)
