@@ -44,6 +44,7 @@ class TrustedSandboxes:
     def __init__(self, size: int, kind: Literal["docker", "local"] = "docker") -> None:
         self.size, self.kind = size, kind
         self._free: asyncio.Queue[Sandbox] = asyncio.Queue()
+        self._spare: asyncio.Queue[Sandbox] = asyncio.Queue()  # lent by `fresh`
         self._all: list[Sandbox] = []
         self._create = DockerSandbox.create if kind == "docker" else LocalSandbox.create
 
@@ -60,8 +61,16 @@ class TrustedSandboxes:
         self._free.put_nowait(sandbox)
 
     async def fresh(self) -> Sandbox:
-        """A new sandbox of the same kind, for the caller to close (`SandboxSource.fresh`)."""
-        return await self._create()
+        """A sandbox for one use beside the episode's own (`SandboxSource.fresh`): trusted code needs no new one, so
+        one of a second set is lent, started on first need."""
+        if self._spare.empty():
+            self._all.append(await self._create())
+            return self._all[-1]
+        return self._spare.get_nowait()
+
+    async def done(self, sandbox: Sandbox) -> None:
+        await sandbox.reset_session()
+        self._spare.put_nowait(sandbox)
 
     async def detach(self, env: TextEnv) -> None:
         pass

@@ -65,10 +65,14 @@ class SandboxSource:
         await self.pool.release(sandbox)
 
     async def fresh(self) -> Sandbox:
-        """A new sandbox started now, outside the pool, for the caller to close after one use: a second sandbox an
-        episode needs beside the one it holds (repo_fix grades in one). Taking it from the pool could deadlock: with
-        every pooled sandbox held by an episode that waits for a second, none would come back."""
+        """A new sandbox started now, outside the pool, for one use; give it back with `done`. It is a second sandbox
+        an episode needs beside the one it holds (repo_fix grades in one). Taking it from the pool could deadlock:
+        with every pooled sandbox held by an episode that waits for a second, none would come back."""
         return await self._factory()
+
+    async def done(self, sandbox: Sandbox) -> None:
+        """The end of a `fresh` sandbox's use: it is closed."""
+        await sandbox.close()
 
     async def detach(self, env: object) -> None:
         """The env is closing; an owned pool closes with its last env."""

@@ -264,7 +264,7 @@ class RepoFixEnv(ToolEnv):
             result = await self.timed(grade(fresh, self.instance, diff.patch, timeout_s=self.cfg.grade_timeout_s,
                                             plugins=self.cfg.pytest_plugins))  # fmt: skip
         finally:
-            await self.timed(fresh.close())
+            await self.timed(fresh.close() if image else self._sandboxes.done(fresh))
         outcome = result.outcome(self.cfg.outcome)
         info = {
             "outcome": outcome, "resolved": result.resolved, "diff": diff.patch, "changed_files": diff.files,
