@@ -68,6 +68,7 @@ async def test_the_expert_solves_one_instance_of_every_family(reused):
     await env.aclose()
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_the_tools_and_the_shell_state(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     obs, info = await env.areset(options={"task_id": TASK})
@@ -105,6 +106,7 @@ async def test_the_tools_and_the_shell_state(reused):
     await env.aclose()
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_the_last_turn_grades_what_is_there(reused):
     env = agentrl.make("repo_fix", sandboxes=reused, max_turns=2)
     await env.areset(options={"task_id": TASK})
@@ -121,6 +123,7 @@ async def test_the_last_turn_grades_what_is_there(reused):
     await no_auto.aclose()
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_changes_to_tests_and_config_are_left_out_of_a_fix(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     await env.areset(options={"task_id": TASK})
@@ -199,6 +202,7 @@ async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
     await env.aclose()
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_the_hidden_tests_never_reach_the_agents_sandbox(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     await env.areset(options={"task_id": TASK})
@@ -262,6 +266,7 @@ def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(
 # Loaded instances (SWE-bench-style JSONL; tests/repo_data.py builds the repository)
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_a_loaded_instance_validates_and_is_solved_in_sandboxes(sandbox_image, tmp_path):
     from repo_data import BUGGY, git_repo, record, write_jsonl
 
@@ -290,7 +295,7 @@ async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_imag
 
     deps = "agentrl-test-deps:1"
     module = "pathlib.Path(site.getsitepackages()[0], 'mathdeps.py').write_text('def top(hi):\\\\n    return hi\\\\n')"
-    dockerfile = f"FROM {sandbox_image}\nUSER 0\nRUN python3 -c \"import site, pathlib; {module}\"\n"
+    dockerfile = f'FROM {sandbox_image}\nUSER 0\nRUN python3 -c "import site, pathlib; {module}"\n'
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "Dockerfile").write_text(dockerfile)
     docker_client.images.build(path=str(tmp_path / "img"), tag=deps, rm=True)

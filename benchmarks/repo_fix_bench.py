@@ -1,0 +1,135 @@
+"""Does RL raise repo_fix's held-out success? `agentrl train --config configs/repo_fix.yaml` for each seed, from the
+policy `scripts/build_repo_policy.sh` made (SFT on an imperfect expert, timed apart), then each run's failure
+modes before and after.
+
+Per seed it reports: held-out success on unseen instances of the training templates (the run's eval.jsonl: greedy,
+the env's test split) at the start, at each evaluation and at the end; the wholly held-out templates (the recipe's
+`eval.benchmarks`, pass@1 greedy); the run's wall, and its wall without the evaluations. Then `agentrl eval` of the
+starting policy and of each run's final policy on the same held-out instances (transcripts kept), and each
+episode's failure mode, read from its tool calls against the instance's gold patch:
+
+    resolved     every FAIL_TO_PASS test passes and no PASS_TO_PASS test broke
+    wrong_file   it changed no file the gold patch changes, and never opened one (it looked elsewhere)
+    edit_failed  it opened the right file, but every edit it tried failed (old text not found, or not once)
+    wrong_edit   it changed a file the gold patch changes, and the tests still fail
+    no_change    it opened the right file and changed nothing, with no failed edit
+    malformed    no tool call could be run at all
+
+Prints one JSON object:
+
+    python benchmarks/repo_fix_bench.py --seeds 0 1 2 --out build/repo_runs
+    python benchmarks/repo_fix_bench.py --seeds 0 --summarize-only --out build/repo_runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from agentrl.runs import read_jsonl
+from agentrl.tasks.registry import load_tasks
+from agentrl.tasks.repos.instance import apply_patch
+
+RECIPE = "configs/repo_fix.yaml"
+MODES = ("resolved", "wrong_file", "edit_failed", "wrong_edit", "no_change", "malformed")
+
+
+def agentrl(*args: object, log: Path) -> float:
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-m", "agentrl", *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+                       check=True)  # fmt: skip
+    return time.monotonic() - t0
+
+
+def failure_mode(transcript: dict, gold_files: set[str]) -> str:
+    """What an episode did, from its calls and its graded last turn (see the module docstring)."""
+    calls = [c for turn in transcript["turns"] for c in turn["info"].get("calls", [])]
+    last = transcript["turns"][-1]["info"] if transcript["turns"] else {}
+    if last.get("resolved"):
+        return "resolved"
+    ran = [c for c in calls if c["status"] in ("ok", "error")]
+    if not ran:
+        return "malformed"
+    changed = set(last.get("changed_files", []))
+    opened = {(c["arguments"] or {}).get("path", "").removeprefix("./") for c in ran if c["tool"] in ("view", "edit")}
+    if changed & gold_files:
+        return "wrong_edit"
+    if not (opened & gold_files):
+        return "wrong_file"
+    edits = [c for c in ran if c["tool"] == "edit"]
+    if edits and all(c["status"] == "error" for c in edits):
+        return "edit_failed"
+    return "no_change"
+
+
+def modes(folder: Path, split_of: dict[str, set[str]]) -> dict[str, int]:
+    transcripts = read_jsonl(folder / "trajectories" / "eval.jsonl")
+    counts = Counter(failure_mode(t, split_of[t["task_id"]]) for t in transcripts)
+    return {m: counts.get(m, 0) for m in MODES}
+
+
+def gold_files(tasks) -> dict[str, set[str]]:
+    out = {}
+    for iid in tasks.ids():
+        inst = tasks.instance(iid)
+        fixed = apply_patch(inst.repo, inst.patch)
+        out[iid] = {p for p in set(inst.repo) | set(fixed) if inst.repo.get(p) != fixed.get(p)}
+    return out
+
+
+def evaluate(model: Path | str, out: Path, tasks: int) -> float:
+    return agentrl("eval", "--env", "repo_fix", "--model", model, "--tasks", tasks, "--set", "env_kwargs.max_turns=8",
+                   "--set", "max_tokens=384", "--out", out, log=out.with_suffix(".log"))  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", type=Path, default=Path("runs/repo_fix_bench"))
+    p.add_argument("--policy", default="build/repo/policy", help="the starting policy (the recipe's model.path)")
+    p.add_argument("--eval-tasks", type=int, default=100, help="held-out instances of the failure-mode evaluations")
+    p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
+    p.add_argument("--summarize-only", action="store_true", help="read the runs under --out, start none")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    held_out = load_tasks("repos").split("test")
+    golds = gold_files(held_out)
+    before = args.out / "before"
+    if not args.summarize_only and not (before / "summary.json").exists():
+        evaluate(args.policy, before, args.eval_tasks)
+    runs = []
+    for seed in args.seeds:
+        out = args.out / f"seed{seed}"
+        wall = None
+        if not args.summarize_only:
+            sets = [f"seed={seed}", f"out={out}", f"model.path={args.policy}", *args.sets]
+            wall = agentrl("train", "--config", RECIPE, *(a for s in sets for a in ("--set", s)),
+                           log=out.with_suffix(".log"))  # fmt: skip
+            evaluate(out / "final", args.out / f"after{seed}", args.eval_tasks)
+        evals, bench = read_jsonl(out / "eval.jsonl"), read_jsonl(out / "bench.jsonl")
+        metrics = read_jsonl(out / "metrics.jsonl")
+        eval_s = sum(e["wall_s"] for e in evals) + sum(b["wall_s"] for b in bench)
+        total = wall if wall is not None else metrics[-1]["time/elapsed_s"]
+        runs.append({
+            "seed": seed, "heldout_curve": {e["iteration"]: e["success_rate"] for e in evals},
+            "heldout_gain_pp": round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1),
+            "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
+            "wall_s": round(total), "wall_s_without_evaluations": round(total - eval_s),
+            "failure_modes_after": modes(args.out / f"after{seed}", golds),
+        })  # fmt: skip
+    print(json.dumps({
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "recipe": RECIPE, "policy": args.policy,
+        "failure_modes_before": modes(before, golds), "runs": runs,
+    }, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
