@@ -19,14 +19,17 @@ Prints one JSON object:
 
     python benchmarks/repo_fix_bench.py --seeds 0 1 2 --out build/repo_runs
     python benchmarks/repo_fix_bench.py --seeds 0 --summarize-only --out build/repo_runs
+    python benchmarks/repo_fix_bench.py --expert   # the scripted expert on every generated instance, through the env
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -90,6 +93,45 @@ def evaluate(model: Path | str, out: Path, tasks: int) -> float:
                    "--set", "max_tokens=384", "--out", out, log=out.with_suffix(".log"))  # fmt: skip
 
 
+async def expert_everywhere(concurrency: int = 8) -> dict:
+    """The perfect scripted expert through the real env and fresh sandboxes on every generated instance (all four
+    cells of the split): its return on each."""
+    import agentrl
+    from agentrl.env import SandboxSource
+    from agentrl.sandbox import DockerSandbox, SandboxPool
+    from agentrl.tasks.repos import TEMPLATES, count, instance_id
+
+    ids = [instance_id(name, n) for name, t in sorted(TEMPLATES.items()) for n in range(count(t))]
+    held_templates = set(load_tasks("repos:templates=test").ids())
+    pool = SandboxPool(DockerSandbox.create, size=concurrency, reuse=100)
+    gate, returns = asyncio.Semaphore(concurrency), {}
+
+    async def one(iid: str) -> None:
+        async with gate:
+            templates = "test" if iid in held_templates else "train"
+            env = agentrl.make("repo_fix", sandboxes=SandboxSource(pool), tasks=f"repos:templates={templates}",
+                               split="all")  # fmt: skip
+            await env.areset(options={"task_id": iid})
+            total = 0.0
+            for action in env.demonstration(env.task, random.Random(0)):
+                _, reward, term, trunc, _ = await env.astep(action)
+                total += reward
+                if term or trunc:
+                    break
+            returns[iid] = total
+            await env.aclose()
+
+    t0 = time.monotonic()
+    try:
+        await pool.start()
+        await asyncio.gather(*(one(i) for i in ids))
+    finally:
+        await pool.close()
+    below = sorted(i for i, r in returns.items() if r < 1.0)
+    return {"instances": len(ids), "reward_1": len(ids) - len(below), "below_1": below,
+            "wall_s": round(time.monotonic() - t0)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -98,7 +140,11 @@ def main() -> None:
     p.add_argument("--eval-tasks", type=int, default=100, help="held-out instances of the failure-mode evaluations")
     p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
     p.add_argument("--summarize-only", action="store_true", help="read the runs under --out, start none")
+    p.add_argument("--expert", action="store_true", help="only run the scripted expert on every instance")
     args = p.parse_args()
+    if args.expert:
+        print(json.dumps(asyncio.run(expert_everywhere()), indent=1))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     held_out = load_tasks("repos").split("test")
     golds = gold_files(held_out)
