@@ -7,7 +7,9 @@ import asyncio
 import json
 import random
 
+import gymnasium
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 import agentrl
 from agentrl.env import FailureClass, SandboxSource
@@ -22,6 +24,13 @@ TASK = "repo-inifile-3"  # the hex parser: a missing case in values.py, FAIL_TO_
 
 def call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@pytest.mark.slow
+def test_gymnasium_check_env(sandbox_image):
+    env = gymnasium.make("agentrl/repo_fix-v0")
+    check_env(env.unwrapped, skip_render_check=True)
+    env.close()
 
 
 @pytest.fixture
