@@ -10,5 +10,6 @@ work=${1:-build/repo}
 n=${2:-2000}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
-$agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --seed 1 --concurrency 4 --out "$work/demos.jsonl"
+$agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --seed 1 --concurrency 4 \
+  --set max_turns=8 --out "$work/demos.jsonl"  # max_turns as the recipe has it
 $agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/policy"
