@@ -15,7 +15,9 @@ from agentrl.cli.console import err, fail, out
 
 def sft(
     data: Annotated[Path | None, typer.Option(help='Chat JSONL: {"messages": [...], "tools": [...]} per line.')] = None,
-    model: Annotated[str | None, typer.Option(help="Model to fine-tune: a Hugging Face folder or hub id.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help='Model to fine-tune: a Hugging Face folder, a hub id, or "default".')
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Where to save the fine-tuned model.")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML with SFT settings.", exists=True, dir_okay=False)] = None,
     set_: Annotated[list[str], typer.Option("--set", help="Override a setting: --set lr=3e-4.")] = [],  # noqa: B006
@@ -38,6 +40,10 @@ def sft(
         )
     except ConfigError as e:
         fail(e)
+    from agentrl.cli.train import check_model
+
+    if problems := check_model(cfg.model.path):
+        fail("\n".join(problems))
     from transformers.utils import logging as transformers_logging
 
     from agentrl.train.policy import init_distributed, shutdown_distributed

@@ -225,7 +225,7 @@ class RichDisplay:
 def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False) -> list[str]:
     """What the run needs, checked before anything starts: each problem comes back with what to do about it.
     `docker`: check the Docker engine and the sandbox image too (building the image if asked)."""
-    problems = _check_env(cfg) + _check_model(cfg) + _check_engine(cfg)
+    problems = _check_env(cfg) + check_model(cfg.model.path) + _check_engine(cfg)
     if docker:
         problems += _check_docker(build_image)
     if (address := cfg.ray_address) not in (None, "auto"):  # "auto": Ray finds the cluster this machine is in
@@ -283,12 +283,12 @@ def _check_docker(build_image: bool) -> list[str]:
     return []
 
 
-def _check_model(cfg: RunConfig) -> list[str]:
-    """A local Hugging Face folder, or a hub id this machine has cached or can download."""
+def check_model(model_path: str) -> list[str]:
+    """A local Hugging Face folder, or a hub id this machine has cached or can download (also `agentrl sft`'s)."""
     from agentrl.models.default import resolve_path
 
     try:
-        path = resolve_path(cfg.model.path)
+        path = resolve_path(model_path)
     except (FileNotFoundError, ValueError) as e:
         return [f"model: {e}"]
     if Path(path).exists():

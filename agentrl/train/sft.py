@@ -28,6 +28,7 @@ import torch.distributed as dist
 from pydantic import Field
 from transformers import AutoTokenizer
 
+from agentrl.models.default import resolve_path
 from agentrl.rollout.chat import ChatFormat
 from agentrl.train.config import ModelConfig, _Strict, lr_factor
 from agentrl.train.logprobs import PLAIN_SOFTMAX
@@ -113,7 +114,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
     torch.manual_seed(cfg.seed)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_path(cfg.model.path))
     chat = ChatFormat(tokenizer)
     examples, too_long = load_conversations(cfg.data, chat, cfg.max_length)
     random.Random(cfg.seed).shuffle(examples)
