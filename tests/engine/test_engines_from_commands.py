@@ -66,3 +66,13 @@ def test_a_gpu_recipe_fails_at_start_up_in_a_few_lines(tmp_path):
     assert any(line.startswith("✗ engine.kind=vllm: the vllm engine needs vLLM: pip install 'agentrl[vllm]'")
                for line in lines)  # fmt: skip
     assert not (tmp_path / "runs").exists()
+
+
+def test_sft_of_a_hub_model_with_no_hub_fails_at_start_up_in_a_few_lines(tmp_path):
+    """`agentrl sft` checks its model as `agentrl train` does (and takes "default", the embedded policy)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]}\n')
+    r = agentrl("sft", "--data", data, "--model", "nosuch/model-id", "--out", tmp_path / "out", check=False,
+                extra_env={"HF_HUB_OFFLINE": "1"}, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+    assert "model: nosuch/model-id is a hub id, not a folder here" in r.stderr and not (tmp_path / "out").exists()
