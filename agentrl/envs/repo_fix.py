@@ -60,8 +60,8 @@ class RepoFixConfig(ToolEnvConfig):
     autosubmit: bool = True
     """when the last turn ends without a submission, grade the repository as it is (SWE-agent's exit); false:
     no outcome (truncated)"""
-    list_files: bool = True
-    """show the repository's files with the issue"""
+    list_files: int = Field(60, ge=0)
+    """show up to this many of the repository's files with the issue (0: none)"""
     pytest_plugins: bool = False
     """let pytest load the plugins installed in the image (a per-instance image may need them); never those of the
     repository, whose package metadata is left out of the agent's diff"""
@@ -106,7 +106,10 @@ class RepoFixEnv(ToolEnv):
         await self.timed(place(await self.sandbox(), self.instance.repo))
         prompt = f"<issue>\n{self.instance.problem_statement.strip()}\n</issue>"
         if self.cfg.list_files:
-            prompt += "\n\nFiles in /work/repo:\n" + "\n".join(sorted(self.instance.repo))
+            files = sorted(self.instance.repo)
+            shown = files[: self.cfg.list_files]
+            more = f"\n... and {len(files) - len(shown)} more" if len(files) > len(shown) else ""
+            prompt += "\n\nFiles in /work/repo:\n" + "\n".join(shown) + more
         return [
             {"role": "system", "content": SYSTEM.format(turns=self.cfg.max_turns)},
             {"role": "user", "content": prompt},
