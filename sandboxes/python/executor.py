@@ -881,10 +881,15 @@ def oom_kills() -> int:
 class Server(socketserver.UnixStreamServer):
     def __init__(self, path: str, executor: Executor):
         self.executor = executor
-        if os.path.exists(path):
-            os.unlink(path)
-        super().__init__(path, Handler)
-        os.chmod(path, 0o666)  # the host side may be a non-root docker user
+        # Bound and listening under another name, then renamed: the host waits for `path` to appear and connects
+        # at once, and a socket file that exists before listen() refuses that connection.
+        staging = path + ".new"
+        for stale in (path, staging):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        super().__init__(staging, Handler)
+        os.chmod(staging, 0o666)  # the host side may be a non-root docker user
+        os.rename(staging, path)
 
     def service_actions(self) -> None:  # serve_forever calls this after every request
         self.executor.ensure_spare()
