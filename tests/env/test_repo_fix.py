@@ -112,6 +112,12 @@ async def test_the_tools_and_the_shell_state(reused):
     assert " passed" in await step(call("run_tests"))
     assert "1 passed" in await step(call("run_tests", selector="tests/test_config.py::test_getint"))
     assert "is not a test file" in await step(call("run_tests", selector="inifile/values.py"))
+    # the next episode, in the same (recycled) container, starts with a shell of its own
+    first = (await env.sandbox()).name
+    await env.areset(options={"task_id": TASK})
+    assert (await env.sandbox()).name == first
+    fresh = await step(call("bash", command="echo $PWD [$FLAVOUR]; ls /work/repo/notes"))
+    assert "stdout:\n/work/repo []" in fresh and "No such file" in fresh  # the last episode's file is gone too
     await env.aclose()
 
 
