@@ -179,7 +179,7 @@ async def test_code_sandbox_is_driven_by_any_code_task_set(source, tasks):
 
 def test_code_sandbox_refuses_question_tasks():
     env = agentrl.make("code_sandbox", tasks="arithmetic")
-    with pytest.raises(ValueError, match="needs code tasks"):
+    with pytest.raises(ValueError, match="needs function-level code tasks"):
         env.reset(seed=0)
     env.close()
 

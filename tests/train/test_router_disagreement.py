@@ -324,4 +324,7 @@ async def test_r3_lowers_a_bf16_engine_s_mismatch():
     for mode in ("none", "R3"):
         cfg = TrainerConfig(algo=AlgoConfig(routing_replay=mode), optim=OptimConfig(minibatches=1))
         logged[mode] = Trainer(cfg, moe_model()).update(batch)["mismatch_seq_kl"]
-    assert logged["R3"] == pytest.approx(kl_r3, rel=1e-4) and logged["none"] == pytest.approx(kl, rel=1e-4)
+    # the trainer scores with its own kernels (shared prefix, buckets): a KL of ~1e-6 agrees to float noise, far
+    # below the gap that replay makes
+    noise = (kl - kl_r3) / 20
+    assert logged["R3"] == pytest.approx(kl_r3, abs=noise) and logged["none"] == pytest.approx(kl, abs=noise)
