@@ -8,6 +8,9 @@ uses a Docker fixture without it is refused at collection.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from agentrl.sandbox import SandboxError, reaper
@@ -18,8 +21,25 @@ DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def _ours(client) -> set[str]:
-    return {c.name for c in client.containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)}
+    """agentrl containers this suite may have made: all but those of a live process outside it (another job's run
+    on the same engine is not a leak of ours)."""
+    return {
+        c.name
+        for c in client.containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)
+        if not reaper.owner_alive(c.labels) or _descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
+    }
 
 
 @pytest.fixture(scope="session")

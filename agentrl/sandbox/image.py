@@ -103,7 +103,10 @@ def _build(client: docker.DockerClient, tag: str, base: str, wheels: Path | None
     with tempfile.TemporaryDirectory(prefix="agentrl-build-") as tmp:
         context = build_context(Path(tmp) / "context", wheels=wheels)
         try:
-            client.images.build(path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, pull=False)
+            # network_mode none: every file the build needs is in its context (wheels installed on the host), and a
+            # build that reaches no network does not depend on the engine's bridge either
+            client.images.build(path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, pull=False,
+                                network_mode="none")  # fmt: skip
         except docker.errors.BuildError as e:
             lines = "".join(chunk.get("stream", "") for chunk in e.build_log)
             raise RuntimeError(f"building {tag} on {base} failed: {e.msg}\n{lines[-4000:]}") from e

@@ -317,7 +317,7 @@ async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_imag
     dockerfile = f'FROM {sandbox_image}\nUSER 0\nRUN python3 -c "import site, pathlib; {module}"\n'
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "Dockerfile").write_text(dockerfile)
-    docker_client.images.build(path=str(tmp_path / "img"), tag=deps, rm=True)
+    docker_client.images.build(path=str(tmp_path / "img"), tag=deps, rm=True, network_mode="none")  # offline
     tarball = tmp_path / "deps.tar"
     try:
         with open(tarball, "wb") as f:
