@@ -27,8 +27,9 @@ def served():
         yield url
 
 
-# code_sandbox (multi-turn, tools) is the slow case; humaneval covers the same engine path in the fast tier
-@pytest.mark.parametrize("env", ["humaneval", pytest.param("code_sandbox", marks=pytest.mark.slow)])
+# slow tier: `agentrl serve` and `agentrl eval` processes; the fast tier's `agentrl eval` runs the hf engine (below)
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["humaneval", "code_sandbox"])
 def test_agentrl_eval_with_the_openai_engine_against_agentrl_serve(served, env, tmp_path):
     r = agentrl("eval", "--env", env, "--engine", "openai", "--base-url", served, "--model", MODEL, "--tasks", 2,
                 "--set", "max_tokens=16", "--out", tmp_path, cwd=tmp_path)  # fmt: skip
@@ -49,6 +50,7 @@ def test_agentrl_train_with_the_openai_engine_syncs_weights_over_http(served, tm
     assert httpx.get(f"{served}/agentrl/version").json()["version"] == 1  # the server took the update
 
 
+@pytest.mark.slow  # the fast tier refuses a GPU recipe at start-up (below)
 def test_a_command_whose_engine_cannot_run_here_says_why_before_starting(tmp_path):
     r = agentrl("train", "--env", "code_sandbox", "--set", f"model.path={MODEL}", "--set", "engine.kind=openai",
                 "--set", "engine.base_url=http://127.0.0.1:9", cwd=tmp_path, check=False)  # fmt: skip
@@ -68,6 +70,7 @@ def test_a_gpu_recipe_fails_at_start_up_in_a_few_lines(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # the fast tier refuses a GPU recipe at start-up (above)
 def test_sft_of_a_hub_model_with_no_hub_fails_at_start_up_in_a_few_lines(tmp_path):
     """`agentrl sft` checks its model as `agentrl train` does (and takes "default", the embedded policy)."""
     data = tmp_path / "d.jsonl"

@@ -191,6 +191,7 @@ async def test_abort_reaches_the_replica_and_the_request_resumes(fleet):
     assert (await task).finish_reason == "aborted"
 
 
+@pytest.mark.slow  # the fast tier kills an env worker: tests/rollout/test_controller.py
 async def test_a_killed_replica_is_retried_elsewhere_and_restarted(fleet):
     learner = tiny_model(ARCH, seed=9)
     version = await fleet.update_weights(learner.state_dict())

@@ -192,6 +192,7 @@ async def test_stop_tokens_end_generation_and_are_returned():
     assert got.finish_reason == "stop" and got.token_ids == free.token_ids[: first + 1]
 
 
+@pytest.mark.slow  # the fast tier updates weights under requests in flight in tests/engine/test_fleet.py
 async def test_weight_update_bumps_version_mid_request():
     model = tiny_model("qwen3", seed=0)
     other = tiny_model("qwen3", seed=5).state_dict()

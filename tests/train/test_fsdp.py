@@ -68,6 +68,7 @@ def test_routing_replay_on_two_ranks_matches_one_process(tmp_path):
     assert (replayed - own).abs().max() > 1e-2  # the record is not the learner's routing: replay changes lp
 
 
+@pytest.mark.slow  # the fast tier runs FSDP2 over two ranks (above)
 def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
     """model.dtype bfloat16 in a plain process: a process group of one, FSDP2 computing in bf16 with
     float32 master weights, activation checkpointing and CPU offload on; the update agrees with fp32

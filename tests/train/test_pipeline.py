@@ -36,6 +36,7 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # the fast tier trains with `agentrl train` in tests/runs/test_compat.py, in process in test_loop.py
 def test_two_iterations(short_run):
     """Metrics written, policy version 2, a partial rollout carried across an iteration and trained, held-out
     evals, checkpoints, TensorBoard, saved trajectories and plots. The 2-iteration run is the session's shared

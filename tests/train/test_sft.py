@@ -36,6 +36,7 @@ def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
         chat.conversation_ids(CONVERSATION[:2])
 
 
+@pytest.mark.slow  # two `agentrl models init` processes
 def test_models_init_sets_the_experts_and_their_top_k(tmp_path):
     """The study's volatile-routing policy starts here: 8 experts, top-2, otherwise the default shapes."""
     agentrl("models", "init", tmp_path / "m8", "--experts", 8, "--top-k", 2, cwd=tmp_path, timeout=600)

@@ -17,7 +17,8 @@ from cli import agentrl, start_agentrl
 from agentrl.rollout import Trajectory
 from agentrl.runs import TrainedView, write_trajectories
 
-pytestmark = pytest.mark.docker
+# slow tier: the short run takes 40 s to make; the fast tier opens run and eval folders in tests/runs/test_compat.py
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ARTIFACTS = Path(os.environ.get("AGENTRL_TEST_ARTIFACTS", "test-artifacts")) / "view"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
