@@ -9,7 +9,6 @@ uses a Docker fixture without it is refused at collection.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +20,11 @@ DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
-def _descends_from_us(pid: int) -> bool:
-    while pid > 1:
+def _descends_from_us(pid: int | None) -> bool:
+    while pid is not None and pid > 1:
         if pid == os.getpid():
             return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
+        pid = reaper.parent_pid(pid)
     return False
 
 

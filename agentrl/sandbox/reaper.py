@@ -54,7 +54,7 @@ _lock = threading.Lock()
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat from field 3 (the state) on, or None if no such process.
 
-    Read from /proc directly: psutil is not a dependency and these are two fields.
+    Read from /proc directly: psutil is not a dependency and these are a few fields.
     """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -73,6 +73,12 @@ def process_alive(pid: int) -> bool:
     """Whether process `pid` exists and has not exited (a zombie, or a dead one, has)."""
     fields = _stat(pid)
     return fields is not None and fields[0] not in "ZX"
+
+
+def parent_pid(pid: int) -> int | None:
+    """Field 4 of /proc/PID/stat, or None if no such process."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
 
 
 def owner_labels() -> dict[str, str]:
