@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import random
@@ -497,3 +498,37 @@ def test_hidden_test_file_is_plain_pytest(instances):
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {f"test_{s.id}" for s in TEMPLATES["semver"].sites} <= names
     assert Path(HIDDEN_TESTS).name.startswith("test_")
+
+
+def test_sessions_run_while_other_threads_import():
+    """Loading a package for its sessions survives other threads changing sys.modules meanwhile (an env worker's
+    reset generated an instance while Ray's threads imported: "dictionary changed size during iteration")."""
+    import threading
+
+    from agentrl.tasks.repos import sessions
+
+    files = {"pkg/__init__.py": "from .core import double\n", "pkg/core.py": "def double(x):\n    return 2 * x\n"}
+    stop = threading.Event()
+
+    def churn():
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            sys.modules[f"_churn_{n % 50}"] = sys  # add and remove entries, as imports elsewhere do
+            sys.modules.pop(f"_churn_{(n + 25) % 50}", None)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over often, so the threads interleave within each load
+    thread.start()
+    try:
+        for _ in range(300):
+            outcomes, _ = sessions.run(files, "pkg", ["double(21)"], [])
+            assert outcomes[0].value == 42
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        for n in range(50):
+            sys.modules.pop(f"_churn_{n}", None)
+    assert not [n for n in sys.modules if n.startswith("_agentrl_repo_")]

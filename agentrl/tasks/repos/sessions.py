@@ -184,5 +184,7 @@ def _loaded(files: Mapping[str, str], pkg: str) -> Iterator[types.ModuleType]:
             yield importlib.import_module(alias)
         finally:
             sys.meta_path.remove(importer)
-            for name in [n for n in sys.modules if n == alias or n.startswith(alias + ".")]:
+            # a snapshot: other threads (Ray's, the event loop's) import while we hold only our own lock, and a
+            # comprehension over the live dict fails when they do ("dictionary changed size during iteration")
+            for name in [n for n in tuple(sys.modules) if n == alias or n.startswith(alias + ".")]:
                 del sys.modules[name]
