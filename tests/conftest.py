@@ -8,9 +8,8 @@ uses a Docker fixture without it is refused at collection.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from ownership import descends_from_us
 
 from agentrl.sandbox import SandboxError, reaper
 from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
@@ -20,21 +19,13 @@ DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
-def _descends_from_us(pid: int | None) -> bool:
-    while pid is not None and pid > 1:
-        if pid == os.getpid():
-            return True
-        pid = reaper.parent_pid(pid)
-    return False
-
-
 def _ours(client) -> set[str]:
     """agentrl containers this suite may have made: all but those of a live process outside it (another job's run
     on the same engine is not a leak of ours)."""
     return {
         c.name
         for c in client.containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)
-        if not reaper.owner_alive(c.labels) or _descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
+        if not reaper.owner_alive(c.labels) or descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
     }
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from cli import agentrl
+from ownership import our_containers
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
@@ -95,8 +96,6 @@ async def test_killed_sandboxes_are_retried_never_scored_wrong(docker_client):
 
     import docker.errors
 
-    from agentrl.sandbox import reaper
-
     cfg = BenchConfig(**ENV, tasks=12, sandboxes_per_worker=4)
     runs, killed_containers = [], []
     for kill in (False, True):
@@ -107,7 +106,7 @@ async def test_killed_sandboxes_are_retried_never_scored_wrong(docker_client):
                 ours = []
                 while not ours and not task.done():  # the pools start at the first tool call
                     await asyncio.sleep(0.05)
-                    ours = docker_client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
+                    ours = our_containers(docker_client)  # not another job's on the same engine
                 for c in ours:
                     killed_containers.append(c.name)
                     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):

@@ -12,6 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 from cli import agentrl, sets, start_agentrl
+from ownership import our_containers, our_pids, still_running
 from short_run import SMALL
 
 from agentrl.sandbox import reaper
@@ -86,13 +87,12 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run(tmp_path):
     proc = _started_small_run(run, iterations=3, cwd=tmp_path)
     try:
         time.sleep(1.0)  # iteration 1's rollouts are running
-        client = docker.from_env()
-        ours = client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
+        ours = our_containers(docker.from_env())  # this run's: another job's on the engine are not ours to kill
         for c in ours:
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 c.kill()  # one may have ended (or been recycled) since the listing
-        workers = subprocess.run(["pgrep", "-f", "ray::EnvWorker"], capture_output=True, text=True).stdout.split()
-        os.kill(int(workers[0]), signal.SIGKILL)
+        workers = our_pids("ray::EnvWorker")
+        os.kill(workers[0], signal.SIGKILL)
         output, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -111,6 +111,8 @@ def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     run = tmp_path / "run"
     proc = _started_small_run(run, iterations=20, cwd=tmp_path)
     try:
+        workers = our_pids("ray::EnvWorker")
+        sandboxes = {c.name for c in our_containers(docker.from_env())}
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
@@ -121,8 +123,11 @@ def test_ctrl_c_stops_after_a_checkpoint(tmp_path):
     done = len(rows(run / "metrics.jsonl"))
     state = json.loads((run / "checkpoints" / f"iter-{done:05d}" / "state.json").read_text())
     assert state["iteration"] == done < 20
-    assert not subprocess.run(["pgrep", "-f", "ray::EnvWorker"], capture_output=True).stdout
-    assert not docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
+    assert workers and not still_running(workers, "ray::EnvWorker")
+    owned = {str(p) for p in workers}  # the env workers made the sandboxes; the ones listed before and any since
+    left = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
+            if c.name in sandboxes or c.labels.get(reaper.PID_LABEL) in owned]  # fmt: skip
+    assert not left
 
 
 @pytest.mark.slow  # the fast tier runs FSDP2 over two ranks in tests/train/test_fsdp.py
