@@ -20,20 +20,23 @@ def descends_from_us(pid: int | None) -> bool:
     return False
 
 
+def _matching(pattern: str) -> list[int]:
+    """Live processes whose command line matches `pattern` (pgrep -f), oldest first."""
+    return [int(p) for p in subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()]
+
+
 def our_pids(pattern: str) -> list[int]:
-    """Live processes whose command line matches `pattern` (pgrep -f) that this process started, oldest first."""
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-    return [p for p in map(int, found) if descends_from_us(p)]
+    """Those of `_matching(pattern)` that this process started."""
+    return [p for p in _matching(pattern) if descends_from_us(p)]
 
 
 def still_running(pids: list[int], pattern: str) -> list[int]:
     """Those of `pids` still alive with a command line matching `pattern` (after their parent is gone they no
     longer descend from us, so the check is by pid)."""
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-    return sorted(set(pids) & set(map(int, found)))
+    return sorted(set(pids) & set(_matching(pattern)))
 
 
-def our_containers(client: docker.DockerClient, *, all: bool = False) -> list:
-    """agentrl sandboxes whose owner (the process that made them) this process started."""
-    return [c for c in client.containers.list(all=all, filters={"label": reaper.LABEL}, ignore_removed=True)
+def our_containers(client: docker.DockerClient) -> list:
+    """Running agentrl sandboxes whose owner (the process that made them) this process started."""
+    return [c for c in client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
             if descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))]  # fmt: skip
