@@ -93,6 +93,11 @@ def expect(condition: bool, message: str) -> None:
 class Ctx:
     dry: bool
     workdir: Path
+    time_limit: float | None = None
+    """seconds each check may run (--time-limit), instead of its own limit in TIMEOUT_S"""
+
+    def limit(self, name: str) -> float:
+        return self.time_limit or TIMEOUT_S[name][self.dry]
 
     @property
     def device(self) -> str:
@@ -427,7 +432,7 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     with GpuMemorySampler() as sampler:  # no nvidia-smi (the dry run): no figure
         r = subprocess.run(cmd, cwd=ctx.workdir, capture_output=True, text=True, env=child_env(ctx),
-                           timeout=TIMEOUT_S["agentrl_train"][ctx.dry] - 60)  # fmt: skip
+                           timeout=max(ctx.limit("agentrl_train") - 60, 1))  # fmt: skip
     figures["wall_s"] = time.perf_counter() - t0
     if sampler.peak_mib is not None:
         figures["gpu_memory_used_peak_mib"] = sampler.peak_mib
@@ -456,7 +461,7 @@ def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
              "--rounds", "1", "--repeats", "1"])  # fmt: skip
     figures["command"] = " ".join(["benchmarks/train_step_bench.py", *args])
     r = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, env=child_env(ctx),
-                       timeout=TIMEOUT_S["train_step_bench"][ctx.dry] - 30)  # fmt: skip
+                       timeout=max(ctx.limit("train_step_bench") - 30, 1))  # fmt: skip
     missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", r.stderr) if r.returncode else None
     if missing and missing[1].split(".")[0] in OPTIONAL_PACKAGES:
         raise Skip(f"train_step_bench needs the package {missing[1]}, not installed here")
@@ -588,8 +593,9 @@ def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
     result.unlink(missing_ok=True)
     logfile = ctx.workdir / f"{name}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result", str(result),
-           "--workdir", str(ctx.workdir), *(["--cpu-dry-run"] if ctx.dry else [])]  # fmt: skip
-    timeout = TIMEOUT_S[name][ctx.dry]
+           "--workdir", str(ctx.workdir), *(["--cpu-dry-run"] if ctx.dry else []),
+           *(["--time-limit", str(ctx.time_limit)] if ctx.time_limit else [])]  # fmt: skip
+    timeout = ctx.limit(name)
     t0 = time.perf_counter()
     with logfile.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(ctx), start_new_session=True)
@@ -623,18 +629,20 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=CHECKS, help="run only these checks")
     p.add_argument("--workdir", type=Path, help="keep models, run folders and each check's log here "
                    "(default: a temporary folder, removed at the end)")  # fmt: skip
+    p.add_argument("--time-limit", type=float, help="seconds each check may run (default: its own, 600 to 1800 s "
+                   "on a GPU): for a machine lent for a few minutes")  # fmt: skip
     p.add_argument("--child", choices=CHECKS, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
 
     if args.child:
-        run_check(args.child, Ctx(args.cpu_dry_run, args.workdir), args.result)
+        run_check(args.child, Ctx(args.cpu_dry_run, args.workdir, args.time_limit), args.result)
         return 0
 
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrl-gpu-check-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(args.cpu_dry_run, workdir.resolve())
+    ctx = Ctx(args.cpu_dry_run, workdir.resolve(), args.time_limit)
     t0 = time.perf_counter()
     try:
         checks = [drive(name, ctx, lambda m: print(m, file=sys.stderr, flush=True))

@@ -89,3 +89,15 @@ def test_a_check_whose_optional_package_is_missing_is_skipped_with_the_reason(tm
     assert fsdp["status"] == "skipped" and fsdp["error"] is None
     assert re.fullmatch(r"needs the package ray, not installed here \(imported at agentrl/\S+\.py:\d+\)",
                         fsdp["reason"]), fsdp["reason"]  # fmt: skip
+
+
+@pytest.mark.slow  # the fast tier is at its budget
+def test_a_check_past_the_time_limit_asked_is_killed_and_fails_saying_so(tmp_path):
+    """--time-limit (a machine lent for minutes): a check still running at the limit is killed, with whatever it
+    started, and fails with its output's tail, the report still written."""
+    r, report = gpu_check("--cpu-dry-run", "--only", "fsdp_bf16", "--time-limit", "2",
+                          "--out", tmp_path / "report.json", timeout=120)  # fmt: skip
+    assert r.returncode == 1 and not report["ok"], report
+    [fsdp] = report["checks"]
+    assert fsdp["status"] == "failed" and fsdp["error"].startswith("ran past its time limit of 2.0 s (killed)")
+    assert 2 <= fsdp["seconds"] < 20
