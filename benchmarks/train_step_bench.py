@@ -68,6 +68,34 @@ def active_params(cfg) -> float:
     return layers * (attn + experts + h * cfg.num_experts) + 2 * cfg.vocab_size * h
 
 
+def profile(fn, cuda: bool, top: int) -> dict:
+    """One call of `fn` under torch.profiler (after a warm-up call): its wall seconds, and on a GPU its kernels'
+    busy time and the `top` kernels by time, on the CPU the `top` ops by self time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    if cuda:
+        rows = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]  # kernels, memcpy, memset
+        us = lambda e: e.self_device_time_total  # noqa: E731
+    else:
+        rows, us = list(prof.key_averages()), (lambda e: e.self_cpu_time_total)
+    total = sum(us(e) for e in rows) or 1.0
+    return {
+        "wall_s": wall,
+        **({"gpu_busy_s": total / 1e6, "gpu_busy_share": total / 1e6 / wall} if cuda else {}),
+        "top": [{"name": e.key[:120], "calls": e.count, "ms": us(e) / 1e3, "share": us(e) / total}
+                for e in sorted(rows, key=us, reverse=True)[:top]],
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=SIZES, default="small")
@@ -78,6 +106,10 @@ def main() -> None:
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2, help="calls timed per path and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed rounds, one update and one plain pass under torch.profiler: the N kernels "
+                        "with the most time and the GPU's busy share (cuda), or the N ops with the most self time "
+                        "(cpu), in the JSON under 'profile'")  # fmt: skip
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -155,6 +187,9 @@ def main() -> None:
             flops = 6 * active_params(cfg) * result[key]["tokens_per_s_per_device"]
             result[key]["mfu"] = flops / peak if peak else None
             result[key]["peak_memory_gib"] = gib  # both models' weights are resident in either path
+    if args.profile:
+        result["profile"] = {"update": profile(lambda: trainer.update(batch), cuda, args.profile),
+                             "plain": profile(plain, cuda, args.profile)}  # fmt: skip
     if lead:
         print(json.dumps(result, indent=2))
     shutdown_distributed()

@@ -1,0 +1,95 @@
+"""Where the hf engine's decoding spends its GPU time, per engine dtype: tokens/s, the GPU's busy time against the
+wall time (a decode loop the GPU waits on is launch- or host-bound), and the kernels with the most time.
+
+The model and requests are gpu_check's `hf_engine` check's (a random-init Qwen3-MoE folder with the project
+tokenizer; 16 requests of 128 sampled tokens on a GPU), so the two measure the same thing; the generation runs
+once to warm up, once timed, and on a GPU once more under torch.profiler. The engine decodes in a thread of its
+own, whose CPU ops torch.profiler does not record (it follows the thread that started it), but CUDA's kernels are
+recorded from every thread: on the CPU only tokens/s are reported.
+
+    python benchmarks/decode_profile.py --device cuda --size 1b        # prints one JSON object
+    python benchmarks/decode_profile.py                                # the tiny model on the CPU (4 x 16 tokens)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from gpu_check import Ctx, model_folder, prompts
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from agentrl.engine import EngineConfig, EngineModel, build_engine
+from agentrl.engine.base import SamplingParams
+
+
+async def timed_and_profiled(engine, requests: list[list[int]], params: SamplingParams, cuda: bool):
+    """Every request at once, on the open engine: a warm-up, a timed run (its generations and seconds), and on
+    a GPU a profiled run (the profiler and its wall seconds)."""
+
+    async def once():
+        return await asyncio.gather(*(engine.generate(r, params.model_copy(update={"seed": i}))
+                                      for i, r in enumerate(requests)))  # fmt: skip
+
+    async with engine:
+        await once()  # kernels chosen, caches allocated
+        t0 = time.perf_counter()
+        gens = await once()
+        seconds = time.perf_counter() - t0
+        if not cuda:
+            return gens, seconds, None, None
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            await once()
+            torch.cuda.synchronize()
+            profiled_s = time.perf_counter() - t0
+    return gens, seconds, prof, profiled_s
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--size", choices=("tiny", "small", "1b"), default="tiny")
+    p.add_argument("--dtypes", nargs="+", default=["auto", "bfloat16"], help="engine.dtype values to compare")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per dtype")
+    p.add_argument("--workdir", type=Path, help="keep the model folder here (default: a temporary folder)")
+    args = p.parse_args()
+    cuda = args.device == "cuda"
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrl-decode-"))
+    path = model_folder(Ctx(dry=not cuda, workdir=workdir), args.size)
+    n, T = (16, 128) if cuda else (4, 16)
+    params = SamplingParams(temperature=1.0, max_tokens=T)
+    requests = prompts(n)
+    result: dict = {"size": args.size, "device": args.device, "requests": n, "max_tokens": T, "engines": {}}
+    for dtype in args.dtypes:
+        engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=args.device))
+        gens, seconds, prof, profiled_s = asyncio.run(timed_and_profiled(engine, requests, params, cuda))
+        tokens = sum(len(g.token_ids) for g in gens)
+        entry = result["engines"][dtype] = {
+            "weights": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
+            "tokens_per_s": tokens / seconds,
+            "generate_s": seconds,
+        }
+        if prof is not None:
+            kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+            busy_us = sum(e.self_device_time_total for e in kernels)
+            entry |= {
+                "profiled_s": profiled_s, "gpu_busy_s": busy_us / 1e6, "gpu_busy_share": busy_us / 1e6 / profiled_s,
+                "kernels": [{"kernel": e.key[:120], "calls": e.count, "ms": e.self_device_time_total / 1e3,
+                             "share_of_busy": e.self_device_time_total / busy_us}
+                            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top]],
+            }  # fmt: skip
+        del engine
+        if cuda:
+            torch.cuda.empty_cache()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
