@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_check import Ctx, model_folder, prompts
+from gpu_check import Ctx, generate_all, model_folder, prompts
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -33,20 +33,16 @@ async def timed_and_profiled(engine, requests: list[list[int]], params: Sampling
     """Every request at once, on the open engine: a warm-up, a timed run (its generations and seconds), and on
     a GPU a profiled run (the profiler and its wall seconds)."""
 
-    async def once():
-        return await asyncio.gather(*(engine.generate(r, params.model_copy(update={"seed": i}))
-                                      for i, r in enumerate(requests)))  # fmt: skip
-
     async with engine:
-        await once()  # kernels chosen, caches allocated
+        await generate_all(engine, requests, params)  # kernels chosen, caches allocated
         t0 = time.perf_counter()
-        gens = await once()
+        gens = await generate_all(engine, requests, params)
         seconds = time.perf_counter() - t0
         if not cuda:
             return gens, seconds, None, None
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            await once()
+            await generate_all(engine, requests, params)
             torch.cuda.synchronize()
             profiled_s = time.perf_counter() - t0
     return gens, seconds, prof, profiled_s
