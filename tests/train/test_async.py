@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli import agentrl, sets, start_agentrl
+from ownership import our_pids
 
 from agentrl.runs import read_jsonl
 
@@ -77,16 +78,10 @@ def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
             cwd=tmp_path)  # fmt: skip
 
 
-def replica_pids() -> set[int]:
-    return {int(p) for p in subprocess.run(["pgrep", "-f", "ray::EngineReplica"], capture_output=True,
-                                           text=True).stdout.split()}  # fmt: skip
-
-
 def test_a_replica_killed_mid_iteration_costs_no_episode(tmp_path):
     """SIGKILL one engine replica while it samples: its requests go on elsewhere, it is restarted with the current
     weights, no episode fails or is retried, and the run finishes."""
     shutil.copytree(MODEL, tmp_path / "model")
-    others = replica_pids()  # of another run on this machine, if any: not ours to kill
     longer = sets(*RUN, "iterations=3", "rollout.sampling.max_tokens=64")  # requests in flight when it dies
     proc = start_agentrl("train", "--env", "code_sandbox", *longer, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT)  # fmt: skip
@@ -94,7 +89,7 @@ def test_a_replica_killed_mid_iteration_costs_no_episode(tmp_path):
         for _ in proc.stdout:  # iteration 0 is logged: the replicas are up and sampling iteration 1 ahead
             if (tmp_path / "run" / "metrics.jsonl").exists():
                 break
-        ours = sorted(replica_pids() - others)
+        ours = our_pids("ray::EngineReplica")  # not another run's on this machine
         assert len(ours) == 2, ours
         os.kill(ours[0], signal.SIGKILL)
         out = proc.communicate(timeout=300)[0]
