@@ -95,6 +95,13 @@ def demos(
             "with the whitespace wrong, its edit fails, and it submits no change; its wrong episodes are kept.",
         ),
     ] = 0.0,
+    recover: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert of repository tasks: after a wrong file or a failed edit, with this "
+            "probability it recovers (views the right file, retypes the edit) instead of submitting.",
+        ),
+    ] = 0.0,
     holdout: Annotated[
         float,
         typer.Option(
@@ -114,7 +121,7 @@ def demos(
     try:
         env_kwargs = parse_sets(set_)
         expert = load(Expert, {"misread": misread, "prints": prints, "wrong_file": wrong_file,
-                               "sloppy_edit": sloppy_edit}, source="expert")  # fmt: skip
+                               "sloppy_edit": sloppy_edit, "recover": recover}, source="expert")  # fmt: skip
     except ConfigError as e:
         fail(e)
 

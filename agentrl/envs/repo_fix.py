@@ -290,25 +290,30 @@ class RepoFixEnv(ToolEnv):
 
         An imperfect expert errs at two repository skills, each with its own probability: finding the file
         (`wrong_file`: it reads another module of the package, finds nothing, and submits unchanged) and making the
-        edit (`sloppy_edit`: its `old` text is retyped with the whitespace wrong, the edit fails, and it submits)."""
+        edit (`sloppy_edit`: its `old` text is retyped with the whitespace wrong, the edit fails, and it submits).
+        With probability `recover` it goes on after such an error instead: it views the right file, or retypes the
+        edit exactly."""
         instance = self.repo_tasks.instance(task.id)
         edits = expert_edits(instance)
         path = edits[0][0]
         call = self.parser.format
+        messages = []
         if expert.wrong_file and rng.random() < expert.wrong_file:
             others = sorted(p for p in instance.repo if p.endswith(".py") and not is_test_path(p) and p != path)
             if others:
-                return [call(ToolCall(name="view", arguments={"path": rng.choice(others)})),
-                        call(ToolCall(name="submit", arguments={}))]  # fmt: skip
-        messages = [call(ToolCall(name="view", arguments={"path": path}))]
+                messages.append(call(ToolCall(name="view", arguments={"path": rng.choice(others)})))
+                if not (expert.recover and rng.random() < expert.recover):  # no draw at 0: old seeds' demos stay
+                    return [*messages, call(ToolCall(name="submit", arguments={}))]
+        messages.append(call(ToolCall(name="view", arguments={"path": path})))
         sloppy = expert.sloppy_edit and rng.random() < expert.sloppy_edit
-        for file, old, new in edits:
-            if sloppy:
-                old = misquote(old, instance.repo[file])
+        for i, (file, old, new) in enumerate(edits):
+            if sloppy and i == 0:
+                bad = misquote(old, instance.repo[file])
+                messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
+                if not (expert.recover and rng.random() < expert.recover):
+                    return [*messages, call(ToolCall(name="submit", arguments={}))]
             messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": old, "new": new})))
-            if sloppy:
-                break
-        if not sloppy and rng.random() < 0.5:
+        if rng.random() < 0.5:
             messages.append(call(ToolCall(name="run_tests", arguments={})))
         return [*messages, call(ToolCall(name="submit", arguments={}))]
 

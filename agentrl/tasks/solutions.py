@@ -44,6 +44,10 @@ class Expert(BaseModel):
     sloppy_edit: float = Field(0.0, ge=0, le=1)
     """repository tasks: with this probability it retypes the text to replace with the whitespace wrong, so the
     edit fails, and submits no change"""
+    recover: float = Field(0.0, ge=0, le=1)
+    """repository tasks: after each of those errors, with this probability it recovers instead of submitting
+    (views the right file, retypes the edit exactly) and goes on: a fix RL can make the habit, since the policy
+    has seen it"""
 
     @property
     def perfect(self) -> bool:

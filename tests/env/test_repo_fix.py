@@ -16,6 +16,7 @@ from agentrl.env import FailureClass, SandboxSource
 from agentrl.envs.repo_fix import expert_edits
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
 from agentrl.tasks.repos import HIDDEN_TESTS, apply_patch
+from agentrl.tasks.solutions import Expert
 
 pytestmark = pytest.mark.docker
 
@@ -62,6 +63,33 @@ async def test_the_expert_fixes_the_issue_and_its_diff_is_the_gold_patch(reused)
     assert reward == 1.0 and info["resolved"] and info["outcome"] == 1.0 and not info["autosubmitted"]
     assert info["diff"] == inst.patch and info["changed_files"] == ["inifile/values.py"] and info["left_out"] == {}
     assert info["tests_passed"] == info["tests_total"] == len(inst.FAIL_TO_PASS)
+    await env.aclose()
+
+
+@pytest.mark.slow  # the fast tier is at its budget; the perfect expert's episode covers the code
+async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it(reused):
+    """wrong_file: a view of another module, then a submission of no change; sloppy_edit: an edit that fails,
+    then the same. With recover=1 it goes on after the error (the right view, the exact edit) and resolves."""
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    path = expert_edits(env.repo_tasks.instance(TASK))[0][0]
+    for expert, resolved, calls in [
+        (Expert(wrong_file=1.0), False, [("view", "ok"), ("submit", "ok")]),
+        (Expert(sloppy_edit=1.0), False, [("view", "ok"), ("edit", "error"), ("submit", "ok")]),
+        (Expert(wrong_file=1.0, recover=1.0), True, [("view", "ok"), ("view", "ok"), ("edit", "ok")]),
+        (Expert(sloppy_edit=1.0, recover=1.0), True, [("view", "ok"), ("edit", "error"), ("edit", "ok")]),
+    ]:
+        await env.areset(options={"task_id": TASK})
+        reward, made = 0.0, []
+        for action in env.demonstration(env.task, random.Random(0), expert=expert):
+            _, r, term, _, info = await env.astep(action)
+            reward, made = reward + r, made + info.get("calls", [])
+            if term:
+                break
+        assert [(c["tool"], c["status"]) for c in made][: len(calls)] == calls, (expert, made)
+        assert info["resolved"] is resolved and reward == (1.0 if resolved else 0.0), (expert, info)
+        views = [c["arguments"]["path"] for c in made if c["tool"] == "view"]
+        assert (views[0] != path) is bool(expert.wrong_file), (expert, views)  # a module drawn from the others
+        assert (views[-1] == path) is (resolved or not expert.wrong_file), (expert, views)
     await env.aclose()
 
 
