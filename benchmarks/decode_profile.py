@@ -48,16 +48,9 @@ async def timed_and_profiled(engine, requests: list[list[int]], params: Sampling
     return gens, seconds, prof, profiled_s
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--size", choices=("tiny", "small", "1b"), default="tiny")
-    p.add_argument("--dtypes", nargs="+", default=["auto", "bfloat16"], help="engine.dtype values to compare")
-    p.add_argument("--top", type=int, default=12, help="kernels listed per dtype")
-    p.add_argument("--workdir", type=Path, help="keep the model folder here (default: a temporary folder)")
-    args = p.parse_args()
+def decode(args: argparse.Namespace, workdir: Path) -> dict:
+    """Each engine dtype's figures, on a model folder kept in `workdir`."""
     cuda = args.device == "cuda"
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrl-decode-"))
     path = model_folder(Ctx(dry=not cuda, workdir=workdir), args.size)
     n, T = (16, 128) if cuda else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
@@ -84,7 +77,19 @@ def main() -> None:
         del engine
         if cuda:
             torch.cuda.empty_cache()
-    print(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--size", choices=("tiny", "small", "1b"), default="tiny")
+    p.add_argument("--dtypes", nargs="+", default=["auto", "bfloat16"], help="engine.dtype values to compare")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per dtype")
+    p.add_argument("--workdir", type=Path, help="keep the model folder here (default: a temporary folder)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="agentrl-decode-") as tmp:  # the 1b folder is gigabytes: not left behind
+        print(json.dumps(decode(args, args.workdir or Path(tmp)), indent=2))
 
 
 if __name__ == "__main__":

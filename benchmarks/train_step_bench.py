@@ -69,13 +69,12 @@ def active_params(cfg) -> float:
 
 
 def profile(fn, cuda: bool, top: int) -> dict:
-    """One call of `fn` under torch.profiler (after a warm-up call): its wall seconds, and on a GPU its kernels'
-    busy time and the `top` kernels by time, on the CPU the `top` ops by self time."""
+    """One call of `fn` under torch.profiler (warm already: the timed rounds ran it): its wall seconds, and on a
+    GPU its kernels' busy time and the `top` kernels by time, on the CPU the `top` ops by self time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    fn()
     with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         fn()

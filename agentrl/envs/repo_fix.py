@@ -306,12 +306,13 @@ class RepoFixEnv(ToolEnv):
                     return [*messages, call(ToolCall(name="submit", arguments={}))]
         messages.append(call(ToolCall(name="view", arguments={"path": path})))
         sloppy = expert.sloppy_edit and rng.random() < expert.sloppy_edit
-        for i, (file, old, new) in enumerate(edits):
-            if sloppy and i == 0:
-                bad = misquote(old, instance.repo[file])
-                messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
-                if not (expert.recover and rng.random() < expert.recover):
-                    return [*messages, call(ToolCall(name="submit", arguments={}))]
+        if sloppy:  # the first edit, misquoted
+            file, old, new = edits[0]
+            bad = misquote(old, instance.repo[file])
+            messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
+            if not (expert.recover and rng.random() < expert.recover):
+                return [*messages, call(ToolCall(name="submit", arguments={}))]
+        for file, old, new in edits:
             messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": old, "new": new})))
         if rng.random() < 0.5:
             messages.append(call(ToolCall(name="run_tests", arguments={})))
