@@ -4,9 +4,11 @@ agents, each followed by an honest episode in the same (recycled) container."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 
+import docker
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -377,5 +379,6 @@ async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_imag
         assert reward == 1.0 and info["resolved"] and name.startswith("agentrl-")
     finally:
         await env.aclose()
-        for tag in tags:
-            docker_client.images.remove(tag, force=True)
+        for tag in [*tags, deps]:  # the sandbox image, then the instance's image its tarball's load named again
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(tag, force=True)
