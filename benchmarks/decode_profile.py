@@ -22,16 +22,15 @@ from pathlib import Path
 
 import torch
 from gpu_check import Ctx, generate_all, model_folder, prompts
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from profiling import profiled
 
 from agentrl.engine import EngineConfig, EngineModel, build_engine
 from agentrl.engine.base import SamplingParams
 
 
-async def timed_and_profiled(engine, requests: list[list[int]], params: SamplingParams, cuda: bool):
+async def timed_and_profiled(engine, requests: list[list[int]], params: SamplingParams, cuda: bool, top: int):
     """Every request at once, on the open engine: a warm-up, a timed run (its generations and seconds), and on
-    a GPU a profiled run (the profiler and its wall seconds)."""
+    a GPU a profiled run (its summary, profiling.py's)."""
 
     async with engine:
         await generate_all(engine, requests, params)  # kernels chosen, caches allocated
@@ -39,13 +38,10 @@ async def timed_and_profiled(engine, requests: list[list[int]], params: Sampling
         gens = await generate_all(engine, requests, params)
         seconds = time.perf_counter() - t0
         if not cuda:
-            return gens, seconds, None, None
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            t0 = time.perf_counter()
+            return gens, seconds, None
+        with profiled(cuda, top) as summary:
             await generate_all(engine, requests, params)
-            torch.cuda.synchronize()
-            profiled_s = time.perf_counter() - t0
-    return gens, seconds, prof, profiled_s
+    return gens, seconds, summary
 
 
 def decode(args: argparse.Namespace, workdir: Path) -> dict:
@@ -58,22 +54,15 @@ def decode(args: argparse.Namespace, workdir: Path) -> dict:
     result: dict = {"size": args.size, "device": args.device, "requests": n, "max_tokens": T, "engines": {}}
     for dtype in args.dtypes:
         engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=args.device))
-        gens, seconds, prof, profiled_s = asyncio.run(timed_and_profiled(engine, requests, params, cuda))
+        gens, seconds, summary = asyncio.run(timed_and_profiled(engine, requests, params, cuda, args.top))
         tokens = sum(len(g.token_ids) for g in gens)
         entry = result["engines"][dtype] = {
             "weights": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "tokens_per_s": tokens / seconds,
             "generate_s": seconds,
         }
-        if prof is not None:
-            kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
-            busy_us = sum(e.self_device_time_total for e in kernels)
-            entry |= {
-                "profiled_s": profiled_s, "gpu_busy_s": busy_us / 1e6, "gpu_busy_share": busy_us / 1e6 / profiled_s,
-                "kernels": [{"kernel": e.key[:120], "calls": e.count, "ms": e.self_device_time_total / 1e3,
-                             "share_of_busy": e.self_device_time_total / busy_us}
-                            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top]],
-            }  # fmt: skip
+        if summary is not None:
+            entry["profile"] = summary
         del engine
         if cuda:
             torch.cuda.empty_cache()

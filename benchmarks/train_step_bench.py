@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from profiling import profiled
 
 from agentrl.models.tiny import tiny_config
 
@@ -66,33 +67,6 @@ def active_params(cfg) -> float:
     attn = h * cfg.head_dim * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
     experts = cfg.num_experts_per_tok * 3 * h * cfg.moe_intermediate_size
     return layers * (attn + experts + h * cfg.num_experts) + 2 * cfg.vocab_size * h
-
-
-def profile(fn, cuda: bool, top: int) -> dict:
-    """One call of `fn` under torch.profiler (warm already: the timed rounds ran it): its wall seconds, and on a
-    GPU its kernels' busy time and the `top` kernels by time, on the CPU the `top` ops by self time."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    if cuda:
-        rows = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]  # kernels, memcpy, memset
-        us = lambda e: e.self_device_time_total  # noqa: E731
-    else:
-        rows, us = list(prof.key_averages()), (lambda e: e.self_cpu_time_total)
-    total = sum(us(e) for e in rows) or 1.0
-    return {
-        "wall_s": wall,
-        **({"gpu_busy_s": total / 1e6, "gpu_busy_share": total / 1e6 / wall} if cuda else {}),
-        "top": [{"name": e.key[:120], "calls": e.count, "ms": us(e) / 1e3, "share": us(e) / total}
-                for e in sorted(rows, key=us, reverse=True)[:top]],
-    }  # fmt: skip
 
 
 def main() -> None:
@@ -187,8 +161,11 @@ def main() -> None:
             result[key]["mfu"] = flops / peak if peak else None
             result[key]["peak_memory_gib"] = gib  # both models' weights are resident in either path
     if args.profile:
-        result["profile"] = {"update": profile(lambda: trainer.update(batch), cuda, args.profile),
-                             "plain": profile(plain, cuda, args.profile)}  # fmt: skip
+        result["profile"] = {}
+        for name, fn in (("update", lambda: trainer.update(batch)), ("plain", plain)):  # warm: the rounds ran them
+            with profiled(cuda, args.profile) as summary:
+                fn()
+            result["profile"][name] = summary
     if lead:
         print(json.dumps(result, indent=2))
     shutdown_distributed()
