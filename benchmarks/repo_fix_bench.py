@@ -160,10 +160,14 @@ def main() -> None:
             wall = agentrl("train", "--config", RECIPE, *(a for s in sets for a in ("--set", s)),
                            log=out.with_suffix(".log"))  # fmt: skip
             evaluate(out / "final", args.out / f"after{seed}", args.eval_tasks)
-        evals, bench = read_jsonl(out / "eval.jsonl"), read_jsonl(out / "bench.jsonl")
+        evals = read_jsonl(out / "eval.jsonl")
+        bench = read_jsonl(out / "bench.jsonl") if (out / "bench.jsonl").exists() else []  # eval.benchmarks=[]
         metrics = read_jsonl(out / "metrics.jsonl")
-        eval_s = sum(e["wall_s"] for e in evals) + sum(b["wall_s"] for b in bench)
+        # without --summarize-only the run's wall holds every evaluation; with it, the last iteration's elapsed time
+        # holds those before it, not the final one after it
         total = wall if wall is not None else metrics[-1]["time/elapsed_s"]
+        last = metrics[-1]["iteration"] if wall is None else float("inf")
+        eval_s = sum(e["wall_s"] for e in (*evals, *bench) if e["iteration"] <= last)
         runs.append({
             "seed": seed, "heldout_curve": {e["iteration"]: e["success_rate"] for e in evals},
             "heldout_gain_pp": round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1),

@@ -1,0 +1,44 @@
+"""benchmarks/repo_fix_bench.py --summarize-only on run folders made here: what it reads and how it times a run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cli import env
+
+from agentrl.tasks.registry import load_tasks
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "repo_fix_bench.py"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_summary_of_a_run_without_benchmarks_subtracts_only_the_evaluations_inside_its_elapsed_time(tmp_path):
+    task = load_tasks("repos").split("test").ids()[0]
+    resolved = {"task_id": task, "turns": [{"info": {"resolved": True, "calls": []}}]}
+    gave_up = {"task_id": task, "turns": [{"info": {"calls": [{"tool": "view", "status": "error",
+                                                               "arguments": {"path": "nowhere.py"}}]}}]}  # fmt: skip
+    write_jsonl(tmp_path / "before" / "trajectories" / "eval.jsonl", [gave_up])
+    write_jsonl(tmp_path / "after0" / "trajectories" / "eval.jsonl", [resolved])
+    # evaluations at iterations 0 and 6 ran inside the 12 iterations' elapsed time, the one at 12 after it
+    write_jsonl(
+        tmp_path / "seed0" / "eval.jsonl",
+        [{"iteration": i, "success_rate": r, "wall_s": 100.0} for i, r in ((0, 0.4), (6, 0.5), (12, 0.6))],
+    )
+    write_jsonl(
+        tmp_path / "seed0" / "metrics.jsonl",
+        [{"iteration": i, "time/elapsed_s": 150.0 * (i + 1) + 200.0 * (i >= 6)} for i in range(12)],
+    )
+    r = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--summarize-only", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env())  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    assert summary["failure_modes_before"]["wrong_file"] == 1
+    (run,) = summary["runs"]
+    assert run["heldout_gain_pp"] == 20.0 and run["heldout_templates_curve"] == {}  # no bench.jsonl: none run
+    assert run["wall_s"] == 2000 and run["wall_s_without_evaluations"] == 1800
+    assert run["failure_modes_after"]["resolved"] == 1
