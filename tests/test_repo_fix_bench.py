@@ -6,15 +6,11 @@ import sys
 from pathlib import Path
 
 from cli import env
+from repo_data import write_jsonl
 
 from agentrl.tasks.registry import load_tasks
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "repo_fix_bench.py"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_summary_of_a_run_without_benchmarks_subtracts_only_the_evaluations_inside_its_elapsed_time(tmp_path):
@@ -22,16 +18,18 @@ def test_summary_of_a_run_without_benchmarks_subtracts_only_the_evaluations_insi
     resolved = {"task_id": task, "turns": [{"info": {"resolved": True, "calls": []}}]}
     gave_up = {"task_id": task, "turns": [{"info": {"calls": [{"tool": "view", "status": "error",
                                                                "arguments": {"path": "nowhere.py"}}]}}]}  # fmt: skip
-    write_jsonl(tmp_path / "before" / "trajectories" / "eval.jsonl", [gave_up])
-    write_jsonl(tmp_path / "after0" / "trajectories" / "eval.jsonl", [resolved])
+    for folder in ("before/trajectories", "after0/trajectories", "seed0"):
+        (tmp_path / folder).mkdir(parents=True)
+    write_jsonl(tmp_path / "before" / "trajectories" / "eval.jsonl", gave_up)
+    write_jsonl(tmp_path / "after0" / "trajectories" / "eval.jsonl", resolved)
     # evaluations at iterations 0 and 6 ran inside the 12 iterations' elapsed time, the one at 12 after it
     write_jsonl(
         tmp_path / "seed0" / "eval.jsonl",
-        [{"iteration": i, "success_rate": r, "wall_s": 100.0} for i, r in ((0, 0.4), (6, 0.5), (12, 0.6))],
+        *({"iteration": i, "success_rate": r, "wall_s": 100.0} for i, r in ((0, 0.4), (6, 0.5), (12, 0.6))),
     )
     write_jsonl(
         tmp_path / "seed0" / "metrics.jsonl",
-        [{"iteration": i, "time/elapsed_s": 150.0 * (i + 1) + 200.0 * (i >= 6)} for i in range(12)],
+        *({"iteration": i, "time/elapsed_s": 150.0 * (i + 1) + 200.0 * (i >= 6)} for i in range(12)),
     )
     r = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--summarize-only", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, env=env())  # fmt: skip
