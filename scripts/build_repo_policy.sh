@@ -6,16 +6,18 @@
 #   2. demonstrations of the same expert that, 3 times in 10, recovers after its error (views the right module,
 #      makes the exact edit) instead of submitting, and one epoch on them (about 14 min): recovery is then in what
 #      the policy samples, for RL to make its habit.
-# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft and
-# WORK_DIR/policy)
+# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS]]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft
+# and WORK_DIR/policy). TASKS: the task set the demonstrations come from; by default half of the training instances,
+# the recipe's RL samples the other half (configs/repo_fix.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/repo}
-n=${2:-2000}
+n=${2:-1000}
+tasks=${3:-repos:part=1/2}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
 demos() {  # max_turns as the recipe has it
-  $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 "$@"
+  $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 --set "tasks=$tasks" "$@"
 }
 demos --seed 1 --out "$work/demos.jsonl"
 $agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/sft"

@@ -17,8 +17,9 @@ SPECS = {
     "jsonl:PATH": "a JSONL file of any supported shape (detected from its keys)",
     "hf:NAME[@SPLIT][;since=DATE;until=DATE]": "a Hugging Face dataset (pip install agentrl[hf]); shape "
     "detected from its columns; a release window as for lcb",
-    "repos[:templates=test;by=site;families=off_by_one]": "generated repositories with a planted bug (repo_fix); "
-    "the training templates, or the held-out ones; held out by instance (default) or by bug site",
+    "repos[:templates=test;by=site;families=off_by_one;part=1/2]": "generated repositories with a planted bug "
+    "(repo_fix); the training templates, or the held-out ones; held out by instance (default) or by bug site; "
+    "part k/n: of the training instances only the k-th of n disjoint parts (SFT on one, RL on another)",
     "swebench:PATH": "a SWE-bench-style JSONL file of repository instances (repo_fix; docs/design.md)",
 }
 
@@ -36,12 +37,18 @@ def load_tasks(spec: str) -> TaskSet:
         from agentrl.tasks.repos.tasks import RepoTasks
         from agentrl.tasks.repos.taskset import GeneratedRepos
 
-        opts = _options(spec, arg, {"templates": str, "by": str, "families": str})
+        opts = _options(spec, arg, {"templates": str, "by": str, "families": str, "part": str})
         templates = opts.get("templates", ["train"])[-1]
         if templates not in ("train", "test"):
             raise ValueError(f"task set {spec!r}: templates is train or test, got {templates!r}")
+        part = None
+        if "part" in opts:
+            k, slash, n = opts["part"][-1].partition("/")
+            if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+                raise ValueError(f"task set {spec!r}: part is k/n with 1 <= k <= n, e.g. part=1/2")
+            part = (int(k), int(n))
         catalogue = RepoTasks(by=opts.get("by", ["instance"])[-1], families=opts.get("families"))
-        return GeneratedRepos(catalogue, templates=templates)
+        return GeneratedRepos(catalogue, templates=templates, part=part)
     if kind == "swebench" and arg:
         from agentrl.tasks.repos.swebench import load_swebench
 

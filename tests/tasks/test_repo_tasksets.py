@@ -39,9 +39,24 @@ def test_generated_repos_by_spec_split_and_serve_instances():
         RepoTasks(by="site").ids("test", templates="test")
     )
     assert {held_out.instance(i).family for i in held_out.ids()} == {"off_by_one"}
-    for bad in ("repos:templates=dev", "repos:by=file", "repos:colour=red"):
+    for bad in ("repos:templates=dev", "repos:by=file", "repos:colour=red", "repos:part=3/2", "repos:part=half"):
         with pytest.raises(ValueError):
             load_tasks(bad)
+
+
+def test_parts_split_the_training_instances_and_keep_the_held_out_ones_whole():
+    """SFT on part 1/2 and RL on part 2/2 see disjoint training instances, of every template, and are evaluated on
+    the same held-out instances."""
+    whole = load_tasks("repos")
+    first, second = load_tasks("repos:part=1/2"), load_tasks("repos:part=2/2")
+    a, b = set(first.split("train").ids()), set(second.split("train").ids())
+    assert not a & b and a | b == set(whole.split("train").ids())
+    assert min(len(a), len(b)) > 0.4 * len(whole.split("train"))
+    templates = {whole.instance(i).template for i in whole.split("train").ids()}
+    assert {first.instance(i).template for i in a} == templates == {second.instance(i).template for i in b}
+    assert set(first.split("test").ids()) == set(second.split("test").ids()) == set(whole.split("test").ids())
+    with pytest.raises(KeyError):
+        second.instance(next(iter(a)))
 
 
 def test_a_fix_returning_an_object_equal_to_anything_fails_the_hidden_tests():

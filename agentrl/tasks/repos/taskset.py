@@ -66,18 +66,35 @@ def _mixed(ids: Sequence[str]) -> list[str]:
     return sorted(ids, key=lambda i: hashlib.sha256(i.encode()).digest())
 
 
+def in_part(task_id: str, part: tuple[int, int]) -> bool:
+    """Whether an id is in part k of n (1 <= k <= n): disjoint parts by a hash of the id, so about equal and the
+    same whatever set the id is listed in."""
+    k, n = part
+    return int.from_bytes(hashlib.sha256(f"part:{task_id}".encode()).digest()[:8], "big") % n == k - 1
+
+
 class GeneratedRepos(RepoTaskSet):
     """The generated instances (`RepoTasks`) of one side of the template split: both instance sides, or one after
-    `split`. Iterated in a fixed order that mixes the templates."""
+    `split`. Iterated in a fixed order that mixes the templates.
+
+    `part=(k, n)` keeps part k of n of the training instances (`in_part`) and all the held-out ones: demonstrations
+    for SFT from one part and RL on another, so that RL samples instances the starting policy has not memorised,
+    both evaluated on the same held-out instances."""
 
     name = "repos"
     description = "a planted bug in a small generated Python repository, graded by hidden pytest tests"
 
-    def __init__(self, catalogue: RepoTasks | None = None, *, templates: Split = "train", split: Split | None = None):
+    def __init__(self, catalogue: RepoTasks | None = None, *, templates: Split = "train", split: Split | None = None,
+                 part: tuple[int, int] | None = None):  # fmt: skip
+        if part is not None and not 1 <= part[0] <= part[1]:
+            raise ValueError(f"part k of n needs 1 <= k <= n, got {part[0]}/{part[1]}")
         self.catalogue = catalogue or RepoTasks()
-        self.templates, self.side = templates, split
+        self.templates, self.side, self.part = templates, split, part
         sides: tuple[Split, ...] = (split,) if split else ("train", "test")
-        self._ids = _mixed([i for s in sides for i in self.catalogue.ids(s, templates=templates)])
+        self._ids = _mixed([
+            i for s in sides for i in self.catalogue.ids(s, templates=templates)
+            if part is None or s == "test" or in_part(i, part)
+        ])  # fmt: skip
         if not self._ids:
             raise ValueError(f"no generated repository instances in this cell (templates={templates}, split={split})")
         self._known = frozenset(self._ids)
@@ -94,7 +111,7 @@ class GeneratedRepos(RepoTaskSet):
         c = self.catalogue
         catalogue = RepoTasks(seed=seed, heldout_templates=c.heldout_templates, heldout=test_fraction, by=c.by,
                               families=c.families)  # fmt: skip
-        return GeneratedRepos(catalogue, templates=self.templates, split=split)
+        return GeneratedRepos(catalogue, templates=self.templates, split=split, part=self.part)
 
 
 @functools.lru_cache(maxsize=1024)
