@@ -10,8 +10,13 @@ at them.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import hashlib
+import json
 import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from pydantic import Field
@@ -21,6 +26,7 @@ from agentrl.env.base import Message
 from agentrl.env.repos import (
     REPO,
     RepoError,
+    RepoGrade,
     agent_diff,
     bash_argv,
     changes,
@@ -65,6 +71,47 @@ class RepoFixConfig(ToolEnvConfig):
     pytest_plugins: bool = False
     """let pytest load the plugins installed in the image (a per-instance image may need them); never those of the
     repository, whose package metadata is left out of the agent's diff"""
+
+
+class BaseGrades:
+    """The hidden tests' verdict on an unchanged repository, per instance and grading settings, kept for this
+    process: a clean checkout with nothing applied grades the same every time, so one run in a fresh sandbox
+    serves every submission of no change. In RL most failed episodes submit none (they looked in the wrong module,
+    or their edit failed), and each grading costs a container's start and a pytest run. Concurrent submissions of
+    the same instance wait for the one run."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._done: OrderedDict[str, RepoGrade] = OrderedDict()
+        self._running: dict[str, asyncio.Task[RepoGrade]] = {}
+
+    @staticmethod
+    def key(instance: RepoInstance, *, plugins: bool, timeout_s: float) -> str:
+        """Everything the verdict depends on: the repository, the hidden tests, their ids, the image, the settings."""
+        data = [sorted(instance.repo.items()), instance.test_patch, instance.FAIL_TO_PASS, instance.PASS_TO_PASS,
+                instance.image, plugins, timeout_s]  # fmt: skip
+        return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+    async def get(self, key: str, run: Callable[[], Awaitable[RepoGrade]]) -> RepoGrade:
+        if key in self._done:
+            self._done.move_to_end(key)
+            return self._done[key]
+        task = self._running.get(key)
+        if task is None or task.get_loop() is not asyncio.get_running_loop():
+            task = self._running[key] = asyncio.ensure_future(run())
+            task.add_done_callback(lambda t: self._finished(key, t))
+        return await asyncio.shield(task)  # a waiter cancelled leaves the run to the others
+
+    def _finished(self, key: str, task: asyncio.Task[RepoGrade]) -> None:
+        if self._running.get(key) is task:
+            del self._running[key]
+        if not task.cancelled() and task.exception() is None:  # a failed run is retried by the next submission
+            self._done[key] = task.result()
+            while len(self._done) > self.size:
+                self._done.popitem(last=False)
+
+
+BASE_GRADES = BaseGrades()
 
 
 class RepoFixEnv(ToolEnv):
@@ -261,13 +308,22 @@ class RepoFixEnv(ToolEnv):
             return ToolOutput(content=f"Not graded: the repository could not be read ({e}).",
                               reward={"outcome": 0.0}, terminated=True, info=info)  # fmt: skip
         diff = agent_diff(base, found)
-        image = self.instance.image  # grading runs where no agent code ran: a new sandbox, outside the pool
-        fresh = await self.timed(image_sandbox(image) if image else self._sandboxes.fresh())
-        try:
-            result = await self.timed(grade(fresh, self.instance, diff.patch, timeout_s=self.cfg.grade_timeout_s,
-                                            plugins=self.cfg.pytest_plugins))  # fmt: skip
-        finally:
-            await self.timed(fresh.close() if image else self._sandboxes.done(fresh))
+        instance, cfg = self.instance, self.cfg
+
+        async def run() -> RepoGrade:
+            image = instance.image  # grading runs where no agent code ran: a new sandbox, outside the pool
+            fresh = await (image_sandbox(image) if image else self._sandboxes.fresh())
+            try:
+                return await grade(fresh, instance, diff.patch, timeout_s=cfg.grade_timeout_s,
+                                   plugins=cfg.pytest_plugins)  # fmt: skip
+            finally:
+                await (fresh.close() if image else self._sandboxes.done(fresh))
+
+        if diff.patch:
+            result = await self.timed(run())
+        else:
+            key = BASE_GRADES.key(instance, plugins=cfg.pytest_plugins, timeout_s=cfg.grade_timeout_s)
+            result = await self.timed(BASE_GRADES.get(key, run))
         outcome = result.outcome(self.cfg.outcome)
         info = {
             "outcome": outcome, "resolved": result.resolved, "diff": diff.patch, "changed_files": diff.files,

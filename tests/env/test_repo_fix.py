@@ -247,6 +247,43 @@ async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
     await env.aclose()
 
 
+@pytest.mark.slow  # the fast tier is at its budget
+async def test_submissions_of_no_change_share_one_grading_and_a_change_gets_its_own(sandbox_image):
+    """An unchanged repository grades the same every time: three concurrent submissions of no change on one
+    instance start one grading sandbox between them, and all get its verdict; a fix is graded in its own."""
+    graders = []
+
+    async def grader() -> DockerSandbox:
+        sandbox = await DockerSandbox.create()
+        graders.append(sandbox.name)
+        return sandbox
+
+    pool = SandboxPool(DockerSandbox.create, size=3, reuse=100)
+    source = SandboxSource(pool, factory=grader)  # the pool's workspaces are not counted, grading sandboxes are
+    task = "repo-inifile-5"  # no other test of this process submits it unchanged
+
+    async def give_up() -> tuple:
+        env = agentrl.make("repo_fix", sandboxes=source)
+        await env.areset(options={"task_id": task})
+        out = await env.astep(call("submit"))
+        await env.aclose()
+        return out
+
+    try:
+        await pool.start()
+        outs = await asyncio.gather(*(give_up() for _ in range(3)))
+        assert len(graders) == 1
+        for _, reward, term, _, info in outs:
+            assert term and reward == 0.0 and info["diff"] == "" and not info["resolved"], info
+            assert info["tests_passed"] == 0 and info["tests_total"] > 0 and info["pass_to_pass_broken"] == 0, info
+        env = agentrl.make("repo_fix", sandboxes=source)
+        reward, _, _ = await expert_episode(env, task)
+        await env.aclose()
+        assert reward == 1.0 and len(graders) == 2
+    finally:
+        await pool.close()
+
+
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_the_hidden_tests_never_reach_the_agents_sandbox(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
