@@ -258,6 +258,11 @@ class RepoGrade(BaseModel):
         return sum(o != "passed" for o in self.pass_to_pass.values())
 
     @property
+    def missing(self) -> bool:
+        """Some test has no outcome: it never ran, or ran out of time."""
+        return any(o == "missing" for o in (*self.fail_to_pass.values(), *self.pass_to_pass.values()))
+
+    @property
     def fixed(self) -> int:
         return sum(o == "passed" for o in self.fail_to_pass.values())
 

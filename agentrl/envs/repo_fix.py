@@ -105,7 +105,9 @@ class BaseGrades:
     def _finished(self, key: str, task: asyncio.Task[RepoGrade]) -> None:
         if self._running.get(key) is task:
             del self._running[key]
-        if not task.cancelled() and task.exception() is None:  # a failed run is retried by the next submission
+        # a run that failed, or left a test without an outcome (a time-out on a loaded machine), is not kept: the next
+        # submission of no change runs it again
+        if not task.cancelled() and task.exception() is None and not task.result().missing:
             self._done[key] = task.result()
             while len(self._done) > self.size:
                 self._done.popitem(last=False)
