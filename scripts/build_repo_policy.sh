@@ -17,7 +17,8 @@ tasks=${3:-repos:part=1/2}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
 demos() {  # max_turns as the recipe has it
-  $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 --set "tasks=$tasks" "$@"
+  $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 \
+    --set "tasks=$tasks" "$@"
 }
 demos --seed 1 --out "$work/demos.jsonl"
 $agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/sft"
