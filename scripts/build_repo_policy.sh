@@ -2,10 +2,11 @@
 # Make repo_fix's starting policy (configs/repo_fix.yaml), offline, after bash scripts/setup.sh, in two SFT stages:
 #   1. the scripted expert's demonstrations through the real repo_fix env and Docker sandboxes, on the training
 #      templates' training instances, erring at repository skills (configs/sft/repo_fix.yaml says how), and
-#      agentrl sft of the embedded default policy (which already calls tools) on them (about 2 h on 2 cores);
+#      agentrl sft of the embedded default policy (which already calls tools) on them (about 2 h on 2 cores, 2 min
+#      on one H100: agentrl sft trains on the GPU when there is one);
 #   2. demonstrations of the same expert that, 3 times in 10, recovers after its error (views the right module,
-#      makes the exact edit) instead of submitting, and one epoch on them (about 14 min): recovery is then in what
-#      the policy samples, for RL to make its habit.
+#      makes the exact edit) instead of submitting, and one epoch on them (about 14 min; 32 s on the H100):
+#      recovery is then in what the policy samples, for RL to make its habit.
 # Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS]]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft
 # and WORK_DIR/policy). TASKS: the task set the demonstrations come from; by default half of the training instances,
 # the recipe's RL samples the other half (configs/repo_fix.yaml).
