@@ -1018,9 +1018,12 @@ def main() -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, terminate)
+    # The zygote and the first spare before the socket: the host takes the socket's appearance as "ready", and a
+    # zygote still starting (over 10 s on a machine busy starting dozens of containers) would hold the first
+    # request, a health probe, past its timeout, and the pool would discard a healthy sandbox.
+    executor.ensure_spare()
     server = Server(args.socket, executor)
     gc.freeze()  # forked children's GC then never walks (and copies) the executor's objects
-    executor.ensure_spare()
     server.serve_forever()
 
 

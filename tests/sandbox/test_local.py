@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +141,14 @@ async def test_python_snippet_runs_like_a_fresh_interpreter(sb):
     assert (r.status, r.stdout) == (Status.OK, "__main__ snippet.py True True\nthread\natexit\n")
     r = await sb.run_python("import sys; sys.exit('bye')")
     assert (r.status, r.exit_code, r.stderr) == (Status.ERROR, 1, "bye\n")
+
+
+async def test_executor_is_ready_when_its_socket_appears(sb):
+    # The host waits for the socket and then probes: the zygote and the spare must be up by then, or on a busy
+    # machine the probe times out behind the zygote's start and a healthy sandbox is thrown away.
+    root = Path(f"/proc/{sb.proc.pid}/task")
+    children = [int(pid) for task in root.iterdir() for pid in (task / "children").read_text().split()]
+    assert sum(b"--zygote" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 2
 
 
 def test_executor_defaults_match_call_limits():
