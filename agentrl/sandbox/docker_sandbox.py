@@ -34,7 +34,7 @@ class DockerSandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     image: str | None = None
-    """image to run; None: the agentrl image for the current sandboxes/ (`agentrl sandbox build`)"""
+    """image to run; None: the agentrl image of sandboxes/ as this process first found it (`default_image`)"""
     memory: str = "512m"
     """memory limit of the container, tmpfs contents included (swap disabled)"""
     cpus: float = Field(1.0, gt=0)
@@ -65,6 +65,15 @@ def docker_client() -> docker.DockerClient:
             "set DOCKER_HOST, or use LocalSandbox for trusted code."
         ) from e
     return client
+
+
+@cache
+def default_image() -> str:
+    """The agentrl image for sandboxes/ as this process first found it (`agentrl sandbox build` makes it).
+
+    Pinned, as a running program keeps the code it started with: a checkout that changes under a run (a pull, an
+    edit of the executor) would otherwise make every later container start look for an image nobody built."""
+    return image_tag()
 
 
 def _runtime_dir() -> Path:
@@ -99,7 +108,7 @@ class DockerSandbox(ExecutorSandbox):
 
     @classmethod
     def _create_blocking(cls, client, cfg: DockerSandboxConfig) -> DockerSandbox:
-        image = cfg.image or image_tag()
+        image = cfg.image or default_image()
         if not image_exists(client, image):
             raise SandboxError(f"sandbox image {image} not found: run `agentrl sandbox build`")
         token = secrets.token_hex(6)

@@ -38,6 +38,31 @@ def test_current_image_is_reused(docker_client, sandbox_image):
 
 
 @pytest.mark.docker
+async def test_a_process_keeps_the_image_it_started_with(sandbox_image, monkeypatch, tmp_path):
+    """A checkout that changes under a run (an edit of the executor, a pull) must not stop its container starts."""
+    from agentrl.sandbox import DockerSandbox, image
+    from agentrl.sandbox.docker_sandbox import default_image
+
+    shutil.copytree(image.sandboxes_dir(), tmp_path / "sandboxes")
+    monkeypatch.setattr(image, "sandboxes_dir", lambda: tmp_path / "sandboxes")
+    default_image.cache_clear()
+    try:
+        first = await DockerSandbox.create()
+        await first.close()
+        with open(tmp_path / "sandboxes" / "python" / "executor.py", "a") as f:
+            f.write("# edited during the run\n")
+        assert image_tag() != sandbox_image  # what a new process would look for, and not find
+        second = await DockerSandbox.create()
+        try:
+            assert second.container.attrs["Config"]["Image"] == sandbox_image
+            assert (await second.run(["true"])).ok
+        finally:
+            await second.close()
+    finally:
+        default_image.cache_clear()
+
+
+@pytest.mark.docker
 @pytest.mark.slow  # the fast tier is at its budget; tests/cluster ships the image to real nodes' daemons
 async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, sandbox_image, monkeypatch):
     """What a Docker node of a cluster gets before its first episode (agentrl.rollout.placement): the image saved
