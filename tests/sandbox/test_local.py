@@ -143,18 +143,23 @@ async def test_python_snippet_runs_like_a_fresh_interpreter(sb):
     assert (r.status, r.exit_code, r.stderr) == (Status.ERROR, 1, "bye\n")
 
 
+def executor_module():
+    """The executor as a module (it is a stdlib-only script, not part of the agentrl package)."""
+    spec = importlib.util.spec_from_file_location("executor", sandboxes_dir() / "python" / "executor.py")
+    executor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(executor)
+    return executor
+
+
 async def test_executor_is_ready_when_its_socket_appears(sb):
     # The host waits for the socket and then probes: the zygote and the spare must be up by then, or on a busy
     # machine the probe times out behind the zygote's start and a healthy sandbox is thrown away.
-    root = Path(f"/proc/{sb.proc.pid}/task")
-    children = [int(pid) for task in root.iterdir() for pid in (task / "children").read_text().split()]
-    assert sum(b"--zygote" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 2
+    processes = executor_module().descendants(sb.proc.pid)
+    assert sum(b"--zygote" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in processes) == 2
 
 
 def test_executor_defaults_match_call_limits():
     # The executor is stdlib-only and keeps its own defaults (for direct use); they must not drift.
-    spec = importlib.util.spec_from_file_location("executor", sandboxes_dir() / "python" / "executor.py")
-    executor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(executor)
+    executor = executor_module()
     limits = CallLimits().model_dump()
     assert {k: executor.DEFAULTS[k] for k in limits} == limits
