@@ -253,7 +253,13 @@ class Executor:
         for _ in range(200):
             pids = descendants(os.getpid()) - keep
             if not pids:
-                break
+                # A children file can leave out live children while others exit (proc_tid_children(5)),
+                # as a fork bomb's do when killed: one scan of every process has the last word, or one
+                # could outlive the sweep (seen once under load: a process of the bomb, exiting after
+                # the last reap, was a zombie the next call found).
+                pids = _descendants_by_scan(os.getpid()) - keep
+                if not pids:
+                    break
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -753,7 +759,8 @@ def descendants(root: int) -> set[int]:
 
     Walks /proc/PID/task/TID/children from root, so the common case (no
     descendants) costs one small read instead of a scan of every process;
-    kernels without CONFIG_PROC_CHILDREN get the full /proc scan.
+    kernels without CONFIG_PROC_CHILDREN get the full /proc scan. The walk
+    can miss processes while others exit; the sweep confirms with the scan.
     """
     if not HAVE_PROC_CHILDREN:
         return _descendants_by_scan(root)
@@ -788,18 +795,26 @@ def _stat(pid: int | str) -> list[bytes] | None:
 
 
 def _descendants_by_scan(root: int) -> set[int]:
+    """Live descendants of root, from one read of every process's parent.
+
+    Zombies stay in the tree while it is walked: a child whose parent was read alive and then
+    died still hangs off that parent's entry (its move to the reaper is not seen).
+    """
     children: dict[int, list[int]] = {}
+    zombies = set()
     for name in os.listdir("/proc"):
         fields = _stat(name) if name.isdigit() else None
-        if fields and fields[0] != b"Z":
+        if fields:
             children.setdefault(int(fields[1]), []).append(int(name))
+            if fields[0] == b"Z":
+                zombies.add(int(name))
     found, todo = set(), [root]
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
                 found.add(child)
                 todo.append(child)
-    return found
+    return found - zombies
 
 
 def remove_tree(path: str, depth: int = 0) -> int:
