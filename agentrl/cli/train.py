@@ -81,9 +81,6 @@ def train(
     checkpoint, and `--resume RUN_DIR` continues.
     """
     from agentrl.config import ConfigError
-    from agentrl.runs import RunDir
-    from agentrl.train.learner import broadcast
-    from agentrl.train.policy import init_distributed, shutdown_distributed
 
     if ray_address is not None:
         set_ = [*set_, f"cluster.address={ray_address}"]
@@ -103,6 +100,11 @@ def train(
         error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:
         raise typer.Exit(2)
+    # torch and the trainer only now: a bad config or a missing part is told in a second, not after their import
+    from agentrl.runs import RunDir
+    from agentrl.train.learner import broadcast
+    from agentrl.train.policy import init_distributed, shutdown_distributed
+
     # on a cluster this process is the driver: the learner ranks join their own process group
     lead = init_distributed(cfg.model) if cfg.cluster.address is None else True
     try:
