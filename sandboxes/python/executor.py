@@ -255,8 +255,8 @@ class Executor:
             if not pids:
                 # A children file can leave out live children while others exit (proc_tid_children(5)),
                 # as a fork bomb's do when killed: one scan of every process has the last word, or one
-                # could outlive the sweep (seen once under load: a process of the bomb, exiting after
-                # the last reap, was a zombie the next call found).
+                # could outlive the sweep (seen once under load: after a fork bomb, the next call found
+                # a process left with an empty command line, one exiting or a zombie).
                 pids = _descendants_by_scan(os.getpid()) - keep
                 if not pids:
                     break
