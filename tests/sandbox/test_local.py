@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,35 @@ def test_executor_defaults_match_call_limits():
     executor = executor_module()
     limits = CallLimits().model_dump()
     assert {k: executor.DEFAULTS[k] for k in limits} == limits
+
+
+def test_both_walks_find_the_live_descendants_and_no_zombie():
+    """The sweep's two walks of the process tree (the children files, then the scan of every process that has the
+    last word) agree: a grandchild is found, an exited child that is not yet reaped is not."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    executor = executor_module()
+    # a child that starts a sleeping grandchild, and a child that exits at once (a zombie until waited for)
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '30']); "
+                               "print(flush=True); time.sleep(30)"], stdout=subprocess.PIPE)  # fmt: skip
+    exited = subprocess.Popen(["true"])
+    grandchild = []
+    try:
+        parent.stdout.readline()  # the grandchild is started
+        while (executor._stat(exited.pid) or [b"Z"])[0] != b"Z":
+            time.sleep(0.01)
+        grandchild = [int(p) for p in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+        assert len(grandchild) == 1
+        mine = {parent.pid, *grandchild}
+        found_by_scan, found_by_walk = executor._descendants_by_scan(os.getpid()), executor.descendants(os.getpid())
+        assert mine <= found_by_scan and mine <= found_by_walk
+        assert exited.pid not in found_by_scan | found_by_walk
+    finally:
+        for pid in grandchild:
+            os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        exited.wait()
