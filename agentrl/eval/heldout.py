@@ -25,8 +25,9 @@ from agentrl.rollout.workers import task_ids
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tasks: int = Field(100, ge=1)
-    """held-out tasks: the first N of the env's test split, the same at every evaluation"""
+    tasks: int = Field(100, ge=0)
+    """held-out tasks: the first N of the env's test split, the same at every evaluation; 0: no held-out
+    evaluation (and no env workers or sandboxes for it; `benchmarks` still run)"""
     every: int = Field(10, ge=0)
     """iterations between evaluations (also before the first and after the last); 0: only those two"""
     max_tokens: int = Field(256, ge=1)

@@ -84,7 +84,8 @@ class Lead:
     engine: InferenceEngine
     chat: ChatFormat
     controller: RolloutController
-    held_out: HeldOutEval
+    held_out: HeldOutEval | None
+    """None: eval.tasks = 0"""
     tracker: Tracker
     restore_dropped: int = 0
     """parked episodes a resume could not rebuild, reported with the first iteration"""
@@ -194,10 +195,11 @@ class Run:
         if self.lead is None or (self.stop.is_set() and not final):
             return
         lead = self.lead
-        work = lead.held_out.run(iteration)
-        result = await (work if final else self._stoppable(work, lead.held_out.controller))
-        lead.tracker.log_eval(result.model_dump(exclude={"episodes"}))
-        self.display.evaluation(result)
+        if lead.held_out is not None:
+            work = lead.held_out.run(iteration)
+            result = await (work if final else self._stoppable(work, lead.held_out.controller))
+            lead.tracker.log_eval(result.model_dump(exclude={"episodes"}))
+            self.display.evaluation(result)
         for b in self.cfg.eval.benchmarks:
             r = await run_bench(b, lead.engine, lead.chat)
             lead.tracker.log_bench({"iteration": iteration, "env": b.env, **r.pass_at_k, "problems": r.problems,
@@ -354,7 +356,7 @@ async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopSta
     held_out = await stack.enter_async_context(HeldOutEval(
         cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
         max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address,
-        placement=held_envs))  # fmt: skip
+        placement=held_envs)) if cfg.eval.tasks else None  # fmt: skip
     tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
     stack.callback(tracker.close)
     chat.tokenizer.save_pretrained(folder.tokenizer)  # so the run's token ids read back as text

@@ -69,8 +69,8 @@ def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_pat
             "--set", "engine.options.note=hi", "--set", f"out={tmp_path / 'run'}", "--set", "iterations=1",
             "--set", "rollout.group_size=2", "--set", "rollout.groups_per_iteration=2",
             "--set", "rollout.num_workers=1", "--set", "rollout.sandboxes_per_worker=2",
-            "--set", "rollout.sampling.max_tokens=24", "--set", "eval.tasks=2", "--set", "eval.every=0",
-            "--set", "eval.sandboxes_per_worker=2", "--set", "checkpoint.export_final=false",
+            "--set", "rollout.sampling.max_tokens=24", "--set", "eval.tasks=0",
+            "--set", "checkpoint.export_final=false",
             cwd=tmp_path, extra_env=env)  # fmt: skip
     # one process: the plugin engine was offered the trainer's module to share (it is an hf engine, so it did)
     assert mark.read_text().splitlines()[1] == "logged shared=True note=hi"

@@ -91,13 +91,14 @@ async def test_a_correct_solution_passes(sandbox, kind):
 
 
 # Hacks that only end at the grader's time limit: the fast tier times out in test_partial_credit_and_per_test_timeouts.
+# They are graded with a shorter per-test limit (a hack fails whatever the limit; only the wait depends on it).
 WAIT_OUT = {"stops_parent", "hangs"}
 
 
 @pytest.mark.parametrize("hack", [pytest.param(h, marks=pytest.mark.slow) if h in WAIT_OUT else h for h in HACKS])
 @pytest.mark.parametrize("kind", TESTS)
 async def test_reward_hacks_earn_nothing(sandbox, kind, hack):
-    r = await grade(sandbox, TESTS[kind], HACKS[hack])
+    r = await grade(sandbox, TESTS[kind], HACKS[hack], test_timeout_s=0.5 if hack in WAIT_OUT else 2.0)
     assert r.passed == 0, r
     assert r.total == (1 if kind == "check" else 2)
     # The sandbox is still usable after whatever the hack did.

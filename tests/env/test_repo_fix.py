@@ -226,7 +226,7 @@ HOSTILE = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
-    env = agentrl.make("repo_fix", sandboxes=reused)
+    env = agentrl.make("repo_fix", sandboxes=reused, bash_timeout_s=3.0)  # a shorter wait for what never exits
     await env.areset(options={"task_id": TASK})
     first = (await env.sandbox()).name
     actions = list(HOSTILE[name])

@@ -13,7 +13,7 @@ MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-
 RUN = ["model.cpu_offload=true", "optim.lr=0.05", "rollout.group_size=2", "rollout.groups_per_iteration=2",
        "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
        "rollout.partial=false", "rollout.sampling.max_tokens=24",
-       "eval.tasks=2", "eval.every=0", "eval.sandboxes_per_worker=2", "checkpoint.export_final=false"]  # fmt: skip
+       "eval.tasks=0", "checkpoint.export_final=false"]  # fmt: skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]  # the fast tier resumes a run too: tests/runs/test_compat.py
 
@@ -28,3 +28,4 @@ def test_a_resumed_engine_copy_gets_the_checkpoints_weights(tmp_path):
     assert first["train/mismatch_abs_logprob_diff"] < 1e-3, first
     assert resumed["train/mismatch_abs_logprob_diff"] < 1e-3, resumed
     assert resumed["policy_version"] == 2  # the checkpoint's 1 (its weights, synced to the engine copy), then 2
+    assert not (tmp_path / "run" / "eval.jsonl").exists()  # eval.tasks=0: no held-out evaluation
