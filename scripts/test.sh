@@ -26,11 +26,15 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
 
-# The fast tier (every test not marked slow), measuring which lines of agentrl it runs in this process
-# (not in `agentrl` subprocesses or Ray actors); then the slow tier.
+# The fast tier (every test not marked slow), measuring which lines of agentrl it runs in the test processes
+# (not in `agentrl` subprocesses or Ray actors); then the slow tier. Both on 2 pytest-xdist workers, a test file
+# to a worker (its module fixtures start once): the tests wait on containers, Ray and subprocesses, and one
+# process at a time left a core idle about 40% of the time. The multi-node Ray cluster tests run last, alone:
+# their node-loss timings are what a second worker's load would disturb.
 mkdir -p test-artifacts
 export COVERAGE_FILE=test-artifacts/.coverage
-.venv/bin/pytest -q -p no:cacheprovider --durations=25 -m "not slow" --cov=agentrl --cov-report=term "$@"
+xdist=(-n 2 --dist loadfile)
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 "${xdist[@]}" -m "not slow" --cov=agentrl --cov-report=term "$@"
 # every module of agentrl (bar __init__.py) ran at least one line in the fast tier
 .venv/bin/python - <<'CHECK'
 import os
@@ -48,4 +52,5 @@ print(f"coverage check: {len(modules) - len(idle)} of {len(modules)} modules of 
 if idle:
     sys.exit("coverage check: no line of these ran in the fast tier: " + ", ".join(idle))
 CHECK
-.venv/bin/pytest -q -p no:cacheprovider --durations=25 -m slow "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 "${xdist[@]}" -m slow --ignore=tests/cluster "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=25 -m slow tests/cluster "$@"

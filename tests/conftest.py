@@ -8,7 +8,12 @@ uses a Docker fixture without it is refused at collection.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
+from filelock import FileLock
 from ownership import descends_from_us
 
 from agentrl.sandbox import SandboxError, reaper
@@ -19,14 +24,46 @@ DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
 
 
-def _ours(client) -> set[str]:
+def _ours(client, *, orphans: bool = True) -> set[str]:
     """agentrl containers this suite may have made: all but those of a live process outside it (another job's run
-    on the same engine is not a leak of ours)."""
+    on the same engine is not a leak of ours). orphans=False: only those of a live process of ours."""
     return {
         c.name
         for c in client.containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)
-        if not reaper.owner_alive(c.labels) or descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
+        if (orphans and not reaper.owner_alive(c.labels)) or descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
     }
+
+
+def _engine_ours(**kw: bool) -> set[str] | None:
+    try:
+        return _ours(_docker_client(), **kw)
+    except SandboxError:
+        return None  # no engine: docker tests will fail on their own
+
+
+# Under pytest-xdist (scripts/test.sh runs the tiers on 2 workers) each worker is a process of its own: a container
+# whose owner is gone may be another worker's, between its owner's death and its removal, so those are checked
+# once every worker is done, by the controller (pytest_sessionstart / pytest_sessionfinish below).
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_BEFORE = pytest.StashKey[set[str] | None]()
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not XDIST_WORKER and config.getoption("dist", "no") != "no"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _xdist_controller(session.config):
+        session.config.stash[_BEFORE] = _engine_ours()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    before = session.config.stash.get(_BEFORE, None)
+    if _xdist_controller(session.config) and before is not None:
+        left = (_engine_ours() or set()) - before
+        if left:
+            session.config.get_terminal_writer().line(f"containers left behind: {sorted(left)}", red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -43,22 +80,30 @@ def sandbox_image(docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def short_run(tmp_path_factory):
-    """One real 2-iteration `agentrl train` (short_run.two_iterations), shared: read it, or copy it to change it."""
-    from short_run import two_iterations
+    """One real 2-iteration `agentrl train` (short_run.two_iterations), shared: read it, or copy it to change it.
+    Under pytest-xdist the first worker to need it runs it, the others wait and read the same folder."""
+    from short_run import ShortRun, two_iterations
 
-    return two_iterations(tmp_path_factory.mktemp("short-run"))
+    if not XDIST_WORKER:
+        return two_iterations(tmp_path_factory.mktemp("short-run"))
+    shared = tmp_path_factory.getbasetemp().parent  # every worker's base folder is under it
+    with FileLock(shared / "short-run.lock"):
+        made = shared / "short-run.json"
+        if not made.exists():
+            (shared / "short-run").mkdir()
+            made.write_text(json.dumps(two_iterations(shared / "short-run"), default=str))
+        folder, stdout, seconds = json.loads(made.read_text())
+        return ShortRun(Path(folder), stdout, seconds)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_container_left_behind():
-    """After the suite (before any atexit cleanup), no agentrl container it made may exist."""
-    try:
-        before = _ours(_docker_client())
-    except SandboxError:
-        before = None  # no engine: docker tests will fail on their own
+    """After the suite (before any atexit cleanup), no agentrl container it made may exist (under pytest-xdist: none
+    of a live process of this worker's; the controller checks the orphans)."""
+    before = _engine_ours(orphans=not XDIST_WORKER)
     yield
     if before is not None:
-        left = _ours(_docker_client()) - before
+        left = (_engine_ours(orphans=not XDIST_WORKER) or set()) - before
         assert not left, f"containers left behind: {sorted(left)}"
 
 
