@@ -62,7 +62,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _xdist_controller(session.config) and before is not None:
         left = (_engine_ours() or set()) - before
         if left:
-            session.config.get_terminal_writer().line(f"containers left behind: {sorted(left)}", red=True)
+            writer = session.config.get_terminal_writer()
+            writer.line()
+            writer.line(f"containers left behind: {sorted(left)}", red=True)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
