@@ -94,8 +94,8 @@ def short_run(tmp_path_factory):
         if not made.exists():
             (shared / "short-run").mkdir()
             made.write_text(json.dumps(two_iterations(shared / "short-run"), default=str))
-        folder, stdout, seconds = json.loads(made.read_text())
-        return ShortRun(Path(folder), stdout, seconds)
+        folder, stdout = json.loads(made.read_text())
+        return ShortRun(Path(folder), stdout)
 
 
 @pytest.fixture(scope="session", autouse=True)

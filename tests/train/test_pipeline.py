@@ -61,7 +61,6 @@ def test_two_iterations(short_run):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-00001", "iter-00002"]
     assert list((run / "tensorboard").iterdir()) and list((run / "trajectories").glob("iter-*.jsonl"))
     assert (run / "plots" / "heldout.png").exists() and "plots:" in short_run.stdout
-    assert short_run.seconds < 150, f"the 2-iteration run took {short_run.seconds:.0f} s"
 
 
 @pytest.mark.slow  # the fast tier resumes a run too: tests/runs/test_compat.py
