@@ -58,8 +58,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    before = session.config.stash.get(_BEFORE, None)
-    if _xdist_controller(session.config) and before is not None:
+    before = session.config.stash.get(_BEFORE, None)  # set by the controller only
+    if before is not None:
         left = (_engine_ours() or set()) - before
         if left:
             writer = session.config.get_terminal_writer()

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -15,29 +16,41 @@ from cli import agentrl, sets, start_agentrl
 from ownership import our_containers, our_pids, still_running
 from short_run import SMALL
 
+from agentrl.runs import read_jsonl
 from agentrl.sandbox import reaper
 
 pytestmark = pytest.mark.docker
 
 
-def _started_small_run(run: Path, iterations: int, cwd: Path, timeout: float = 180) -> subprocess.Popen:
+def _logged(run: Path) -> list[dict]:
+    """The iterations a running run has logged so far (read_jsonl skips a line being written)."""
+    path = run / "metrics.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def _wait_for(proc: subprocess.Popen, run: Path, what: str, done: Callable[[list[dict]], bool],
+              timeout: float = 180) -> None:  # fmt: skip
+    """Poll the running run's metrics until `done(them)`; kill it and fail with its output if it exits first or
+    `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not done(_logged(run)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {what} after {timeout} s (exit {proc.poll()}):\n{proc.communicate()[0][-4000:]}")
+        time.sleep(0.2)
+
+
+def _started_small_run(run: Path, iterations: int, cwd: Path) -> subprocess.Popen:
     """The SMALL run without held-out evaluation in the background, returned once its first iteration is logged
     (killed if it never is)."""
     settings = sets(f"iterations={iterations}", f"out={run}", *SMALL, "eval.tasks=0")
     proc = start_agentrl("train", "--env", "code_sandbox", *settings, cwd=cwd, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no first iteration after {timeout} s (exit {proc.poll()}):\n{proc.communicate()[0][-4000:]}")
-        time.sleep(0.2)
+    _wait_for(proc, run, "first iteration", bool)
     return proc
 
 
 def rows(path: Path) -> list[dict]:
-    """The lines of a JSONL file written so far (a line the run is writing now is left out)."""
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow  # the fast tier trains with `agentrl train` in tests/runs/test_compat.py, in process in test_loop.py
@@ -98,11 +111,11 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run_and_ctrl_c_stops_it_a
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 c.kill()  # one may have ended (or been recycled) since the listing
         os.kill(our_pids("ray::EnvWorker")[0], signal.SIGKILL)
-        deadline = time.monotonic() + 180
-        while len(logged := rows(run / "metrics.jsonl")) < 3 or sum(  # two iterations past the kills
-                m["rollout/retried"] + m["rollout/failed"] for m in logged) < 2:  # fmt: skip
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
-            time.sleep(0.2)
+
+        def went_on(logged: list[dict]) -> bool:  # two iterations past the kills, their failures counted
+            return len(logged) >= 3 and sum(m["rollout/retried"] + m["rollout/failed"] for m in logged) >= 2
+
+        _wait_for(proc, run, "two iterations past the kills with their retries", went_on)
         workers = our_pids("ray::EnvWorker")  # the restarted one among them
         sandboxes = {c.name for c in our_containers(docker.from_env())}
         proc.send_signal(signal.SIGINT)
