@@ -8,6 +8,7 @@ here and on every bug site in the slow tier.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib
 import itertools
@@ -44,6 +45,7 @@ from agentrl.tasks.repos import (
     validate,
 )
 from agentrl.tasks.repos.generate import collect_tests, variant
+from agentrl.tasks.repos.names import SYNONYMS, draw, renamable, rename, rename_path
 
 gen_module = importlib.import_module("agentrl.tasks.repos.generate")  # the package's `generate` is the function
 
@@ -142,6 +144,73 @@ def _param_combos(name: str) -> int:
     return n
 
 
+def test_instances_spell_the_package_s_names_differently(instances):
+    """The names in a package's code are drawn per instance (`agentrl.tasks.repos.names`): most bug sites read
+    differently from one instance to the next, and module files take several names, so a fix or a path recalled
+    from another instance's code does not apply."""
+    patches, layouts = defaultdict(set), defaultdict(set)
+    for iid, inst in instances.items():
+        v = variant(iid)
+        assert v.names, f"{iid}: nothing renamed"
+        lines = [line for line in inst.patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+        patches[(inst.template, v.site.id)].add("\n".join(lines).replace(v.pkg, "PKG"))
+        layouts[inst.template].add(frozenset(p.split("/", 1)[1] for p in inst.repo if not p.startswith("tests/")))
+    assert sum(len(texts) > 1 for texts in patches.values()) >= 0.75 * len(patches)
+    assert all(len(seen) >= 2 for seen in layouts.values()), layouts
+
+
+def test_renaming_changes_no_behaviour():
+    """Every template: a renamed variant's hidden sessions give what the same variant with the template's own
+    names gives, the same values and the same exceptions with the same messages."""
+    for name in sorted(TEMPLATES):
+        v = variant(instance_id(name, 0))
+        renamed, own = gen_module._expected(v.key), gen_module._expected(dataclasses.replace(v, names={}).key)
+        for a, b in zip(renamed, own, strict=True):
+            assert (a.value, str(a.raised)) == (b.value, str(b.raised)), name
+            if b.raised is not None:
+                own_name = type(b.raised).__name__
+                assert type(a.raised).__name__ == v.names.get(own_name, own_name), name
+
+
+RENAMED_MODULE = '''"""Reads `text` at `sep`."""
+import re
+
+
+def parse(text, sep=","):
+    parts = re.split(sep, text)  # parts of text
+    return sorted(parts, key=len), f"{text}", getattr(parts, "count"), "parse"
+'''
+
+
+def test_renaming_leaves_strings_comments_and_foreign_names_alone():
+    # text occurs in an f-string, "parse" in a string; re, split and key are the library's; a module's stem counts
+    others = ["from pkg import parse\nparse('a,b')"]
+    assert renamable({"pkg/reader.py": RENAMED_MODULE}, others, "pkg") == {"reader", "sep", "parts"}
+    out = rename(RENAMED_MODULE, {"parts": "pieces", "sep": "divider", "text": "src"}, docstrings=True)
+    assert out == (
+        '"""Reads `src` at `divider`."""\n'
+        "import re\n\n\n"
+        'def parse(src, divider=","):\n'
+        "    pieces = re.split(divider, src)  # parts of text\n"
+        '    return sorted(pieces, key=len), f"{text}", getattr(pieces, "count"), "parse"\n'
+    )
+    assert rename_path("pkg/reader.py", {"reader": "loader"}) == "pkg/loader.py"
+
+
+def test_a_word_takes_one_spelling_in_every_name_and_never_one_in_use():
+    spellings = set()
+    for seed in range(30):
+        names = draw({"text", "parse_text", "TEXT_COLOR", "TextBox"}, set(), random.Random(seed))
+        word = names.get("text", "text")
+        spellings.add(word)
+        assert names.get("TEXT_COLOR", "TEXT_COLOR") == f"{word.upper()}_COLOR"
+        assert names.get("parse_text", "parse_text").endswith(f"_{word}")
+        assert names.get("TextBox", "TextBox") == word.title().replace("_", "") + "Box"
+    assert spellings == {"text", *SYNONYMS["text"]}
+    taken = {"src", "source", "string"}
+    assert all("text" not in draw({"text"}, taken, random.Random(seed)) for seed in range(30))
+
+
 def test_generate_rejects_ids_it_cannot_build():
     for bad in ("repo-nosuchtemplate-0", f"repo-calc-{count(TEMPLATES['calc'])}", "calc-1", "repo-calc-x"):
         with pytest.raises(ValueError):
@@ -151,13 +220,13 @@ def test_generate_rejects_ids_it_cannot_build():
 def test_instance_fields(instances):
     for iid, inst in instances.items():
         v = variant(iid)
-        module = f"{v.pkg}/{v.site.module}"
+        module = v.module(v.site)
         assert inst.family == v.site.family and inst.template == v.template.name and inst.image is None
         assert inst.base_commit == content_hash(inst.repo)
         # the gold patch touches the planted module only, and restores the template's code
         assert re.findall(r"^diff --git a/(\S+)", inst.patch, re.M) == [module]
         fixed = apply_patch(inst.repo, inst.patch)
-        original = v.template.files(v.pkg, v.values)
+        original = v.files()
         assert {p: t for p, t in fixed.items() if not p.startswith("tests/")} == {
             p: t for p, t in original.items() if not p.startswith("tests/")
         }
@@ -202,15 +271,16 @@ def test_problem_statement_does_not_leak_the_fix(instances):
     for iid, inst in instances.items():
         v = variant(iid)
         text = inst.problem_statement
-        stem = v.site.module.removesuffix(".py")
-        for leak in (v.site.module, f"{v.pkg}/{v.site.module}", f"{v.pkg}.{stem}", "_agentrl_repo", " at 0x"):
+        module = v.module(v.site)
+        stem = module.removesuffix(".py").replace("/", ".")
+        for leak in (module.split("/", 1)[1], module, stem, "_agentrl_repo", " at 0x"):
             assert leak not in text, f"{iid}: the issue names {leak!r}"
         for snippet in (v.site.original, v.site.buggy):
-            snippet = v.template.render(snippet, v.pkg, v.values).strip()
+            snippet = v.render(snippet, module_text=True).strip()
             lines = [line.strip() for line in snippet.splitlines() if len(line.strip()) >= 12]
             for part in [snippet, *lines] if snippet else []:
                 assert part not in text, f"{iid}: the issue quotes the code {part!r}"
-        assert text.startswith(v.template.render(v.site.title, v.pkg, v.values))
+        assert text.startswith(v.title(v.site))
         assert f">>> from {v.pkg} import" in text
 
 

@@ -4,6 +4,7 @@ the symptom, a gold patch, and hidden tests that grade a fix.
 - `instance`: `RepoInstance` (SWE-bench's fields), `apply_patch` and `make_patch`;
 - `template` and `templates/`: the repository templates and the bug sites each declares;
 - `generate`: `generate(instance_id)`, deterministic per id (`repo-<template>-<n>`);
+- `names`: the per-instance spelling of a package's names (an alpha-renaming with synonyms);
 - `validate`: `validate(instance, runner)`, with `LocalRunner` (pytest in a temporary folder);
 - `tasks`: `RepoTasks`, the instances split by template and by bug site.
 """

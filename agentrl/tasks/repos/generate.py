@@ -2,8 +2,9 @@
 
 An instance is named `repo-<template>-<n>`. The number picks, in mixed radix, the bug site (the fastest digit),
 the package's name and each template parameter, so ids `0 .. count(template) - 1` are distinct instances and
-any process rebuilds one from its id alone. The phrasing of the issue and which failing session it shows are
-drawn from a generator seeded with a SHA-256 of the id.
+any process rebuilds one from its id alone. The names in the package's code (`names.py`: its functions, variables,
+module files, renamed with synonyms), the phrasing of the issue and which failing session it shows are drawn from
+generators seeded with a SHA-256 of the id.
 
 What an instance holds:
 - `repo`: the template's package with the bug planted, and the template's visible tests less those the bug
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentrl.tasks.repos.instance import RepoInstance, content_hash, make_patch
+from agentrl.tasks.repos.names import draw, renamable, rename, rename_path
 from agentrl.tasks.repos.sessions import Outcome, plain, run, split_session
 from agentrl.tasks.repos.template import Site, Template
 from agentrl.tasks.repos.templates import TEMPLATES
@@ -43,12 +45,42 @@ _ID = re.compile(r"^repo-([a-z]+)-(\d+)$")
 
 @dataclass(frozen=True)
 class Variant:
-    """What an instance number chooses within its template."""
+    """What an instance id chooses within its template: the bug site, the package's name, the parameters' values
+    (its number's digits) and the renaming of the package's names (drawn from the id)."""
 
     template: Template
     site: Site
     pkg: str
     values: Mapping[str, str]
+    names: Mapping[str, str]
+    """the package's names in code -> this instance's spelling (`names.rename`)"""
+
+    def files(self) -> dict[str, str]:
+        """The original repository: the template's files for this package, parameters and names."""
+        out = {}
+        for path, text in self.template.files(self.pkg, self.values).items():
+            own = path.startswith(f"{self.pkg}/")
+            out[rename_path(path, self.names) if own else path] = rename(text, self.names, docstrings=own)
+        return out
+
+    def render(self, code: str, *, module_text: bool = False) -> str:
+        """Template code (a session, or with `module_text` a site's text in a module) for this instance."""
+        return rename(self.template.render(code, self.pkg, self.values), self.names, docstrings=module_text)
+
+    def module(self, site: Site) -> str:
+        """The path of `site`'s module in this instance's repository."""
+        return rename_path(f"{self.pkg}/{site.module}", self.names)
+
+    def title(self, site: Site) -> str:
+        """`site`'s symptom line, with the package's public names as this instance spells them."""
+        text = self.template.render(site.title, self.pkg, self.values)
+        public = _public_names_cached(self.template.name, self.pkg, tuple(self.values.items()))
+        return re.sub(r"[A-Za-z_]\w*", lambda m: self.names.get(m[0], m[0]) if m[0] in public else m[0], text)
+
+    @property
+    def key(self) -> tuple:
+        """What the package's code depends on: the site aside, the whole variant (caches key on it)."""
+        return self.template.name, self.pkg, tuple(self.values.items()), tuple(sorted(self.names.items()))
 
 
 def count(template: Template) -> int:
@@ -77,18 +109,37 @@ def variant(instance_id: str) -> Variant:
     for param, choices in template.params.items():
         n, k = divmod(n, len(choices))
         values[param] = choices[k]
-    return Variant(template, template.sites[site], template.packages[pkg], values)
+    package = template.packages[pkg]
+    candidates, in_use = _renamable(name, package, tuple(values.items()))
+    names = draw(candidates, set(in_use), _rng(instance_id, "names"))
+    return Variant(template, template.sites[site], package, values, names)
+
+
+def _rng(instance_id: str, purpose: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.sha256(f"{instance_id}{purpose}".encode()).digest()[:8], "big"))
+
+
+@functools.lru_cache(maxsize=256)
+def _renamable(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """The names of a variant's package that may be renamed, and every word its code already uses."""
+    template = TEMPLATES[name]
+    files = template.files(pkg, dict(values))
+    modules = {p: t for p, t in files.items() if p.startswith(f"{pkg}/")}
+    sessions = [template.render(s, pkg, dict(values)) for site in template.sites for s in site.sessions()]
+    others = [t for p, t in files.items() if p not in modules] + sessions
+    in_use = {w for text in [*files.values(), *sessions] for w in re.findall(r"[A-Za-z_]\w*", text)}
+    return renamable(modules, others, pkg), frozenset(in_use)
 
 
 def generate(instance_id: str) -> RepoInstance:
     """The instance with this id, the same in every process."""
     v = variant(instance_id)
-    template, site, pkg, values = v.template, v.site, v.pkg, v.values
-    original = template.files(pkg, values)
-    full = plant(template, site, pkg, values)  # the buggy package with every visible test
-    names, sessions, owners = _hidden_sessions(template, pkg, values)
+    template, site, pkg = v.template, v.site, v.pkg
+    original = v.files()
+    full = plant(v)  # the buggy package with every visible test
+    names, sessions, owners = _hidden_sessions(v)
     visible = collect_tests(full)
-    expected = _expected(template.name, pkg, tuple(values.items()))
+    expected = _expected(v.key)
     got, passed = run(full, pkg, sessions, visible)
     failing = [names[k] for k, (e, g) in enumerate(zip(expected, got, strict=True)) if not g.same(e)]
     own = [k for k, name in enumerate(names) if name in failing and owners[k] == site.id]
@@ -98,19 +149,19 @@ def generate(instance_id: str) -> RepoInstance:
     # stays green on the base, as a real project's did when the bug slipped in.
     broken = [node for node, ok in zip(visible, passed, strict=True) if not ok]
     buggy = _drop_tests(full, broken)
-    module = f"{pkg}/{site.module}"
+    module = v.module(site)
     restored = {n.split("::")[0]: full[n.split("::")[0]] for n in broken}
-    hidden = _hidden_file(template, pkg, values, names, sessions, expected)
+    hidden = _hidden_file(v, names, sessions, expected)
     fail_to_pass = broken + [f"{HIDDEN_TESTS}::{name}" for name in failing]
     pass_to_pass = [n for n in visible if n not in broken]
     pass_to_pass += [f"{HIDDEN_TESTS}::{name}" for name in names if name not in failing]
-    rng = random.Random(int.from_bytes(hashlib.sha256(instance_id.encode()).digest()[:8], "big"))
+    rng = _rng(instance_id, "")
     shown = rng.choice(own)
     return RepoInstance(
         instance_id=instance_id,
         repo=buggy,
         base_commit=content_hash(buggy),
-        problem_statement=_statement(template, site, pkg, values, got[shown], expected[shown], rng),
+        problem_statement=_statement(v, got[shown], expected[shown], rng),
         patch=make_patch(buggy, {**buggy, module: original[module]}),
         test_patch=make_patch(buggy, {**buggy, **restored, HIDDEN_TESTS: hidden}),
         FAIL_TO_PASS=fail_to_pass,
@@ -134,13 +185,14 @@ def _drop_tests(files: Mapping[str, str], nodes: list[str]) -> dict[str, str]:
     return out
 
 
-def plant(template: Template, site: Site, pkg: str, values: Mapping[str, str]) -> dict[str, str]:
-    """The template's files with `site`'s bug in them; ValueError unless the original text occurs exactly once."""
-    files = template.files(pkg, values)
-    path = f"{pkg}/{site.module}"
+def plant(v: Variant) -> dict[str, str]:
+    """The variant's files with its site's bug in them; ValueError unless the original text occurs exactly once."""
+    template, site = v.template, v.site
+    files = v.files()
+    path = v.module(site)
     if path not in files:
         raise ValueError(f"template {template.name}, site {site.id}: no module {site.module}")
-    old, new = (template.render(t, pkg, values) for t in (site.original, site.buggy))
+    old, new = (v.render(t, module_text=True) for t in (site.original, site.buggy))
     if files[path].count(old) != 1:
         n = files[path].count(old)
         raise ValueError(f"template {template.name}, site {site.id}: the original text occurs {n} times in {path}")
@@ -165,27 +217,30 @@ def collect_tests(files: Mapping[str, str]) -> list[str]:
     return ids
 
 
-def _hidden_sessions(template: Template, pkg: str, values: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
+def _hidden_sessions(v: Variant) -> tuple[list[str], list[str], list[str]]:
     """(test name, session, site id) for every session of every site: `test_<site>` for the example, then
     `test_<site>_2`, `_3`...; ValueError when two names clash."""
     names, sessions, owners = [], [], []
-    for site in template.sites:
+    for site in v.template.sites:
         for k, session in enumerate(site.sessions(), 1):
             names.append(f"test_{site.id}" if k == 1 else f"test_{site.id}_{k}")
-            sessions.append(template.render(session, pkg, values))
+            sessions.append(v.render(session))
             owners.append(site.id)
     if len(set(names)) != len(names):
-        raise ValueError(f"template {template.name}: hidden test names clash; rename a site")
+        raise ValueError(f"template {v.template.name}: hidden test names clash; rename a site")
     return names, sessions, owners
 
 
 @functools.lru_cache(maxsize=256)
-def _expected(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> list[Outcome]:
-    """What the original package gives for every hidden session (cached: every site of a variant shares it).
-    ValueError for a template whose own tests fail, or whose sessions a test could not check."""
+def _expected(key: tuple) -> list[Outcome]:
+    """What the original package of the variant with this `Variant.key` gives for every hidden session (cached:
+    every site of a variant shares it). ValueError for a template whose own tests fail, or whose sessions a test
+    could not check."""
+    name, pkg, values, names = key
     template = TEMPLATES[name]
-    files = template.files(pkg, dict(values))
-    _, sessions, _ = _hidden_sessions(template, pkg, dict(values))
+    v = Variant(template, template.sites[0], pkg, dict(values), dict(names))
+    files = v.files()
+    _, sessions, _ = _hidden_sessions(v)
     visible = collect_tests(files)
     outcomes, passed = run(files, pkg, sessions, visible)
     if not all(passed):
@@ -199,16 +254,10 @@ def _expected(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> list[
     return outcomes
 
 
-def _hidden_file(
-    template: Template,
-    pkg: str,
-    values: Mapping[str, str],
-    names: list[str],
-    sessions: list[str],
-    expected: list[Outcome],
-) -> str:
+def _hidden_file(v: Variant, names: list[str], sessions: list[str], expected: list[Outcome]) -> str:
     """The hidden test module: each session's statements, then an assert on its last expression."""
-    public = _public_names(template, pkg, values)
+    template, pkg = v.template, v.pkg
+    public = _public_names(v)
     used: set[str] = set()
     bodies = []
     for name, session, outcome in zip(names, sessions, expected, strict=True):
@@ -262,9 +311,10 @@ def _public_names_cached(name: str, pkg: str, values: tuple[tuple[str, str], ...
     return frozenset(n for n in names if not n.startswith("_"))
 
 
-def _public_names(template: Template, pkg: str, values: Mapping[str, str]) -> frozenset[str]:
-    """The names the package's `__init__` defines or imports: what a session may use without an import."""
-    return _public_names_cached(template.name, pkg, tuple(values.items()))
+def _public_names(v: Variant) -> frozenset[str]:
+    """The names the package's `__init__` defines or imports, as the variant spells them: what a session may use
+    without an import."""
+    return frozenset(v.names.get(n, n) for n in _public_names_cached(v.template.name, v.pkg, tuple(v.values.items())))
 
 
 def _names(session: str) -> set[str]:
@@ -279,17 +329,10 @@ _LEADS = ("Steps to reproduce:", "To reproduce:", "A minimal example:", "Reprodu
 _EXPECT = ("Expected:", "Expected output:", "It should give:")
 
 
-def _statement(
-    template: Template,
-    site: Site,
-    pkg: str,
-    values: Mapping[str, str],
-    got: Outcome,
-    expected: Outcome,
-    rng: random.Random,
-) -> str:
+def _statement(v: Variant, got: Outcome, expected: Outcome, rng: random.Random) -> str:
     """The issue: the symptom line, the session as a REPL shows it on the buggy package, the expected output."""
-    used = sorted(_names("\n".join(s for s, _ in got.shown)) & _public_names(template, pkg, values))
+    template, pkg = v.template, v.pkg
+    used = sorted(_names("\n".join(s for s, _ in got.shown)) & _public_names(v))
     repl = [f">>> from {pkg} import {', '.join(used)}"] if used else []
     for k, (source, printed) in enumerate(got.shown):
         repl += _prompted(source)
@@ -300,7 +343,7 @@ def _statement(
     want = expected.shown[-1][1] if expected.raised is not None else repr(expected.value)
     if len(got.shown) < len(expected.shown):  # the bug stopped the session early: say how it should end
         want = "\n".join([*_prompted(expected.shown[-1][0]), want])
-    title = template.render(site.title, pkg, values)
+    title = v.title(v.site)
     return (
         f"{title}\n\n"
         f"Using `{pkg}` ({template.about}). {rng.choice(_LEADS)}\n\n"
