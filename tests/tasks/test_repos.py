@@ -164,7 +164,10 @@ def test_renaming_changes_no_behaviour():
     names gives, the same values and the same exceptions with the same messages."""
     for name in sorted(TEMPLATES):
         v = variant(instance_id(name, 0))
-        renamed, own = gen_module._expected(v.key), gen_module._expected(dataclasses.replace(v, names={}).key)
+        renamed, own = (
+            gen_module._expected(x, x.files(), gen_module._hidden_sessions(x)[1])
+            for x in (v, dataclasses.replace(v, names={}))
+        )
         for a, b in zip(renamed, own, strict=True):
             assert (a.value, str(a.raised)) == (b.value, str(b.raised)), name
             if b.raised is not None:
@@ -393,7 +396,7 @@ def fake_template(monkeypatch):
         return "repo-fake-0"
 
     yield install
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     gen_module._public_names_cached.cache_clear()
 
 
@@ -401,30 +404,30 @@ def test_generator_rejects_authoring_mistakes(fake_template):
     inst = generate(fake_template())
     visible, hidden = "tests/test_a.py::test_inc", f"{HIDDEN_TESTS}::test_plus"
     assert list(inst.FAIL_TO_PASS) == [visible, hidden]
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     site = Site("plus", "wrong_operator_or_constant", "a.py", "x + TWO", "x - ONE", "inc is off", "inc(5)")
     with pytest.raises(ValueError, match="occurs 0 times"):
         generate(fake_template(sites=(site,)))
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     site = Site("plus", "wrong_operator_or_constant", "a.py", "x + ONE", "ONE + x", "inc is off", "inc(5)")
     with pytest.raises(ValueError, match="changes none of the site's sessions"):
         generate(fake_template(sites=(site,)))
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     failing = {"test_a.py": "from @pkg@ import inc\n\n\ndef test_inc():\n    assert inc(1) == 3\n"}
     with pytest.raises(ValueError, match="its own tests fail"):
         generate(fake_template(tests=failing))
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     site = Site("plus", "wrong_operator_or_constant", "a.py", "x + ONE", "x - ONE", "inc is off", "{inc(5)}")
     with pytest.raises(ValueError, match="not a plain literal"):
         generate(fake_template(sites=(site,)))
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     twins = (
         Site("plus", "wrong_operator_or_constant", "a.py", "x + ONE", "x - ONE", "inc is off", "inc(5)", ("inc(0)",)),
         Site("plus_2", "off_by_one", "b.py", "ONE = 1", "ONE = 2", "inc is off", "inc(1)"),
     )
     with pytest.raises(ValueError, match="hidden test names clash"):
         generate(fake_template(sites=twins))
-    gen_module._expected.cache_clear()
+    gen_module._renamable.cache_clear()
     with pytest.raises(KeyError, match="unknown marker @WIDTH@"):
         generate(fake_template(modules={**TEMPLATES["fake"].modules, "b.py": "ONE = @WIDTH@\n"}))
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentrl.tasks.repos.instance import RepoInstance, content_hash, make_patch
-from agentrl.tasks.repos.names import draw, renamable, rename, rename_path
+from agentrl.tasks.repos.names import draw, renamable, rename, rename_path, words
 from agentrl.tasks.repos.sessions import Outcome, plain, run, split_session
 from agentrl.tasks.repos.template import Site, Template
 from agentrl.tasks.repos.templates import TEMPLATES
@@ -76,11 +76,6 @@ class Variant:
         text = self.template.render(site.title, self.pkg, self.values)
         public = _public_names_cached(self.template.name, self.pkg, tuple(self.values.items()))
         return re.sub(r"[A-Za-z_]\w*", lambda m: self.names.get(m[0], m[0]) if m[0] in public else m[0], text)
-
-    @property
-    def key(self) -> tuple:
-        """What the package's code depends on: the site aside, the whole variant (caches key on it)."""
-        return self.template.name, self.pkg, tuple(self.values.items()), tuple(sorted(self.names.items()))
 
 
 def count(template: Template) -> int:
@@ -127,8 +122,7 @@ def _renamable(name: str, pkg: str, values: tuple[tuple[str, str], ...]) -> tupl
     modules = {p: t for p, t in files.items() if p.startswith(f"{pkg}/")}
     sessions = [template.render(s, pkg, dict(values)) for site in template.sites for s in site.sessions()]
     others = [t for p, t in files.items() if p not in modules] + sessions
-    in_use = {w for text in [*files.values(), *sessions] for w in re.findall(r"[A-Za-z_]\w*", text)}
-    return renamable(modules, others, pkg), frozenset(in_use)
+    return renamable(modules, others, pkg), frozenset(words([*files.values(), *sessions]))
 
 
 def generate(instance_id: str) -> RepoInstance:
@@ -136,10 +130,10 @@ def generate(instance_id: str) -> RepoInstance:
     v = variant(instance_id)
     template, site, pkg = v.template, v.site, v.pkg
     original = v.files()
-    full = plant(v)  # the buggy package with every visible test
+    full = plant(v, original)  # the buggy package with every visible test
     names, sessions, owners = _hidden_sessions(v)
     visible = collect_tests(full)
-    expected = _expected(v.key)
+    expected = _expected(v, original, sessions)
     got, passed = run(full, pkg, sessions, visible)
     failing = [names[k] for k, (e, g) in enumerate(zip(expected, got, strict=True)) if not g.same(e)]
     own = [k for k, name in enumerate(names) if name in failing and owners[k] == site.id]
@@ -185,10 +179,11 @@ def _drop_tests(files: Mapping[str, str], nodes: list[str]) -> dict[str, str]:
     return out
 
 
-def plant(v: Variant) -> dict[str, str]:
-    """The variant's files with its site's bug in them; ValueError unless the original text occurs exactly once."""
+def plant(v: Variant, original: Mapping[str, str]) -> dict[str, str]:
+    """The variant's `original` files (`Variant.files`) with its site's bug in them; ValueError unless the original
+    text occurs exactly once."""
     template, site = v.template, v.site
-    files = v.files()
+    files = dict(original)
     path = v.module(site)
     if path not in files:
         raise ValueError(f"template {template.name}, site {site.id}: no module {site.module}")
@@ -231,18 +226,12 @@ def _hidden_sessions(v: Variant) -> tuple[list[str], list[str], list[str]]:
     return names, sessions, owners
 
 
-@functools.lru_cache(maxsize=256)
-def _expected(key: tuple) -> list[Outcome]:
-    """What the original package of the variant with this `Variant.key` gives for every hidden session (cached:
-    every site of a variant shares it). ValueError for a template whose own tests fail, or whose sessions a test
-    could not check."""
-    name, pkg, values, names = key
-    template = TEMPLATES[name]
-    v = Variant(template, template.sites[0], pkg, dict(values), dict(names))
-    files = v.files()
-    _, sessions, _ = _hidden_sessions(v)
+def _expected(v: Variant, files: Mapping[str, str], sessions: list[str]) -> list[Outcome]:
+    """What the variant's original package (`files`) gives for every hidden session. ValueError for a template whose
+    own tests fail, or whose sessions a test could not check. (Not cached: an instance's names are its own.)"""
+    name = v.template.name
     visible = collect_tests(files)
-    outcomes, passed = run(files, pkg, sessions, visible)
+    outcomes, passed = run(files, v.pkg, sessions, visible)
     if not all(passed):
         failed = [n for n, ok in zip(visible, passed, strict=True) if not ok]
         raise ValueError(f"template {name}: its own tests fail: {failed}")

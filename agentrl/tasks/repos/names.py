@@ -217,6 +217,11 @@ def _words_in_strings(text: str, *, docstrings: bool) -> set[str]:
     return out
 
 
+def words(texts: Iterable[str]) -> set[str]:
+    """Every word (identifier-shaped) in `texts`, code, strings and comments alike: what a new name must not be."""
+    return {w for text in texts for w in _WORD.findall(text)}
+
+
 def draw(names: Iterable[str], in_use: set[str], rng: random.Random) -> dict[str, str]:
     """A renaming of `names`: each word of a name (snake_case, UPPER_CASE or CamelCase) keeps its spelling or takes
     one of its synonyms, the same choice for every name that word occurs in; a name whose new spelling is a word
