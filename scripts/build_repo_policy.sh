@@ -9,7 +9,8 @@
 #      recovery is then in what the policy samples, for RL to make its habit.
 # Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS]]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft
 # and WORK_DIR/policy). TASKS: the task set the demonstrations come from; by default half of the training instances,
-# the recipe's RL samples the other half (configs/repo_fix.yaml).
+# the recipe's RL samples the other half (configs/repo_fix.yaml). Run again after an interruption, it keeps the
+# demonstrations already written and each SFT stage continues from its last save (configs/sft/repo_fix.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/repo}
@@ -17,12 +18,17 @@ n=${2:-1000}
 tasks=${3:-repos:part=1/2}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
-demos() {  # max_turns as the recipe has it
+demos() {  # demos OUT ARGS...: max_turns as the recipe has it; OUT appears once complete
+  [ -s "$1" ] && return
   $agentrl envs demos repo_fix -n "$n" --wrong-file 0.3 --sloppy-edit 0.3 --concurrency 4 --set max_turns=8 \
-    --set "tasks=$tasks" "$@"
+    --set "tasks=$tasks" --out "$1.part" "${@:2}"
+  mv "$1.part" "$1"
 }
-demos --seed 1 --out "$work/demos.jsonl"
-$agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos.jsonl" --model default --out "$work/sft"
-demos --recover 0.3 --seed 2 --out "$work/demos_recover.jsonl"
-$agentrl sft --config configs/sft/repo_fix.yaml --data "$work/demos_recover.jsonl" --model "$work/sft" \
-  --out "$work/policy" --set epochs=1 --set lr=3.0e-4
+sft() {  # sft OUT ARGS...: agentrl_sft.json is the last file a finished run writes
+  [ -s "$1/agentrl_sft.json" ] && return
+  $agentrl sft --config configs/sft/repo_fix.yaml --out "$1" "${@:2}"
+}
+demos "$work/demos.jsonl" --seed 1
+sft "$work/sft" --data "$work/demos.jsonl" --model default
+demos "$work/demos_recover.jsonl" --recover 0.3 --seed 2
+sft "$work/policy" --data "$work/demos_recover.jsonl" --model "$work/sft" --set epochs=1 --set lr=3.0e-4

@@ -13,7 +13,7 @@ import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,10 +25,18 @@ from agentrl.models.loading import ADAPTER_MARK
 from agentrl.models.lora import is_lora
 from agentrl.train.policy import causal_lm, gather_state
 from agentrl.train.scoring import Scorer
-from agentrl.train.trainer import Trainer
 
 
-def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
+class Trained(Protocol):
+    """What a checkpoint holds the state of: the RL `Trainer`, or `agentrl sft`'s loop."""
+
+    scorer: Scorer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    rank: int
+
+
+def save(path: str | Path, trainer: Trained, state: dict[str, Any]) -> None:
     """Every rank calls it. `state` must be JSON-serialisable (rank 0's is written)."""
     path = Path(path)
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
@@ -44,7 +52,7 @@ def save(path: str | Path, trainer: Trainer, state: dict[str, Any]) -> None:
         dist.barrier()
 
 
-def load(path: str | Path, trainer: Trainer) -> dict[str, Any]:
+def load(path: str | Path, trainer: Trained) -> dict[str, Any]:
     """Restore model, optimizer and RNG into a trainer built like the saved one; returns `state`."""
     path = Path(path)
     if not (path / "state.json").exists():

@@ -11,13 +11,20 @@ Loss: L = − Σ_b Σ_t m_{b,t} lp_θ(t) / Σ_b Σ_t m_{b,t} over a step's conve
 assistant token weighs the same; a step's conversations are split over the ranks and the
 token count is the global one), plus the router's load-balancing loss for MoE models.
 AdamW, linear warmup then cosine decay to `min_lr_ratio · lr`, gradients clipped.
+
+Resuming: with `save_every`, each step-N save also writes `out/resume-N`, a `torch.distributed.checkpoint` of the
+model, optimizer, schedule and RNG with the data order still to come; `resume` continues from the latest one, so
+an interrupted run ends with the weights an uninterrupted one would have had. The resume folders go once the
+final model is saved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +72,28 @@ class SFTConfig(_Strict):
     save_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the saved weights (bfloat16 halves the folder; from_pretrained upcasts on load)"""
     save_every: int = Field(0, ge=0)
-    """also save the model every N steps to out/step-N, to pick a checkpoint later (0: only at the end)"""
+    """also save the model every N steps to out/step-N, to pick a checkpoint later, and the state to resume from
+    (out/resume-N; 0: only the model, at the end)"""
+    resume: bool = False
+    """continue from the latest out/resume-N if there is one (saved with these settings, `out` and `resume` aside,
+    and the same data file's bytes)"""
     seed: int = 0
+
+
+@dataclass
+class _Run:
+    """What a resume folder holds (`checkpoint.Trained`)."""
+
+    scorer: Scorer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    rank: int
+
+
+def _resumable(out: Path) -> Path | None:
+    """The latest finished resume folder in `out` (one without state.json was cut off while being written)."""
+    done = [p for p in out.glob("resume-*") if p.name[7:].isdigit() and (p / "state.json").exists()]
+    return max(done, key=lambda p: int(p.name[7:]), default=None)
 
 
 @dataclass
@@ -109,7 +136,7 @@ def _collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch
 
 def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]:
     """Fine-tune, save to `cfg.out`, and return the last metrics. Every rank calls it."""
-    from agentrl.train.checkpoint import export_hf
+    from agentrl.train import checkpoint
 
     torch.manual_seed(cfg.seed)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -159,7 +186,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         return _all_sum(nll, device) / max(total, 1)
 
     def save(path: Path) -> None:
-        export_hf(scorer, path, dtype=cfg.save_dtype)
+        checkpoint.export_hf(scorer, path, dtype=cfg.save_dtype)
         if rank == 0:
             tokenizer.save_pretrained(path)
             summary = {**metrics, "conversations": len(examples), "held_out": len(held_out), "too_long": too_long}
@@ -167,10 +194,23 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
                 json.dumps({"config": cfg.model_dump(mode="json"), "final": summary}, indent=1)
             )
 
+    out = Path(cfg.out)
+    run = _Run(scorer, optimizer, schedule, rank)
+    settings = cfg.model_dump(mode="json", exclude={"resume", "out"})  # the folder may have moved
+    with open(cfg.data, "rb") as f:  # demonstrations recorded again may come in another order
+        settings["data_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
     order: list[int] = []
     metrics: dict[str, float] = {}
+    start = 0
+    if cfg.resume and (latest := _resumable(out)) is not None:
+        state = checkpoint.load(latest, run)
+        if changed := sorted(k for k in settings if state["settings"].get(k) != settings[k]):
+            raise ValueError(f"{latest} was saved with other settings ({', '.join(changed)}); resume with its own")
+        start, order, metrics = state["step"], state["order"], state["metrics"]
+        if rank == 0:
+            log({"resumed": str(latest), "step": start})
     scorer.train()
-    for step in range(steps):
+    for step in range(start, steps):
         while len(order) < cfg.batch_size:  # epochs reshuffled, seeded
             order += random.Random(cfg.seed + len(order) + step).sample(range(len(examples)), len(examples))
         batch, order = [examples[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
@@ -188,9 +228,22 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         if rank == 0:
             log(metrics)
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < steps:
-            save(Path(cfg.out) / f"step-{step + 1}")
-    save(Path(cfg.out))
+            save(out / f"step-{step + 1}")
+            state = {"step": step + 1, "order": order, "metrics": metrics, "settings": settings}
+            checkpoint.save(out / f"resume-{step + 1}", run, state)
+            _drop_resume_folders(out, rank, keep=step + 1)
+    save(out)
+    _drop_resume_folders(out, rank)
     return metrics
+
+
+def _drop_resume_folders(out: Path, rank: int, keep: int | None = None) -> None:
+    """Rank 0 removes the resume folders but the one of step `keep` (once it is finished: checkpoint.save returns
+    after every rank wrote and rank 0 wrote state.json last)."""
+    if rank == 0:
+        for p in out.glob("resume-*"):
+            if p.name != f"resume-{keep}":
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _all_sum(x: float, device: torch.device) -> float:

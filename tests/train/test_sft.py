@@ -82,3 +82,52 @@ def test_sft_names_the_bad_line(tmp_path):
     bad.write_text(json.dumps({"messages": CONVERSATION}) + "\n" + json.dumps({"messages": CONVERSATION[:2]}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a chat conversation"):
         load_conversations(bad, ChatFormat(load_tokenizer("qwen3")), 4096)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    """A run cut off after its step-4 save, run again with resume, ends on the weights of a run never cut off: the
+    optimizer's moments, the schedule and the data order came back. Other settings or data are refused."""
+    from safetensors.torch import load_file
+
+    from agentrl.models.tiny import save_tiny
+    from agentrl.train.sft import SFTConfig, sft
+
+    save_tiny(tmp_path / "init", seed=0)
+    data = tmp_path / "data.jsonl"
+    rows = [[*CONVERSATION[:2], {**CONVERSATION[2], "content": f"<answer>{i}</answer>"}] for i in range(11)]
+    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+
+    def config(out: str, **changes) -> SFTConfig:
+        settings = {"data": str(data), "out": str(tmp_path / out), "model": {"path": str(tmp_path / "init")},
+                    "steps": 6, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2, "eval_fraction": 0.2,
+                    "eval_every": 2, "save_every": 2}  # fmt: skip
+        return SFTConfig.model_validate(settings | changes)
+
+    whole: list[dict] = []
+    sft(config("whole"), log=whole.append)
+
+    def crash_after_step_4(m: dict) -> None:
+        if m["step"] == 5:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        sft(config("cut"), log=crash_after_step_4)
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["resume-4", "step-2", "step-4"]
+
+    with pytest.raises(ValueError, match=r"resume-4 was saved with other settings \(lr\)"):
+        sft(config("cut", lr=2e-2, resume=True), log=lambda m: None)
+    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in reversed(rows)))
+    with pytest.raises(ValueError, match=r"other settings \(data_sha256\)"):
+        sft(config("cut", resume=True), log=lambda m: None)
+    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    resumed: list[dict] = []
+    sft(config("cut", resume=True), log=resumed.append)
+    assert resumed[0] == {"resumed": str(tmp_path / "cut" / "resume-4"), "step": 4}
+    assert resumed[1:] == whole[4:]  # steps 5 and 6: the same losses, learning rates and evaluation
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not any(p.name.startswith("resume-") for p in (tmp_path / "cut").iterdir())  # a finished run needs none
