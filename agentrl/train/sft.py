@@ -92,8 +92,9 @@ class _Run:
 
 def _resumable(out: Path) -> Path | None:
     """The latest finished resume folder in `out` (one without state.json was cut off while being written)."""
-    done = [p for p in out.glob("resume-*") if p.name[7:].isdigit() and (p / "state.json").exists()]
-    return max(done, key=lambda p: int(p.name[7:]), default=None)
+    done = {int(n): p for p in out.glob("resume-*")
+            if (n := p.name.removeprefix("resume-")).isdigit() and (p / "state.json").exists()}  # fmt: skip
+    return done[max(done)] if done else None
 
 
 @dataclass
