@@ -17,9 +17,10 @@ SPECS = {
     "jsonl:PATH": "a JSONL file of any supported shape (detected from its keys)",
     "hf:NAME[@SPLIT][;since=DATE;until=DATE]": "a Hugging Face dataset (pip install agentrl[hf]); shape "
     "detected from its columns; a release window as for lcb",
-    "repos[:templates=test;by=site;families=off_by_one;part=1/2]": "generated repositories with a planted bug "
-    "(repo_fix); the training templates, or the held-out ones; held out by instance (default) or by bug site; "
-    "part k/n: of the training instances only the k-th of n disjoint parts (SFT on one, RL on another)",
+    "repos[:templates=test;by=site;families=off_by_one;part=1/2;spellings=9]": "generated repositories with a "
+    "planted bug (repo_fix); the training templates, or the held-out ones; held out by instance (default) or by bug "
+    "site; part k/n: of the training instances only the k-th of n disjoint parts (SFT on one, RL on another); "
+    "spellings k: each training instance in k spellings of its names (SFT data)",
     "swebench:PATH": "a SWE-bench-style JSONL file of repository instances (repo_fix; docs/design.md)",
 }
 
@@ -37,7 +38,7 @@ def load_tasks(spec: str) -> TaskSet:
         from agentrl.tasks.repos.tasks import RepoTasks
         from agentrl.tasks.repos.taskset import GeneratedRepos
 
-        opts = _options(spec, arg, {"templates": str, "by": str, "families": str, "part": str})
+        opts = _options(spec, arg, {"templates": str, "by": str, "families": str, "part": str, "spellings": int})
         templates = opts.get("templates", ["train"])[-1]
         if templates not in ("train", "test"):
             raise ValueError(f"task set {spec!r}: templates is train or test, got {templates!r}")
@@ -48,7 +49,7 @@ def load_tasks(spec: str) -> TaskSet:
                 raise ValueError(f"task set {spec!r}: part is k/n with 1 <= k <= n, e.g. part=1/2")
             part = (int(k), int(n))  # GeneratedRepos checks the range
         catalogue = RepoTasks(by=opts.get("by", ["instance"])[-1], families=opts.get("families"))
-        return GeneratedRepos(catalogue, templates=templates, part=part)
+        return GeneratedRepos(catalogue, templates=templates, part=part, spellings=opts.get("spellings", [1])[-1])
     if kind == "swebench" and arg:
         from agentrl.tasks.repos.swebench import load_swebench
 

@@ -40,7 +40,8 @@ def test_generated_repos_by_spec_split_and_serve_instances():
         RepoTasks(by="site").ids("test", templates="test")
     )
     assert {held_out.instance(i).family for i in held_out.ids()} == {"off_by_one"}
-    for bad in ("repos:templates=dev", "repos:by=file", "repos:colour=red", "repos:part=3/2", "repos:part=half"):
+    bad_specs = "templates=dev", "by=file", "colour=red", "part=3/2", "part=half", "spellings=0", "spellings=two"
+    for bad in (f"repos:{b}" for b in bad_specs):
         with pytest.raises(ValueError):
             load_tasks(bad)
 
@@ -63,6 +64,28 @@ def test_parts_split_the_training_instances_and_keep_the_held_out_ones_whole():
     assert set(first.split("test").ids()) == set(second.split("test").ids()) == set(whole.split("test").ids())
     with pytest.raises(KeyError):
         second.instance(next(iter(a)))
+
+
+def test_spellings_repeat_each_training_bug_under_other_names_and_keep_the_held_out_ones():
+    """`spellings=3`: each training instance and two spellings of it, which keep its bug, package and cell but
+    draw the paths, names and issue again and still validate; the held-out instances are those of the plain set."""
+    plain, spelt = load_tasks("repos:part=1/2"), load_tasks("repos:part=1/2;spellings=3")
+    train = spelt.split("train").ids()
+    assert sorted(train) == sorted(j for i in plain.split("train").ids() for j in (i, f"{i}-1", f"{i}-2"))
+    assert spelt.split("test").ids() == plain.split("test").ids()
+    iid = "repo-mdtable-12"
+    assert RepoTasks().cell_of(f"{iid}-2") == RepoTasks().cell_of(iid) == ("train", "train")
+    held = plain.split("test").ids()[0]
+    assert RepoTasks().cell_of(f"{held}-1") == ("test", "train")  # a spelling never crosses the split
+    first, second = generate(iid), generate(f"{iid}-1")
+    assert (variant(iid).site, variant(iid).pkg, variant(iid).values) == (
+        variant(f"{iid}-1").site, variant(f"{iid}-1").pkg, variant(f"{iid}-1").values)  # fmt: skip
+    assert set(first.repo) != set(second.repo) and first.patch != second.patch
+    report = validate(second, LocalRunner())
+    assert report.ok, report.problems
+    for bad in (f"{iid}-0", f"{iid}-01"):
+        with pytest.raises(ValueError, match="not a generated repository id"):
+            variant(bad)
 
 
 def test_a_fix_returning_an_object_equal_to_anything_fails_the_hidden_tests():

@@ -4,7 +4,9 @@ An instance is named `repo-<template>-<n>`. The number picks, in mixed radix, th
 the package's name and each template parameter, so ids `0 .. count(template) - 1` are distinct instances and
 any process rebuilds one from its id alone. The names in the package's code (`names.py`: its functions, variables,
 module files, renamed with synonyms), the phrasing of the issue and which failing session it shows are drawn from
-generators seeded with a SHA-256 of the id.
+generators seeded with a SHA-256 of the id. So `repo-<template>-<n>-<k>` (k >= 1), spelling k of instance n, is the
+same bug, package and parameters with those drawn again (`spellings`): SFT data can show one bug in many spellings
+instead of one spelling many times.
 
 What an instance holds:
 - `repo`: the template's package with the bug planted, and the template's visible tests less those the bug
@@ -40,7 +42,7 @@ from agentrl.tasks.repos.templates import TEMPLATES
 HIDDEN_TESTS = "tests/test_regressions.py"
 """the file `test_patch` adds"""
 
-_ID = re.compile(r"^repo-([a-z]+)-(\d+)$")
+_ID = re.compile(r"^repo-([a-z]+)-(\d+)(?:-([1-9]\d*))?$")
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,24 @@ def instance_id(template: str, n: int) -> str:
     return f"repo-{template}-{n}"
 
 
+def spellings(instance_id: str, k: int) -> list[str]:
+    """The instance and its spellings 1 .. k-1 (`repo-<template>-<n>-<j>`): k ids in all."""
+    if k < 1:
+        raise ValueError(f"spellings must be at least 1, got {k}")
+    return [instance_id, *(f"{instance_id}-{j}" for j in range(1, k))]
+
+
+def base_id(instance_id: str) -> str:
+    """The instance a spelling is of (`repo-<template>-<n>`); the id itself for an instance."""
+    m = _ID.match(instance_id)
+    return f"repo-{m[1]}-{m[2]}" if m and m[3] else instance_id
+
+
 def variant(instance_id: str) -> Variant:
     """Decode an id; ValueError for one that names no template or is past its template's count."""
     m = _ID.match(instance_id)
     if not m:
-        raise ValueError(f"not a generated repository id (`repo-<template>-<n>`): {instance_id!r}")
+        raise ValueError(f"not a generated repository id (`repo-<template>-<n>[-<k>]`): {instance_id!r}")
     name, n = m[1], int(m[2])
     if name not in TEMPLATES:
         raise ValueError(f"{instance_id}: no template {name!r}; templates: {sorted(TEMPLATES)}")

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from agentrl.tasks.base import Split
-from agentrl.tasks.repos.generate import count, generate, instance_id, variant
+from agentrl.tasks.repos.generate import base_id, count, generate, instance_id, variant
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.template import FAMILIES, Family
 from agentrl.tasks.repos.templates import TEMPLATES
@@ -120,9 +120,9 @@ class RepoTasks:
         return generate(iid)
 
     def cell_of(self, iid: str) -> tuple[Split, Split]:
-        """(split, templates) of an instance id."""
+        """(split, templates) of an instance id; a spelling's are its instance's."""
         v = variant(iid)
         return (
-            "test" if (v.site.id if self.by == "site" else iid) in self._held[v.template.name] else "train",
+            "test" if (v.site.id if self.by == "site" else base_id(iid)) in self._held[v.template.name] else "train",
             "test" if v.template.name in self._test_templates else "train",
         )

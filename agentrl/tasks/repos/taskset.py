@@ -17,6 +17,7 @@ import numpy as np
 
 from agentrl.tasks.base import RepoTests, Split, Task, TaskSet, in_test_split
 from agentrl.tasks.repos.generate import generate
+from agentrl.tasks.repos.generate import spellings as spellings_of
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.tasks import RepoTasks
 
@@ -79,21 +80,26 @@ class GeneratedRepos(RepoTaskSet):
 
     `part=(k, n)` keeps part k of n of the training instances (`in_part`) and all the held-out ones: demonstrations
     for SFT from one part and RL on another, so that RL samples instances the starting policy has not memorised,
-    both evaluated on the same held-out instances."""
+    both evaluated on the same held-out instances. `spellings=k` lists each training instance with its spellings
+    1 .. k-1 (`generate.spellings`): SFT data where a bug's paths and names differ from one demonstration to the
+    next, so that only reading them off the observations fits it. Held-out instances stay as they are."""
 
     name = "repos"
     description = "a planted bug in a small generated Python repository, graded by hidden pytest tests"
 
     def __init__(self, catalogue: RepoTasks | None = None, *, templates: Split = "train", split: Split | None = None,
-                 part: tuple[int, int] | None = None):  # fmt: skip
+                 part: tuple[int, int] | None = None, spellings: int = 1):  # fmt: skip
         if part is not None and not 1 <= part[0] <= part[1]:
             raise ValueError(f"part k of n needs 1 <= k <= n, got {part[0]}/{part[1]}")
+        if spellings < 1:
+            raise ValueError(f"spellings must be at least 1, got {spellings}")
         self.catalogue = catalogue or RepoTasks()
-        self.templates, self.side, self.part = templates, split, part
+        self.templates, self.side, self.part, self.spellings = templates, split, part, spellings
         sides: tuple[Split, ...] = (split,) if split else ("train", "test")
         self._ids = _mixed([
-            i for s in sides for i in self.catalogue.ids(s, templates=templates)
+            j for s in sides for i in self.catalogue.ids(s, templates=templates)
             if part is None or s == "test" or in_part(i, part)
+            for j in (spellings_of(i, spellings) if s == "train" else [i])
         ])  # fmt: skip
         if not self._ids:
             raise ValueError(f"no generated repository instances in this cell (templates={templates}, split={split})")
@@ -111,7 +117,8 @@ class GeneratedRepos(RepoTaskSet):
         c = self.catalogue
         catalogue = RepoTasks(seed=seed, heldout_templates=c.heldout_templates, heldout=test_fraction, by=c.by,
                               families=c.families)  # fmt: skip
-        return GeneratedRepos(catalogue, templates=self.templates, split=split, part=self.part)
+        return GeneratedRepos(catalogue, templates=self.templates, split=split, part=self.part,
+                              spellings=self.spellings)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
