@@ -2,20 +2,21 @@
 # Make repo_fix's starting policy (configs/repo_fix.yaml), offline, after bash scripts/setup.sh, in two SFT stages:
 #   1. the scripted expert's demonstrations through the real repo_fix env and Docker sandboxes, on the training
 #      templates' training instances, erring at repository skills (configs/sft/repo_fix.yaml says how), and
-#      agentrl sft of the embedded default policy (which already calls tools) on them (about 2 h on 2 cores, 2 min
+#      agentrl sft of the embedded default policy (which already calls tools) on them (about 3.5 h on 2 cores, 4 min
 #      on one H100: agentrl sft trains on the GPU when there is one);
 #   2. demonstrations of the same expert that, 3 times in 10, recovers after its error (views the right module,
-#      makes the exact edit) instead of submitting, and one epoch on them (about 14 min; 32 s on the H100):
+#      makes the exact edit) instead of submitting, and one epoch on them (about 17 min; under a minute on the H100):
 #      recovery is then in what the policy samples, for RL to make its habit.
 # Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS]]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft
 # and WORK_DIR/policy). TASKS: the task set the demonstrations come from; by default half of the training instances,
-# the recipe's RL samples the other half (configs/repo_fix.yaml). Run again after an interruption, it keeps the
+# each in 9 spellings of its names (one bug shown under many paths and names, so that only reading them off the
+# observations fits: docs/design.md), the recipe's RL samples the other half (configs/repo_fix.yaml). Run again after an interruption, it keeps the
 # demonstrations already written and each SFT stage continues from its last save (configs/sft/repo_fix.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/repo}
 n=${2:-1000}
-tasks=${3:-repos:part=1/2}
+tasks=${3:-repos:part=1/2;spellings=9}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
 demos() {  # demos OUT ARGS...: max_turns as the recipe has it; OUT appears once complete
