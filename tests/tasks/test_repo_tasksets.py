@@ -78,8 +78,8 @@ def test_spellings_repeat_each_training_bug_under_other_names_and_keep_the_held_
     held = plain.split("test").ids()[0]
     assert RepoTasks().cell_of(f"{held}-1") == ("test", "train")  # a spelling never crosses the split
     first, second = generate(iid), generate(f"{iid}-1")
-    assert (variant(iid).site, variant(iid).pkg, variant(iid).values) == (
-        variant(f"{iid}-1").site, variant(f"{iid}-1").pkg, variant(f"{iid}-1").values)  # fmt: skip
+    a, b = variant(iid), variant(f"{iid}-1")
+    assert (a.site, a.pkg, a.values) == (b.site, b.pkg, b.values)
     assert set(first.repo) != set(second.repo) and first.patch != second.patch
     report = validate(second, LocalRunner())
     assert report.ok, report.problems

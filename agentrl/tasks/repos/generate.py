@@ -4,9 +4,9 @@ An instance is named `repo-<template>-<n>`. The number picks, in mixed radix, th
 the package's name and each template parameter, so ids `0 .. count(template) - 1` are distinct instances and
 any process rebuilds one from its id alone. The names in the package's code (`names.py`: its functions, variables,
 module files, renamed with synonyms), the phrasing of the issue and which failing session it shows are drawn from
-generators seeded with a SHA-256 of the id. So `repo-<template>-<n>-<k>` (k >= 1), spelling k of instance n, is the
-same bug, package and parameters with those drawn again (`spellings`): SFT data can show one bug in many spellings
-instead of one spelling many times.
+generators seeded with a SHA-256 of the id. So `repo-<template>-<n>-<k>` (k >= 1), spelling k of instance n
+(`spelling`), is the same bug, package and parameters with those drawn again: with the task set's `spellings=k`, SFT
+data can show one bug in many spellings instead of one spelling many times.
 
 What an instance holds:
 - `repo`: the template's package with the bug planted, and the template's visible tests less those the bug
@@ -89,11 +89,9 @@ def instance_id(template: str, n: int) -> str:
     return f"repo-{template}-{n}"
 
 
-def spellings(instance_id: str, k: int) -> list[str]:
-    """The instance and its spellings 1 .. k-1 (`repo-<template>-<n>-<j>`): k ids in all."""
-    if k < 1:
-        raise ValueError(f"spellings must be at least 1, got {k}")
-    return [instance_id, *(f"{instance_id}-{j}" for j in range(1, k))]
+def spelling(instance_id: str, k: int) -> str:
+    """The id of spelling k of an instance; spelling 0 is the instance itself. `base_id` is its inverse."""
+    return f"{instance_id}-{k}" if k else instance_id
 
 
 def base_id(instance_id: str) -> str:

@@ -16,8 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from agentrl.tasks.base import RepoTests, Split, Task, TaskSet, in_test_split
-from agentrl.tasks.repos.generate import generate
-from agentrl.tasks.repos.generate import spellings as spellings_of
+from agentrl.tasks.repos.generate import generate, spelling
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.tasks import RepoTasks
 
@@ -81,7 +80,7 @@ class GeneratedRepos(RepoTaskSet):
     `part=(k, n)` keeps part k of n of the training instances (`in_part`) and all the held-out ones: demonstrations
     for SFT from one part and RL on another, so that RL samples instances the starting policy has not memorised,
     both evaluated on the same held-out instances. `spellings=k` lists each training instance with its spellings
-    1 .. k-1 (`generate.spellings`): SFT data where a bug's paths and names differ from one demonstration to the
+    1 .. k-1 (`generate.spelling`): SFT data where a bug's paths and names differ from one demonstration to the
     next, so that only reading them off the observations fits it. Held-out instances stay as they are."""
 
     name = "repos"
@@ -99,7 +98,7 @@ class GeneratedRepos(RepoTaskSet):
         self._ids = _mixed([
             j for s in sides for i in self.catalogue.ids(s, templates=templates)
             if part is None or s == "test" or in_part(i, part)
-            for j in (spellings_of(i, spellings) if s == "train" else [i])
+            for j in (spelling(i, k) for k in range(spellings if s == "train" else 1))
         ])  # fmt: skip
         if not self._ids:
             raise ValueError(f"no generated repository instances in this cell (templates={templates}, split={split})")
