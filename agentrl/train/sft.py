@@ -75,8 +75,8 @@ class SFTConfig(_Strict):
     """also save the model every N steps to out/step-N, to pick a checkpoint later, and the state to resume from
     (out/resume-N; 0: only the model, at the end)"""
     resume: bool = False
-    """continue from the latest out/resume-N if there is one (saved with these settings, `out` and `resume` aside,
-    and the same data file's bytes)"""
+    """continue from the latest out/resume-N if there is one (saved with these settings, `out`, `resume` and the
+    data's path aside, and the same data file's bytes)"""
     seed: int = 0
 
 
@@ -197,7 +197,8 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
 
     out = Path(cfg.out)
     run = _Run(scorer, optimizer, schedule, rank)
-    settings = cfg.model_dump(mode="json", exclude={"resume", "out"})  # the folder may have moved
+    # the folders may have moved (or be named from another directory): the data's digest stands for its path
+    settings = cfg.model_dump(mode="json", exclude={"resume", "out", "data"})
     with open(cfg.data, "rb") as f:  # demonstrations recorded again may come in another order
         settings["data_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
     order: list[int] = []

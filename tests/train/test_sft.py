@@ -90,7 +90,8 @@ class Interrupted(Exception):
 
 def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     """A run cut off after its step-4 save, run again with resume, ends on the weights of a run never cut off: the
-    optimizer's moments, the schedule and the data order came back. Other settings or data are refused."""
+    optimizer's moments, the schedule and the data order came back. Other settings or data are refused, the same data
+    under another path is not."""
     from safetensors.torch import load_file
 
     from agentrl.models.tiny import save_tiny
@@ -123,9 +124,10 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in reversed(rows)))
     with pytest.raises(ValueError, match=r"other settings \(data_sha256\)"):
         sft(config("cut", resume=True), log=lambda m: None)
-    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    moved = tmp_path / "elsewhere.jsonl"  # the same demonstrations under another path still resume
+    moved.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
     resumed: list[dict] = []
-    sft(config("cut", resume=True), log=resumed.append)
+    sft(config("cut", resume=True, data=str(moved)), log=resumed.append)
     assert resumed[0] == {"resumed": str(tmp_path / "cut" / "resume-4"), "step": 4}
     assert resumed[1:] == whole[4:]  # steps 5 and 6: the same losses, learning rates and evaluation
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
