@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 from cli import agentrl, sets
+from repo_data import write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.env.parsers import HermesParser
@@ -100,7 +101,7 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     save_tiny(tmp_path / "init", seed=0)
     data = tmp_path / "data.jsonl"
     rows = [[*CONVERSATION[:2], {**CONVERSATION[2], "content": f"<answer>{i}</answer>"}] for i in range(11)]
-    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    write_jsonl(data, *({"messages": r} for r in rows))
 
     def config(out: str, **changes) -> SFTConfig:
         settings = {"data": str(data), "out": str(tmp_path / out), "model": {"path": str(tmp_path / "init")},
@@ -121,11 +122,11 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
 
     with pytest.raises(ValueError, match=r"resume-4 was saved with other settings \(lr\)"):
         sft(config("cut", lr=2e-2, resume=True), log=lambda m: None)
-    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in reversed(rows)))
+    write_jsonl(data, *({"messages": r} for r in reversed(rows)))
     with pytest.raises(ValueError, match=r"other settings \(data_sha256\)"):
         sft(config("cut", resume=True), log=lambda m: None)
-    moved = tmp_path / "elsewhere.jsonl"  # the same demonstrations under another path still resume
-    moved.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    # the same demonstrations under another path still resume
+    moved = write_jsonl(tmp_path / "elsewhere.jsonl", *({"messages": r} for r in rows))
     resumed: list[dict] = []
     sft(config("cut", resume=True, data=str(moved)), log=resumed.append)
     assert resumed[0] == {"resumed": str(tmp_path / "cut" / "resume-4"), "step": 4}
