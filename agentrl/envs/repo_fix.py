@@ -225,6 +225,11 @@ class RepoFixEnv(ToolEnv):
         if n != 1:
             why = "old is empty" if not old else "old was not found" if n == 0 else f"old occurs {n} times"
             hint = "copy it exactly, whitespace included" if n == 0 else "include more lines around it"
+            near = closest_lines(old, text) if old and n == 0 else None
+            if near is not None:  # the text meant, so a retry copies it from here (as aider's edit errors show it)
+                first, lines = near
+                last = first + lines.count("\n")
+                hint += f". The closest text, {f'line {first}' if last == first else f'lines {first}-{last}'}:\n{lines}"
             raise ToolError(f"no edit made: {why} in {rel}; {hint}")
         updated = text.replace(old, new, 1)
         await self.timed((await self.sandbox()).write_file(f"{REPO}/{rel}", updated))
@@ -294,6 +299,9 @@ class RepoFixEnv(ToolEnv):
             data = await self.timed((await self.sandbox()).read_file(f"{REPO}/{rel}"))
         except (OSError, ValueError) as e:
             reason = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or e
+            if isinstance(e, FileNotFoundError):
+                near = difflib.get_close_matches(rel, sorted(self.instance.repo), n=1, cutoff=0.6)
+                reason += f"; did you mean {near[0]}?" if near else ""
             raise ToolError(f"cannot read {rel}: {reason}") from None
         try:
             return data.decode()
@@ -400,6 +408,21 @@ def expert_edits(instance: RepoInstance) -> list[tuple[str, str, str]]:
                     edits.append((path, old.rstrip("\n"), new.rstrip("\n")))
                     break
     return edits
+
+
+def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] | None:
+    """The run of as many whole lines of `text` as `old` has that is most like `old` (difflib's ratio, at least
+    `cutoff`), with the number of its first line; the first such run if several tie; None when none is that close,
+    or when the search would be long (over 20,000 lines compared: a long `old` in a big file)."""
+    lines = text.splitlines()
+    k = old.count("\n") + 1
+    if k > len(lines) or k * len(lines) > 20_000:
+        return None
+    runs: dict[str, int] = {}
+    for i in range(len(lines) - k + 1):
+        runs.setdefault("\n".join(lines[i : i + k]), i + 1)
+    best = difflib.get_close_matches(old, list(runs), n=1, cutoff=cutoff)
+    return (runs[best[0]], best[0]) if best else None
 
 
 def misquote(old: str, text: str) -> str:

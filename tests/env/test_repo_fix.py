@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 
 import agentrl
 from agentrl.env import FailureClass, SandboxSource
-from agentrl.envs.repo_fix import expert_edits
+from agentrl.envs.repo_fix import closest_lines, expert_edits, misquote
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
 from agentrl.tasks.repos import HIDDEN_TESTS, apply_patch
 from agentrl.tasks.solutions import Expert
@@ -107,6 +107,16 @@ async def test_the_expert_solves_one_instance_of_every_family(reused):
     await env.aclose()
 
 
+def test_a_failed_edit_is_shown_the_closest_lines():
+    text = "def f(a, b):\n    x = a + b\n    return x\n\n\ndef g():\n    return 1\n"
+    assert closest_lines("x = a+b", text) == (2, "    x = a + b")  # whitespace lost
+    assert closest_lines("    x = a + b\n    return  x", text) == (2, "    x = a + b\n    return x")  # two lines
+    assert closest_lines("    return 1", text.replace("return 1", "return x")) == (3, "    return x")  # the first tie
+    assert closest_lines("completely unrelated words", text) is None  # nothing near enough to name
+    assert closest_lines("a\n" * 9, text) is None  # more lines than the file has
+    assert closest_lines("x = a", "x = a + b\n" * 20_001) is None  # a search too long to make
+
+
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_the_tools_and_the_shell_state(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
@@ -130,10 +140,15 @@ async def test_the_tools_and_the_shell_state(reused):
         "[inifile/values.py (lines 2-3 of "
     )
     assert "no such file" in await step(call("view", path="inifile/nope.py"))
+    # a mistyped path: the error names the file meant
+    assert "no such file; did you mean inifile/values.py?" in await step(call("view", path="inifle/value.py"))
     assert "outside the repository" in await step(call("view", path="../../etc/passwd"))
     assert "outside the repository" in await step(call("view", path="/etc/passwd"))
     # edit: exactly one occurrence, or nothing changes and the agent reads why
     assert "old was not found" in await step(call("edit", path="inifile/values.py", old="nope(", new="x"))
+    (path, old, new), *_ = expert_edits(env.instance)  # misquoted: the error shows the text it meant
+    retyped = await step(call("edit", path=path, old=misquote(old, env.instance.repo[path]), new=new))
+    assert retyped.startswith("Error: no edit made: old was not found") and retyped.endswith(f":\n{old}")
     assert "old occurs" in await step(call("edit", path="inifile/values.py", old="text", new="x"))
     # create: a new file only
     assert "exists; change it with edit" in await step(call("create", path="inifile/values.py", content=""))
