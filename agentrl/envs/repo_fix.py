@@ -412,8 +412,8 @@ def expert_edits(instance: RepoInstance) -> list[tuple[str, str, str]]:
 
 def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] | None:
     """The run of as many whole lines of `text` as `old` has that is most like `old` (difflib's ratio, at least
-    `cutoff`), with the number of its first line; the first such run if several tie; None when none is that close,
-    or when the search would be long (over 20,000 lines compared: a long `old` in a big file)."""
+    `cutoff`), with the number of its first line (its first place, if that text occurs twice); None when none is
+    that close, or when the search would be long (over 20,000 lines compared: a long `old` in a big file)."""
     lines = text.splitlines()
     k = old.count("\n") + 1
     if k > len(lines) or k * len(lines) > 20_000:

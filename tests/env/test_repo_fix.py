@@ -111,7 +111,8 @@ def test_a_failed_edit_is_shown_the_closest_lines():
     text = "def f(a, b):\n    x = a + b\n    return x\n\n\ndef g():\n    return 1\n"
     assert closest_lines("x = a+b", text) == (2, "    x = a + b")  # whitespace lost
     assert closest_lines("    x = a + b\n    return  x", text) == (2, "    x = a + b\n    return x")  # two lines
-    assert closest_lines("    return 1", text.replace("return 1", "return x")) == (3, "    return x")  # the first tie
+    twice = text.replace("return 1", "return x")
+    assert closest_lines("    return 1", twice) == (3, "    return x")  # of two places, the first
     assert closest_lines("completely unrelated words", text) is None  # nothing near enough to name
     assert closest_lines("a\n" * 9, text) is None  # more lines than the file has
     assert closest_lines("x = a", "x = a + b\n" * 20_001) is None  # a search too long to make
