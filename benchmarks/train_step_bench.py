@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from agentrl.train.batch import TrainBatch
 
 SIZES = {  # Qwen3-MoE shapes
-    "default": ARCHITECTURE | dict(vocab_size=2054),  # the embedded default policy's (repo_fix's starting policy)
+    "default": ARCHITECTURE,  # the embedded default policy's, repo_fix's start (tiny_config adds the vocabulary)
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, vocab_size=2054),
     "1b": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
