@@ -229,7 +229,8 @@ class RepoFixEnv(ToolEnv):
             if near is not None:  # the text meant, so a retry copies it from here (as aider's edit errors show it)
                 first, lines = near
                 last = first + lines.count("\n")
-                hint += f". The closest text, {f'line {first}' if last == first else f'lines {first}-{last}'}:\n{lines}"
+                span = f"line {first}" if last == first else f"lines {first}-{last}"
+                hint += f". The closest text, {span}:\n{lines}"
             raise ToolError(f"no edit made: {why} in {rel}; {hint}")
         updated = text.replace(old, new, 1)
         await self.timed((await self.sandbox()).write_file(f"{REPO}/{rel}", updated))
