@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from profiling import profiled
 
-from agentrl.models.default import ARCHITECTURE
+from agentrl.models.default import ARCHITECTURE, SMALL_ARCHITECTURE
 from agentrl.models.tiny import tiny_config
 
 if TYPE_CHECKING:
@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
 SIZES = {  # Qwen3-MoE shapes
     "default": ARCHITECTURE,  # the embedded default policy's, repo_fix's start (tiny_config adds the vocabulary)
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, vocab_size=2054),
+    "small": SMALL_ARCHITECTURE,  # `agentrl models init --preset small`
     "1b": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
                num_experts=32, num_experts_per_tok=4, moe_intermediate_size=768, vocab_size=151_936),
 }  # fmt: skip

@@ -158,7 +158,7 @@ models_app = typer.Typer(help="Make model folders.", no_args_is_help=True)
 def init(
     path: Annotated[Path, typer.Argument(help="Folder to write (config, safetensors, tokenizer).")],
     preset: Annotated[
-        str, typer.Option(help="default: the default policy's shapes; tiny: the test models'.")
+        str, typer.Option(help="default: the default policy's shapes; small: twice its active parameters; tiny: the test models'.")
     ] = "default",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     experts: Annotated[int | None, typer.Option(help="Experts per MoE layer (default: the preset's).", min=2)] = None,
@@ -167,10 +167,10 @@ def init(
     ] = None,
 ) -> None:
     """A random-init Qwen3-MoE with the project tokenizer: the starting point `agentrl sft` fine-tunes."""
-    from agentrl.models.default import ARCHITECTURE
+    from agentrl.models.default import ARCHITECTURE, SMALL_ARCHITECTURE
     from agentrl.models.tiny import save_tiny, tiny_config
 
-    presets = {"default": ARCHITECTURE, "tiny": {}}
+    presets = {"default": ARCHITECTURE, "small": SMALL_ARCHITECTURE, "tiny": {}}
     if preset not in presets:
         fail(f"unknown preset {preset!r}; choose one of {sorted(presets)}")
     shapes = presets[preset] | ({} if experts is None else {"num_experts": experts})
