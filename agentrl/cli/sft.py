@@ -158,7 +158,10 @@ models_app = typer.Typer(help="Make model folders.", no_args_is_help=True)
 def init(
     path: Annotated[Path, typer.Argument(help="Folder to write (config, safetensors, tokenizer).")],
     preset: Annotated[
-        str, typer.Option(help="default: the default policy's shapes; small: twice its active parameters; tiny: the test models'.")
+        str,
+        typer.Option(
+            help="default: the default policy's shapes; small: twice its active parameters; tiny: the test models'."
+        ),
     ] = "default",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     experts: Annotated[int | None, typer.Option(help="Experts per MoE layer (default: the preset's).", min=2)] = None,
