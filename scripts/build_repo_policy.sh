@@ -7,8 +7,9 @@
 #   2. demonstrations of the same expert that, 3 times in 10, recovers after its error (views the right module,
 #      makes the exact edit) instead of submitting, and one epoch on them (about 17 min; under a minute on the H100):
 #      recovery is then in what the policy samples, for RL to make its habit.
-# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS]]]   (writes WORK_DIR/demos*.jsonl, WORK_DIR/sft
-# and WORK_DIR/policy). TASKS: the task set the demonstrations come from; by default half of the training instances,
+# Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS [START]]]]   (writes WORK_DIR/demos*.jsonl,
+# WORK_DIR/sft and WORK_DIR/policy). START: what stage 1 fine-tunes, "default" (the embedded default policy) or an
+# `agentrl models init` preset made at random init in WORK_DIR/init ("small": 14.4M parameters). TASKS: the task set the demonstrations come from; by default half of the training instances,
 # each in 9 spellings of its names (one bug shown under many paths and names, so that only reading them off the
 # observations fits: docs/design.md), the recipe's RL samples the other half (configs/repo_fix.yaml). Run again
 # after an interruption, it keeps the demonstrations already written and each SFT stage continues from its last save
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 work=${1:-build/repo}
 n=${2:-1000}
 tasks=${3:-repos:part=1/2;spellings=9}
+start=${4:-default}
 mkdir -p "$work"
 agentrl=.venv/bin/agentrl
 demos() {  # demos OUT ARGS...: max_turns as the recipe has it; OUT appears once complete
@@ -31,6 +33,10 @@ sft() {  # sft OUT ARGS...: agentrl_sft.json is the last file a finished run wri
   $agentrl sft --config configs/sft/repo_fix.yaml --out "$1" "${@:2}"
 }
 demos "$work/demos.jsonl" --seed 1
-sft "$work/sft" --data "$work/demos.jsonl" --model default
+if [ "$start" != default ]; then
+  [ -s "$work/init/config.json" ] || $agentrl models init "$work/init" --preset "$start"
+  start=$work/init
+fi
+sft "$work/sft" --data "$work/demos.jsonl" --model "$start"
 demos "$work/demos_recover.jsonl" --recover 0.3 --seed 2
 sft "$work/policy" --data "$work/demos_recover.jsonl" --model "$work/sft" --set epochs=1 --set lr=3.0e-4
