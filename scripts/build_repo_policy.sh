@@ -9,9 +9,10 @@
 #      recovery is then in what the policy samples, for RL to make its habit.
 # Usage: bash scripts/build_repo_policy.sh [WORK_DIR [N_DEMOS [TASKS [START]]]]   (writes WORK_DIR/demos*.jsonl,
 # WORK_DIR/sft and WORK_DIR/policy). START: what stage 1 fine-tunes, "default" (the embedded default policy) or an
-# `agentrl models init` preset made at random init in WORK_DIR/init ("small": 14.4M parameters). TASKS: the task set the demonstrations come from; by default half of the training instances,
-# each in 9 spellings of its names (one bug shown under many paths and names, so that only reading them off the
-# observations fits: docs/design.md), the recipe's RL samples the other half (configs/repo_fix.yaml). Run again
+# `agentrl models init` preset made at random init in WORK_DIR/init ("small": 14.4M parameters). TASKS: the task
+# set the demonstrations come from; by default half of the training instances, each in 9 spellings of its names (one
+# bug shown under many paths and names, so that only reading them off the observations fits: docs/design.md), the
+# recipe's RL samples the other half (configs/repo_fix.yaml). Run again
 # after an interruption, it keeps the demonstrations already written and each SFT stage continues from its last save
 # (configs/sft/repo_fix.yaml).
 set -euo pipefail
