@@ -37,17 +37,17 @@ def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
         chat.conversation_ids(CONVERSATION[:2])
 
 
-@pytest.mark.slow  # two `agentrl models init` processes
+@pytest.mark.slow  # three `agentrl models init` processes
 def test_models_init_sets_the_experts_and_their_top_k(tmp_path):
     """The study's volatile-routing policy starts here: 8 experts, top-2, otherwise the default shapes. A top-k
-    over the experts of the preset in use (the small preset's 8) is refused, writing nothing."""
+    over the experts in use (those asked for, or the small preset's 8) is refused, writing nothing."""
     agentrl("models", "init", tmp_path / "m8", "--experts", 8, "--top-k", 2, cwd=tmp_path, timeout=600)
     config = json.loads((tmp_path / "m8" / "config.json").read_text())
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["hidden_size"]) == (8, 2, 192)
-    r = agentrl("models", "init", tmp_path / "bad", "--preset", "small", "--top-k", 9, cwd=tmp_path, timeout=600,
-                check=False)  # fmt: skip
-    assert r.returncode != 0 and "more experts than the 8" in r.stdout + r.stderr
-    assert not (tmp_path / "bad").exists()
+    for args, experts in ((["--experts", 4, "--top-k", 6], 4), (["--preset", "small", "--top-k", 9], 8)):
+        r = agentrl("models", "init", tmp_path / "bad", *args, cwd=tmp_path, timeout=600, check=False)
+        assert r.returncode != 0 and f"more experts than the {experts}" in r.stdout + r.stderr
+        assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.docker
