@@ -95,13 +95,27 @@ def demos(
             "with the whitespace wrong, its edit fails, and it submits no change; its wrong episodes are kept.",
         ),
     ] = 0.0,
+    typo_path: Annotated[
+        float,
+        typer.Option(
+            help="An imperfect expert of repository tasks: with this probability it first names the right module "
+            "with a typo, and the view fails.",
+        ),
+    ] = 0.0,
     recover: Annotated[
         float,
         typer.Option(
-            help="An imperfect expert of repository tasks: after a wrong file or a failed edit, with this "
+            help="An imperfect expert of repository tasks: after a wrong file, a failed edit or a typo, with this "
             "probability it recovers (views the right file, retypes the edit) instead of submitting.",
         ),
     ] = 0.0,
+    mask_errors: Annotated[
+        bool,
+        typer.Option(
+            help="Repository tasks: write the expert's erring calls with weight 0, so that SFT learns the "
+            "recovery from them but not the errors.",
+        ),
+    ] = False,
     holdout: Annotated[
         float,
         typer.Option(
@@ -121,7 +135,8 @@ def demos(
     try:
         env_kwargs = parse_sets(set_)
         expert = load(Expert, {"misread": misread, "prints": prints, "wrong_file": wrong_file,
-                               "sloppy_edit": sloppy_edit, "recover": recover}, source="expert")  # fmt: skip
+                               "sloppy_edit": sloppy_edit, "typo_path": typo_path, "recover": recover,
+                               "mask_errors": mask_errors}, source="expert")  # fmt: skip
     except ConfigError as e:
         fail(e)
 

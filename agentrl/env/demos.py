@@ -26,9 +26,14 @@ from agentrl.sandbox import DockerSandbox, LocalSandbox, Sandbox
 from agentrl.tasks.solutions import PERFECT, Expert
 
 
+class Mistake(str):
+    """An action a demonstration takes as an error to recover from: stepped like any other, and written with
+    `"weight": 0`, so fine-tuning conditions on it but never trains toward it."""
+
+
 class Demonstration(BaseModel):
     task_id: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str | int]]
     """opening messages, then assistant messages each followed by the env's reply (the last reply left out)"""
     tools: list[dict[str, Any]] | None = None
     episode_return: float
@@ -84,7 +89,8 @@ async def play(env: TextEnv, task_id: str, actions: list[str]) -> Demonstration 
     obs, info = await env.areset(options={"task_id": task_id})
     messages, total = list(obs), 0.0
     for action in actions:
-        messages.append({"role": "assistant", "content": action})
+        message: dict[str, str | int] = {"role": "assistant", "content": str(action)}
+        messages.append(message | {"weight": 0} if isinstance(action, Mistake) else message)
         obs, reward, terminated, truncated, step_info = await env.astep(action)
         total += reward
         if step_info["failure"] is not FailureClass.OK or truncated:

@@ -16,13 +16,14 @@ import hashlib
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Literal
 
 from pydantic import Field
 
 from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
 from agentrl.env.base import Message
+from agentrl.env.demos import Mistake
 from agentrl.env.repos import (
     REPO,
     RepoError,
@@ -301,8 +302,8 @@ class RepoFixEnv(ToolEnv):
         except (OSError, ValueError) as e:
             reason = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or e
             if isinstance(e, FileNotFoundError):
-                near = difflib.get_close_matches(rel, sorted(self.instance.repo), n=1, cutoff=0.6)
-                reason += f"; did you mean {near[0]}?" if near else ""
+                near = near_file(rel, self.instance.repo)
+                reason += f"; did you mean {near}?" if near else ""
             raise ToolError(f"cannot read {rel}: {reason}") from None
         try:
             return data.decode()
@@ -357,26 +358,35 @@ class RepoFixEnv(ToolEnv):
 
         An imperfect expert errs at two repository skills, each with its own probability: finding the file
         (`wrong_file`: it reads another module of the package, finds nothing, and submits unchanged) and making the
-        edit (`sloppy_edit`: its `old` text is retyped with the whitespace wrong, the edit fails, and it submits).
-        With probability `recover` it goes on after such an error instead: it views the right file, or retypes the
-        edit exactly."""
+        edit (`sloppy_edit`: its `old` text is retyped with the whitespace wrong, the edit fails, and it submits),
+        or names the right module with a typo (`typo_path`: the view fails, its error names the file meant). With
+        probability `recover` it goes on after such an error instead: it views the right file, or retypes the edit
+        exactly. With `mask_errors` the erring calls are `Mistake`s: context for the recovery, not targets."""
         instance = self.repo_tasks.instance(task.id)
         edits = expert_edits(instance)
         path = edits[0][0]
         call = self.parser.format
+
+        def err(action: ToolCall) -> str:
+            return Mistake(call(action)) if expert.mask_errors else call(action)
+
         messages = []
         if expert.wrong_file and rng.random() < expert.wrong_file:
             others = sorted(p for p in instance.repo if p.endswith(".py") and not is_test_path(p) and p != path)
             if others:
-                messages.append(call(ToolCall(name="view", arguments={"path": rng.choice(others)})))
+                messages.append(err(ToolCall(name="view", arguments={"path": rng.choice(others)})))
                 if not (expert.recover and rng.random() < expert.recover):  # no draw at 0: old seeds' demos stay
                     return [*messages, call(ToolCall(name="submit", arguments={}))]
+        if expert.typo_path and rng.random() < expert.typo_path and (typo := mistype(path, instance.repo, rng)):
+            messages.append(err(ToolCall(name="view", arguments={"path": typo})))
+            if not (expert.recover and rng.random() < expert.recover):
+                return [*messages, call(ToolCall(name="submit", arguments={}))]
         messages.append(call(ToolCall(name="view", arguments={"path": path})))
         sloppy = expert.sloppy_edit and rng.random() < expert.sloppy_edit
         if sloppy:  # the first edit, misquoted
             file, old, new = edits[0]
             bad = misquote(old, instance.repo[file])
-            messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
+            messages.append(err(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
             if not (expert.recover and rng.random() < expert.recover):
                 return [*messages, call(ToolCall(name="submit", arguments={}))]
         for file, old, new in edits:
@@ -424,6 +434,25 @@ def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] |
         runs.setdefault("\n".join(lines[i : i + k]), i + 1)
     best = difflib.get_close_matches(old, list(runs), n=1, cutoff=cutoff)
     return (runs[best[0]], best[0]) if best else None
+
+
+def near_file(path: str, repo: Collection[str]) -> str | None:
+    """The file of `repo` that a missing `path` most likely meant (difflib's closest, ratio at least 0.6)."""
+    near = difflib.get_close_matches(path, sorted(repo), n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def mistype(path: str, repo: Collection[str], rng: random.Random) -> str | None:
+    """`path` with one slip in its file name (a letter dropped, doubled or swapped with the next), drawn from those
+    missing from `repo` whose closest file is `path` again; None when no slip is."""
+    head, _, name = path.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    slips = {stem[:i] + stem[i + 1 :] for i in range(len(stem))}  # dropped
+    slips |= {stem[:i] + stem[i] + stem[i:] for i in range(len(stem))}  # doubled
+    slips |= {stem[:i] + stem[i + 1] + stem[i] + stem[i + 2 :] for i in range(len(stem) - 1)}  # swapped
+    typos = sorted(t for s in slips if s and (t := f"{head}/{s}{dot}{ext}".lstrip("/")) not in repo
+                   and near_file(t, repo) == path)  # fmt: skip
+    return rng.choice(typos) if typos else None
 
 
 def misquote(old: str, text: str) -> str:

@@ -97,6 +97,8 @@ class ChatFormat:
         message is its content's tokens closed by `turn_end_id` (mask 1), as if the model had
         written it and stopped; the messages after it are an observation delta (mask 0). So
         supervised fine-tuning trains on exactly the token sequences the policy sees in RL.
+        An assistant message with `"weight": 0` (OpenAI's fine-tuning format) stays in the
+        context but is masked out: an error a demonstration recovers from, never a target.
         """
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None or first == 0:
@@ -106,8 +108,11 @@ class ChatFormat:
         i = first
         while i < len(messages):
             turn = [*self.encode(messages[i]["content"]), self.turn_end_id]
+            weight = messages[i].get("weight", 1)
+            if weight not in (0, 1) or isinstance(weight, bool):
+                raise ValueError(f"message {i}: an assistant message's weight is 0 or 1, not {weight!r}")
             ids += turn
-            mask += [1] * len(turn)
+            mask += [weight] * len(turn)
             j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
             if j > i + 1:
                 delta = self.observation_ids(messages[i + 1 : j], last_token=self.turn_end_id)

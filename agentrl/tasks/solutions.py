@@ -44,14 +44,19 @@ class Expert(BaseModel):
     sloppy_edit: float = Field(0.0, ge=0, le=1)
     """repository tasks: with this probability it retypes the text to replace with the whitespace wrong, so the
     edit fails, and submits no change"""
+    typo_path: float = Field(0.0, ge=0, le=1)
+    """repository tasks: with this probability it first names the right module with a typo, and the view fails"""
     recover: float = Field(0.0, ge=0, le=1)
     """repository tasks: after each of those errors, with this probability it recovers instead of submitting
     (views the right file, retypes the edit exactly) and goes on: a fix RL can make the habit, since the policy
     has seen it"""
+    mask_errors: bool = False
+    """repository tasks: its erring calls are context, not targets (`Mistake`, weight 0 in the demonstration), so a
+    policy fine-tuned on it learns the recovery without the error"""
 
     @property
     def perfect(self) -> bool:
-        return self.misread == 0 and self.prints == 0 and self.wrong_file == 0 and self.sloppy_edit == 0
+        return not (self.misread or self.prints or self.wrong_file or self.sloppy_edit or self.typo_path)
 
     def solution(self, task_set: TaskSet, task: Task, rng: random.Random) -> str:
         """This expert's solution of `task`, one of `task_set`'s (which knows its reference solution): random

@@ -15,7 +15,10 @@ from gymnasium.utils.env_checker import check_env
 
 import agentrl
 from agentrl.env import FailureClass, SandboxSource
+from agentrl.env.demos import play
 from agentrl.envs.repo_fix import closest_lines, expert_edits, misquote
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.rollout import ChatFormat
 from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
 from agentrl.tasks.repos import HIDDEN_TESTS, apply_patch
 from agentrl.tasks.solutions import Expert
@@ -71,27 +74,38 @@ async def test_the_expert_fixes_the_issue_and_its_diff_is_the_gold_patch(reused)
 @pytest.mark.slow  # the fast tier is at its budget; the perfect expert's episode covers the code
 async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it(reused):
     """wrong_file: a view of another module, then a submission of no change; sloppy_edit: an edit that fails,
-    then the same. With recover=1 it goes on after the error (the right view, the exact edit) and resolves."""
+    then the same; typo_path: a view of the right module misspelt, whose error names it. With recover=1 it goes
+    on after the error (the right view, the exact edit) and resolves; with mask_errors the erring calls are
+    recorded with weight 0, so that SFT trains on the recovery only."""
     env = agentrl.make("repo_fix", sandboxes=reused)
+    chat = ChatFormat(load_tokenizer("qwen3"))
     path = expert_edits(env.repo_tasks.instance(TASK))[0][0]
     for expert, resolved, calls in [
         (Expert(wrong_file=1.0), False, [("view", "ok"), ("submit", "ok")]),
         (Expert(sloppy_edit=1.0), False, [("view", "ok"), ("edit", "error"), ("submit", "ok")]),
+        (Expert(typo_path=1.0), False, [("view", "error"), ("submit", "ok")]),
         (Expert(wrong_file=1.0, recover=1.0), True, [("view", "ok"), ("view", "ok"), ("edit", "ok")]),
         (Expert(sloppy_edit=1.0, recover=1.0), True, [("view", "ok"), ("edit", "error"), ("edit", "ok")]),
+        (Expert(typo_path=1.0, recover=1.0, mask_errors=True), True, [("view", "error"), ("view", "ok")]),
+        (Expert(sloppy_edit=1.0, recover=1.0, mask_errors=True), True, [("view", "ok"), ("edit", "error")]),
     ]:
-        await env.areset(options={"task_id": TASK})
-        reward, made = 0.0, []
-        for action in env.demonstration(env.task, random.Random(0), expert=expert):
-            _, r, term, _, info = await env.astep(action)
-            reward, made = reward + r, made + info.get("calls", [])
-            if term:
-                break
-        assert [(c["tool"], c["status"]) for c in made][: len(calls)] == calls, (expert, made)
-        assert info["resolved"] is resolved and reward == (1.0 if resolved else 0.0), (expert, info)
-        views = [c["arguments"]["path"] for c in made if c["tool"] == "view"]
-        assert (views[0] != path) is bool(expert.wrong_file), (expert, views)  # a module drawn from the others
-        assert (views[-1] == path) is (resolved or not expert.wrong_file), (expert, views)
+        demo = await play(env, TASK, env.demonstration(env.task_set.get(TASK), random.Random(0), expert=expert))
+        said = [m for m in demo.messages if m["role"] == "assistant"]
+        made = [json.loads(m["content"].strip().removeprefix("<tool_call>").removesuffix("</tool_call>")) for m in said]
+        assert [c["name"] for c in made][: len(calls)] == [t for t, _ in calls], (expert, made)
+        assert (demo.episode_return == 1.0) is resolved, (expert, demo.episode_return)
+        views = [c["arguments"]["path"] for c in made if c["name"] == "view"]
+        assert (views[0] != path) is bool(expert.wrong_file or expert.typo_path), (expert, views)
+        assert (views[-1] == path) is (resolved or not (expert.wrong_file or expert.typo_path)), (expert, views)
+        if expert.typo_path:  # the error names the module meant
+            assert f"did you mean {path}?" in demo.messages[demo.messages.index(said[0]) + 1]["content"]
+        erring = [i for i, (_, status) in enumerate(calls) if status == "error"]
+        assert [m.get("weight", 1) for m in said] == [0 if expert.mask_errors and i in erring else 1
+                                                      for i in range(len(said))], (expert, said)  # fmt: skip
+        if expert.mask_errors:  # the erring call is context, not a target
+            ids, mask = chat.conversation_ids(demo.messages, tools=demo.tools)
+            trained = chat.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+            assert said[erring[0]]["content"] not in trained and said[erring[0] + 1]["content"] in trained
     await env.aclose()
 
 

@@ -37,6 +37,20 @@ def test_a_conversation_is_laid_out_as_the_template_renders_it(template):
         chat.conversation_ids(CONVERSATION[:2])
 
 
+def test_an_assistant_message_of_weight_0_is_context_not_a_target():
+    """OpenAI's fine-tuning format: `"weight": 0` keeps a message in the conversation and out of the loss; a weight
+    other than 0 or 1 is refused, naming the message."""
+    chat = ChatFormat(load_tokenizer("qwen3"))
+    ids, _ = chat.conversation_ids(CONVERSATION)
+    weighted = [*CONVERSATION[:2], CONVERSATION[2] | {"weight": 0}, *CONVERSATION[3:]]
+    ids0, mask0 = chat.conversation_ids(weighted)
+    assert ids0 == ids
+    trained = chat.tokenizer.decode([i for i, m in zip(ids0, mask0, strict=True) if m])
+    assert trained == CONVERSATION[4]["content"] + chat.tokenizer.decode([chat.turn_end_id])
+    with pytest.raises(ValueError, match=r"message 2: .* weight is 0 or 1, not 0\.5"):
+        chat.conversation_ids([*CONVERSATION[:2], CONVERSATION[2] | {"weight": 0.5}, *CONVERSATION[3:]])
+
+
 @pytest.mark.slow  # three `agentrl models init` processes
 def test_models_init_sets_the_experts_and_their_top_k(tmp_path):
     """The study's volatile-routing policy starts here: 8 experts, top-2, otherwise the default shapes. A top-k
