@@ -113,6 +113,8 @@ def load_conversations(path: str | Path, chat: ChatFormat, max_length: int) -> t
             try:
                 row = json.loads(line)
                 ids, mask = chat.conversation_ids(row["messages"], tools=row.get("tools"))
+                if not any(mask):
+                    raise ValueError("every assistant message has weight 0: nothing to train on")
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{n}: not a chat conversation ({type(e).__name__}: {e})") from None
             if len(ids) > max_length:

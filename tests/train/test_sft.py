@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.env.parsers import HermesParser
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat
+from agentrl.train.sft import load_conversations
 
 CONVERSATION = [
     {"role": "system", "content": "You solve tasks."},
@@ -49,6 +50,14 @@ def test_an_assistant_message_of_weight_0_is_context_not_a_target():
     assert trained == CONVERSATION[4]["content"] + chat.tokenizer.decode([chat.turn_end_id])
     with pytest.raises(ValueError, match=r"message 2: .* weight is 0 or 1, not 0\.5"):
         chat.conversation_ids([*CONVERSATION[:2], CONVERSATION[2] | {"weight": 0.5}, *CONVERSATION[3:]])
+
+
+def test_a_conversation_with_nothing_to_train_on_is_refused_naming_its_line(tmp_path):
+    chat = ChatFormat(load_tokenizer("qwen3"))
+    muted = [m | {"weight": 0} if m["role"] == "assistant" else m for m in CONVERSATION]
+    write_jsonl(tmp_path / "d.jsonl", {"messages": CONVERSATION}, {"messages": muted})
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: .*every assistant message has weight 0"):
+        load_conversations(tmp_path / "d.jsonl", chat, max_length=4096)
 
 
 @pytest.mark.slow  # three `agentrl models init` processes
