@@ -367,33 +367,33 @@ class RepoFixEnv(ToolEnv):
         path = edits[0][0]
         call = self.parser.format
 
-        def err(action: ToolCall) -> str:
-            return Mistake(call(action)) if expert.mask_errors else call(action)
-
+        submit = call(ToolCall(name="submit", arguments={}))
         messages = []
+
+        def err(action: ToolCall) -> bool:
+            """Take an erring call; True when the expert then gives up (no draw at recover 0: old seeds' demos
+            stay)."""
+            messages.append(Mistake(call(action)) if expert.mask_errors else call(action))
+            return not (expert.recover and rng.random() < expert.recover)
+
         if expert.wrong_file and rng.random() < expert.wrong_file:
             others = sorted(p for p in instance.repo if p.endswith(".py") and not is_test_path(p) and p != path)
-            if others:
-                messages.append(err(ToolCall(name="view", arguments={"path": rng.choice(others)})))
-                if not (expert.recover and rng.random() < expert.recover):  # no draw at 0: old seeds' demos stay
-                    return [*messages, call(ToolCall(name="submit", arguments={}))]
-        if expert.typo_path and rng.random() < expert.typo_path and (typo := mistype(path, instance.repo, rng)):
-            messages.append(err(ToolCall(name="view", arguments={"path": typo})))
-            if not (expert.recover and rng.random() < expert.recover):
-                return [*messages, call(ToolCall(name="submit", arguments={}))]
+            if others and err(ToolCall(name="view", arguments={"path": rng.choice(others)})):
+                return [*messages, submit]
+        typo = expert.typo_path and rng.random() < expert.typo_path and mistype(path, instance.repo, rng)
+        if typo and err(ToolCall(name="view", arguments={"path": typo})):
+            return [*messages, submit]
         messages.append(call(ToolCall(name="view", arguments={"path": path})))
-        sloppy = expert.sloppy_edit and rng.random() < expert.sloppy_edit
-        if sloppy:  # the first edit, misquoted
+        if expert.sloppy_edit and rng.random() < expert.sloppy_edit:  # the first edit, misquoted
             file, old, new = edits[0]
             bad = misquote(old, instance.repo[file])
-            messages.append(err(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})))
-            if not (expert.recover and rng.random() < expert.recover):
-                return [*messages, call(ToolCall(name="submit", arguments={}))]
+            if err(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})):
+                return [*messages, submit]
         for file, old, new in edits:
             messages.append(call(ToolCall(name="edit", arguments={"path": file, "old": old, "new": new})))
         if rng.random() < 0.5:
             messages.append(call(ToolCall(name="run_tests", arguments={})))
-        return [*messages, call(ToolCall(name="submit", arguments={}))]
+        return [*messages, submit]
 
 
 def expert_edits(instance: RepoInstance) -> list[tuple[str, str, str]]:

@@ -91,10 +91,10 @@ async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it
     ]:
         demo = await play(env, TASK, env.demonstration(env.task_set.get(TASK), random.Random(0), expert=expert))
         said = [m for m in demo.messages if m["role"] == "assistant"]
-        made = [json.loads(m["content"].strip().removeprefix("<tool_call>").removesuffix("</tool_call>")) for m in said]
-        assert [c["name"] for c in made][: len(calls)] == [t for t, _ in calls], (expert, made)
+        made = [c for m in said for c in env.parser.parse(m["content"]).calls]
+        assert [c.name for c in made][: len(calls)] == [t for t, _ in calls], (expert, made)
         assert (demo.episode_return == 1.0) is resolved, (expert, demo.episode_return)
-        views = [c["arguments"]["path"] for c in made if c["name"] == "view"]
+        views = [c.arguments["path"] for c in made if c.name == "view"]
         assert (views[0] != path) is bool(expert.wrong_file or expert.typo_path), (expert, views)
         assert (views[-1] == path) is (resolved or not (expert.wrong_file or expert.typo_path)), (expert, views)
         if expert.typo_path:  # the error names the module meant
