@@ -44,7 +44,7 @@ from agentrl.sandbox import Sandbox
 from agentrl.tasks import Task
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.taskset import RepoTaskSet
-from agentrl.tasks.solutions import PERFECT, Expert
+from agentrl.tasks.solutions import PERFECT, Expert, chance
 
 SYSTEM = """You are fixing a bug in the Python repository at /work/repo, with the tools. You have {turns} turns.
 Find the cause of the issue, fix it in the package (changes to tests do not count), check the fix, then submit()."""
@@ -371,20 +371,19 @@ class RepoFixEnv(ToolEnv):
         messages = []
 
         def err(action: ToolCall) -> bool:
-            """Take an erring call; True when the expert then gives up (no draw at recover 0: old seeds' demos
-            stay)."""
+            """Take an erring call; True when the expert then gives up."""
             messages.append(Mistake(call(action)) if expert.mask_errors else call(action))
-            return not (expert.recover and rng.random() < expert.recover)
+            return not chance(expert.recover, rng)
 
-        if expert.wrong_file and rng.random() < expert.wrong_file:
+        if chance(expert.wrong_file, rng):
             others = sorted(p for p in instance.repo if p.endswith(".py") and not is_test_path(p) and p != path)
             if others and err(ToolCall(name="view", arguments={"path": rng.choice(others)})):
                 return [*messages, submit]
-        typo = expert.typo_path and rng.random() < expert.typo_path and mistype(path, instance.repo, rng)
+        typo = chance(expert.typo_path, rng) and mistype(path, instance.repo, rng)
         if typo and err(ToolCall(name="view", arguments={"path": typo})):
             return [*messages, submit]
         messages.append(call(ToolCall(name="view", arguments={"path": path})))
-        if expert.sloppy_edit and rng.random() < expert.sloppy_edit:  # the first edit, misquoted
+        if chance(expert.sloppy_edit, rng):  # the first edit, misquoted
             file, old, new = edits[0]
             bad = misquote(old, instance.repo[file])
             if err(ToolCall(name="edit", arguments={"path": file, "old": bad, "new": new})):

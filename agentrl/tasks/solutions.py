@@ -62,7 +62,13 @@ class Expert(BaseModel):
         """This expert's solution of `task`, one of `task_set`'s (which knows its reference solution): random
         choices from `rng`, none drawn for a flaw at rate 0."""
         code = task_set.sloppy_solution(task, rng, self.misread) if self.misread else task_set.reference_solution(task)
-        return printing(code) if self.prints and rng.random() < self.prints else code
+        return printing(code) if chance(self.prints, rng) else code
+
+
+def chance(rate: float, rng: random.Random) -> bool:
+    """True with probability `rate`; at rate 0 nothing is drawn, so a flaw added to an expert leaves the
+    demonstrations of every seed made without it unchanged."""
+    return bool(rate) and rng.random() < rate
 
 
 PERFECT = Expert()
