@@ -15,6 +15,12 @@ episode's failure mode, read from its tool calls against the instance's gold pat
     no_change    it opened the right file and changed nothing, with no failed edit
     malformed    no tool call could be run at all
 
+With --samples k (8 by default) it also samples the starting policy k times per held-out instance at the recipe's
+temperature and sorts the instances by how many of the k resolve them: never, sometimes, always. An RL that only
+sharpens the policy (makes its likeliest answer the one its samples find) can raise the greedy figure to pass@k at
+most, the `ceiling_pp` of `headroom`; each run's greedy flips, instance by instance, are counted in those classes,
+so a gain on `never` instances is one that sampling had not already shown.
+
 Prints one JSON object:
 
     python benchmarks/repo_fix_bench.py --seeds 0 1 2 --out build/repo_runs
@@ -52,12 +58,16 @@ def agentrl(*args: object, log: Path) -> float:
     return time.monotonic() - t0
 
 
+def resolved(transcript: dict) -> bool:
+    return bool(transcript["turns"] and transcript["turns"][-1]["info"].get("resolved"))
+
+
 def failure_mode(transcript: dict, gold_files: set[str]) -> str:
     """What an episode did, from its calls and its graded last turn (see the module docstring)."""
-    calls = [c for turn in transcript["turns"] for c in turn["info"].get("calls", [])]
-    last = transcript["turns"][-1]["info"] if transcript["turns"] else {}
-    if last.get("resolved"):
+    if resolved(transcript):
         return "resolved"
+    calls = [c for turn in transcript["turns"] for c in turn["info"].get("calls", [])]
+    last = transcript["turns"][-1]["info"]
     ran = [c for c in calls if c["status"] in ("ok", "error")]
     if not ran:
         return "malformed"
@@ -88,9 +98,50 @@ def gold_files(tasks) -> dict[str, set[str]]:
     return out
 
 
-def evaluate(model: Path | str, out: Path, tasks: int) -> float:
+def evaluate(model: Path | str, out: Path, tasks: int, *more: object) -> float:
     return agentrl("eval", "--env", "repo_fix", "--model", model, "--tasks", tasks, "--set", "env_kwargs.max_turns=8",
-                   "--set", "max_tokens=384", "--out", out, log=out.with_suffix(".log"))  # fmt: skip
+                   "--set", "max_tokens=384", *more, "--out", out, log=out.with_suffix(".log"))  # fmt: skip
+
+
+def solved(folder: Path) -> dict[str, tuple[int, int]]:
+    """Per instance of an `agentrl eval` folder: (episodes, episodes that resolved it)."""
+    out: dict[str, tuple[int, int]] = {}
+    for t in read_jsonl(folder / "trajectories" / "eval.jsonl"):
+        n, r = out.get(t["task_id"], (0, 0))
+        out[t["task_id"]] = (n + 1, r + resolved(t))
+    return out
+
+
+def sampled_classes(sampled: Path) -> dict[str, str]:
+    """never / sometimes / always: how many of an instance's sampled episodes resolved it."""
+    return {i: "never" if r == 0 else "always" if r == n else "sometimes" for i, (n, r) in solved(sampled).items()}
+
+
+def headroom(sampled: Path, before: Path) -> dict:
+    """What sharpening alone can add to the greedy figure (`before`): the instances some of the k samples
+    (`sampled`) resolve and greedy decoding does not, in points of the held-out set."""
+    counts, classes, greedy = solved(sampled), sampled_classes(sampled), solved(before)
+    names = ("never", "sometimes", "always")
+    per_class = Counter(classes.values())
+    solved_greedy = Counter(classes.get(i, "unsampled") for i, (_, r) in greedy.items() if r)
+    k = max(n for n, _ in counts.values())
+    return {
+        "samples": k, "instances": {c: per_class[c] for c in names},
+        "greedy_solved": {c: solved_greedy[c] for c in names},
+        "greedy_pct": round(100 * sum(solved_greedy.values()) / len(greedy), 1),
+        f"pass@{k}_pct": round(100 * (len(classes) - per_class["never"]) / len(classes), 1),
+        "ceiling_pp": round(100 * sum(per_class[c] - solved_greedy[c] for c in names[1:]) / len(classes), 1),
+    }  # fmt: skip
+
+
+def flips(before: Path, after: Path, classes: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Instances the greedy policy solved after RL and not before (gained), or before and not after (lost), by class."""
+    b, a = solved(before), solved(after)
+    out = {"gained": Counter(), "lost": Counter()}
+    for i in b.keys() & a.keys():
+        if bool(a[i][1]) != bool(b[i][1]):
+            out["gained" if a[i][1] else "lost"][classes.get(i, "unsampled")] += 1
+    return {k: dict(v) for k, v in out.items()}
 
 
 async def expert_everywhere(concurrency: int = 8) -> dict:
@@ -139,6 +190,9 @@ def main() -> None:
     p.add_argument("--policy", default="build/repo/policy", help="the starting policy (the recipe's model.path)")
     p.add_argument("--eval-tasks", type=int, default=100, help="held-out instances of the failure-mode evaluations")
     p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
+    p.add_argument("--samples", type=int, default=8, help="samples per held-out instance of the starting policy, "
+                   "to measure what sharpening can reach (0: none)")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=0.7, help="of those samples: the recipe's rollout temperature")
     p.add_argument("--summarize-only", action="store_true", help="read the runs under --out, start none")
     p.add_argument("--expert", action="store_true", help="only run the scripted expert on every instance")
     args = p.parse_args()
@@ -149,8 +203,13 @@ def main() -> None:
     held_out = load_tasks("repos").split("test")
     golds = gold_files(held_out)
     before = args.out / "before"
+    sampled = args.out / "before_sampled"
     if not args.summarize_only and not (before / "summary.json").exists():
         evaluate(args.policy, before, args.eval_tasks)
+    if not args.summarize_only and args.samples and not (sampled / "summary.json").exists():
+        evaluate(args.policy, sampled, args.eval_tasks, "--samples", args.samples, "--k", f"1,{args.samples}",
+                 "--set", f"temperature={args.temperature}")  # fmt: skip
+    classes = sampled_classes(sampled) if (sampled / "summary.json").exists() else {}
     runs = []
     for seed in args.seeds:
         out = args.out / f"seed{seed}"
@@ -174,10 +233,12 @@ def main() -> None:
             "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
             "wall_s": round(total), "wall_s_without_evaluations": round(total - eval_s),
             "failure_modes_after": modes(args.out / f"after{seed}", golds),
+            "greedy_flips": flips(before, args.out / f"after{seed}", classes),
         })  # fmt: skip
     print(json.dumps({
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "recipe": RECIPE, "policy": args.policy,
-        "failure_modes_before": modes(before, golds), "runs": runs,
+        "failure_modes_before": modes(before, golds),
+        "headroom": headroom(sampled, before) if classes else None, "runs": runs,
     }, indent=1))  # fmt: skip
 
 
