@@ -67,11 +67,10 @@ def failure_mode(transcript: dict, gold_files: set[str]) -> str:
     if resolved(transcript):
         return "resolved"
     calls = [c for turn in transcript["turns"] for c in turn["info"].get("calls", [])]
-    last = transcript["turns"][-1]["info"]
     ran = [c for c in calls if c["status"] in ("ok", "error")]
-    if not ran:
+    if not ran:  # also an episode of no turn
         return "malformed"
-    changed = set(last.get("changed_files", []))
+    changed = set(transcript["turns"][-1]["info"].get("changed_files", []))
     opened = {(c["arguments"] or {}).get("path", "").removeprefix("./") for c in ran if c["tool"] in ("view", "edit")}
     if changed & gold_files:
         return "wrong_edit"
@@ -112,19 +111,19 @@ def solved(folder: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def sampled_classes(sampled: Path) -> dict[str, str]:
-    """never / sometimes / always: how many of an instance's sampled episodes resolved it."""
-    return {i: "never" if r == 0 else "always" if r == n else "sometimes" for i, (n, r) in solved(sampled).items()}
+def classes_of(sampled: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """never / sometimes / always: how many of an instance's sampled episodes (`solved` of them) resolved it."""
+    return {i: "never" if r == 0 else "always" if r == n else "sometimes" for i, (n, r) in sampled.items()}
 
 
-def headroom(sampled: Path, before: Path) -> dict:
-    """What sharpening alone can add to the greedy figure (`before`): the instances some of the k samples
-    (`sampled`) resolve and greedy decoding does not, in points of the held-out set."""
-    counts, classes, greedy = solved(sampled), sampled_classes(sampled), solved(before)
+def headroom(sampled: dict[str, tuple[int, int]], greedy: dict[str, tuple[int, int]]) -> dict:
+    """What sharpening alone can add to the greedy figure: the instances some of the k samples resolve and greedy
+    decoding does not, in points of the held-out set (both as `solved` reads them)."""
+    classes = classes_of(sampled)
     names = ("never", "sometimes", "always")
     per_class = Counter(classes.values())
     solved_greedy = Counter(classes.get(i, "unsampled") for i, (_, r) in greedy.items() if r)
-    k = max(n for n, _ in counts.values())
+    k = max(n for n, _ in sampled.values())
     return {
         "samples": k, "instances": {c: per_class[c] for c in names},
         "greedy_solved": {c: solved_greedy[c] for c in names},
@@ -134,11 +133,11 @@ def headroom(sampled: Path, before: Path) -> dict:
     }  # fmt: skip
 
 
-def flips(before: Path, after: Path, classes: dict[str, str]) -> dict[str, dict[str, int]]:
-    """Instances the greedy policy solved after RL and not before (gained), or before and not after (lost), by class."""
-    b, a = solved(before), solved(after)
+def flips(b: dict[str, tuple[int, int]], a: dict[str, tuple[int, int]], classes: dict[str, str]) -> dict:
+    """Instances the greedy policy solved after RL (`a`) and not before (`b`): gained, or before and not after: lost;
+    by class."""
     out = {"gained": Counter(), "lost": Counter()}
-    for i in b.keys() & a.keys():
+    for i in sorted(b.keys() & a.keys()):  # sorted: the same JSON from run to run
         if bool(a[i][1]) != bool(b[i][1]):
             out["gained" if a[i][1] else "lost"][classes.get(i, "unsampled")] += 1
     return {k: dict(v) for k, v in out.items()}
@@ -209,7 +208,8 @@ def main() -> None:
     if not args.summarize_only and args.samples and not (sampled / "summary.json").exists():
         evaluate(args.policy, sampled, args.eval_tasks, "--samples", args.samples, "--k", f"1,{args.samples}",
                  "--set", f"temperature={args.temperature}")  # fmt: skip
-    classes = sampled_classes(sampled) if (sampled / "summary.json").exists() else {}
+    sampled_solved = solved(sampled) if (sampled / "summary.json").exists() else {}
+    classes, greedy_before = classes_of(sampled_solved), solved(before)
     runs = []
     for seed in args.seeds:
         out = args.out / f"seed{seed}"
@@ -233,12 +233,12 @@ def main() -> None:
             "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
             "wall_s": round(total), "wall_s_without_evaluations": round(total - eval_s),
             "failure_modes_after": modes(args.out / f"after{seed}", golds),
-            "greedy_flips": flips(before, args.out / f"after{seed}", classes),
+            "greedy_flips": flips(greedy_before, solved(args.out / f"after{seed}"), classes),
         })  # fmt: skip
     print(json.dumps({
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "recipe": RECIPE, "policy": args.policy,
         "failure_modes_before": modes(before, golds),
-        "headroom": headroom(sampled, before) if classes else None, "runs": runs,
+        "headroom": headroom(sampled_solved, greedy_before) if classes else None, "runs": runs,
     }, indent=1))  # fmt: skip
 
 
