@@ -133,7 +133,9 @@ def headroom(sampled: dict[str, tuple[int, int]], greedy: dict[str, tuple[int, i
     }  # fmt: skip
 
 
-def flips(b: dict[str, tuple[int, int]], a: dict[str, tuple[int, int]], classes: dict[str, str]) -> dict:
+def flips(
+    b: dict[str, tuple[int, int]], a: dict[str, tuple[int, int]], classes: dict[str, str]
+) -> dict[str, dict[str, int]]:
     """Instances the greedy policy solved after RL (`a`) and not before (`b`): gained, or before and not after: lost;
     by class."""
     out = {"gained": Counter(), "lost": Counter()}
