@@ -42,11 +42,21 @@ def train(out: Path, sets: list[str], *, again: bool = True) -> list[dict]:
     metrics rows."""
     if not again:
         return read_jsonl(out / "metrics.jsonl")
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox", "--set", f"out={out}",
-           *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "train",
+        "--env",
+        "code_sandbox",
+        "--set",
+        f"out={out}",
+        *(a for s in sets for a in ("--set", s)),
+    ]
     with open(f"{out}.log", "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True,
-                       env=os.environ | {"RAY_AUTH_MODE": "disabled"})  # fmt: skip
+        subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env=os.environ | {"RAY_AUTH_MODE": "disabled"}
+        )
     return read_jsonl(out / "metrics.jsonl")
 
 
@@ -59,11 +69,15 @@ def steady(rows: list[dict]) -> dict:
     episodes = sum(r.get("batch/trajectories", 0) for r in rows)
     mean = lambda k: statistics.mean(r[k] for r in rows)  # noqa: E731
     return {
-        "episodes_per_min": round(60 * episodes / wall, 2), "iteration_s": round(wall / len(rows), 2),
-        "rollout_s": round(mean("time/rollout_s"), 2), "update_s": round(mean("time/update_s"), 2),
-        "sync_s": round(mean("time/sync_s"), 3), "learner_idle": round(sum(r["time/wait_s"] for r in rows) / wall, 3),
-        "fleet_idle": round(idle / wall, 3), "staleness_max": max(r.get("train/staleness_max", 0) for r in rows),
-    }  # fmt: skip
+        "episodes_per_min": round(60 * episodes / wall, 2),
+        "iteration_s": round(wall / len(rows), 2),
+        "rollout_s": round(mean("time/rollout_s"), 2),
+        "update_s": round(mean("time/update_s"), 2),
+        "sync_s": round(mean("time/sync_s"), 3),
+        "learner_idle": round(sum(r["time/wait_s"] for r in rows) / wall, 3),
+        "fleet_idle": round(idle / wall, 3),
+        "staleness_max": max(r.get("train/staleness_max", 0) for r in rows),
+    }
 
 
 def throughput(out: Path, iterations: int, setups: list[str], extra: list[str], again: bool) -> dict:
@@ -97,8 +111,12 @@ async def generate(replicas: int | None, threads: int, requests: int, max_tokens
     async with build_engine(EngineConfig(**extra), EngineModel(path=path)) as engine:
         await engine.generate(prompt, params.model_copy(update={"max_tokens": 4}))  # warm up
         t0 = time.perf_counter()
-        gens = await asyncio.gather(*(engine.generate(prompt, params.model_copy(update={"seed": i}),
-                                                      request_id=f"r{i}") for i in range(requests)))  # fmt: skip
+        gens = await asyncio.gather(
+            *(
+                engine.generate(prompt, params.model_copy(update={"seed": i}), request_id=f"r{i}")
+                for i in range(requests)
+            )
+        )
         wall = time.perf_counter() - t0
     tokens = sum(len(g.token_ids) for g in gens)
     return {"tokens": tokens, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1)}
@@ -118,8 +136,12 @@ def generation(requests: int, max_tokens: int) -> dict:
 def setup_sets(setup: str) -> list[str]:
     """k/R/L/T as run settings."""
     k, replicas, learner, threads = setup.split("/")
-    return [f"algo.async_level={k}", f"engine.replicas={replicas}", f"engine.threads_per_replica={threads}",
-            f"threads={learner}"]  # fmt: skip
+    return [
+        f"algo.async_level={k}",
+        f"engine.replicas={replicas}",
+        f"engine.threads_per_replica={threads}",
+        f"threads={learner}",
+    ]
 
 
 def learning(out: Path, seeds: list[int], setup: str, extra: list[str]) -> dict:

@@ -34,8 +34,21 @@ from agentrl.runs import read_jsonl
 def run(out: Path, loss: str, seed: int, sets: list[str]) -> float:
     """One default run; returns its wall time (the sandbox image is built beforehand, not timed)."""
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "code_sandbox", "--set", f"seed={seed}",
-           "--set", f"algo.loss={loss}", "--set", f"out={out}", *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "train",
+        "--env",
+        "code_sandbox",
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"algo.loss={loss}",
+        "--set",
+        f"out={out}",
+        *(a for s in sets for a in ("--set", s)),
+    ]
     with open(f"{out}.log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.monotonic() - t0
@@ -46,12 +59,16 @@ def summarize(out: Path, loss: str, seed: int, wall_s: float | None) -> dict:
     metrics = read_jsonl(out / "metrics.jsonl")
     start, final = evals[0], evals[-1]
     return {
-        "loss": loss, "seed": seed, "iterations": len(metrics), "tasks": final["tasks"],
-        "start": start["success_rate"], "final": final["success_rate"],
+        "loss": loss,
+        "seed": seed,
+        "iterations": len(metrics),
+        "tasks": final["tasks"],
+        "start": start["success_rate"],
+        "final": final["success_rate"],
         "gain_pp": round(100 * (final["success_rate"] - start["success_rate"]), 1),
         "curve": {e["iteration"]: e["success_rate"] for e in evals},
         "wall_s": round(wall_s) if wall_s is not None else round(metrics[-1]["time/elapsed_s"]),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -74,8 +91,14 @@ def main() -> None:
     colors = {loss: f"C{i}" for i, loss in enumerate(args.losses)}
     for r in results:
         its = sorted(r["curve"], key=int)
-        ax.plot([int(i) for i in its], [100 * r["curve"][i] for i in its], marker="o", color=colors[r["loss"]],
-                label=f"{r['loss']} seed {r['seed']}", alpha=0.8)  # fmt: skip
+        ax.plot(
+            [int(i) for i in its],
+            [100 * r["curve"][i] for i in its],
+            marker="o",
+            color=colors[r["loss"]],
+            label=f"{r['loss']} seed {r['seed']}",
+            alpha=0.8,
+        )
     ax.set(xlabel="iteration", ylabel="held-out success, greedy (%)", title="agentrl train --env code_sandbox")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -91,8 +114,17 @@ def main() -> None:
         for loss in args.losses
         if (rs := [r for r in results if r["loss"] == loss])
     }
-    print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "runs": results, "by_loss": by_loss,
-                      "plot": str(args.out / "heldout_by_seed.png")}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "runs": results,
+                "by_loss": by_loss,
+                "plot": str(args.out / "heldout_by_seed.png"),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

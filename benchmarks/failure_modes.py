@@ -53,9 +53,16 @@ def main() -> None:
         passed[kind] += success(traj)
         if kind == "other" and len(examples) < args.examples:
             examples.append({"task_id": task.id, "reference": tasks.reference_solution(task), "submitted": code})
-    print(json.dumps({"episodes": sum(counts.values()),
-                      "readings": {k: {"episodes": counts[k], "passed": passed[k]} for k in sorted(counts)},
-                      "examples": examples}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "episodes": sum(counts.values()),
+                "readings": {k: {"episodes": counts[k], "passed": passed[k]} for k in sorted(counts)},
+                "examples": examples,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

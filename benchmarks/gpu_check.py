@@ -121,8 +121,10 @@ def need_cuda(ctx: Ctx) -> None:
     import torch
 
     if not ctx.dry and not torch.cuda.is_available():
-        raise CheckFailed(f"torch.cuda.is_available() is False (torch {torch.__version__}, built for CUDA "
-                          f"{torch.version.cuda}): no GPU to check; --cpu-dry-run runs the CPU variant")  # fmt: skip
+        raise CheckFailed(
+            f"torch.cuda.is_available() is False (torch {torch.__version__}, built for CUDA "
+            f"{torch.version.cuda}): no GPU to check; --cpu-dry-run runs the CPU variant"
+        )
 
 
 def model_config(size: str):
@@ -177,8 +179,16 @@ def prompts(n: int) -> list[list[int]]:
     from agentrl.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
-    texts = ["def add(a, b):", "What is 12 * 34? Use the calculator.", "hello " * 9, "x", "<tool_call>",
-             "The quick brown fox jumps over the lazy dog. " * 3, "import numpy as np\n", "Answer:"]  # fmt: skip
+    texts = [
+        "def add(a, b):",
+        "What is 12 * 34? Use the calculator.",
+        "hello " * 9,
+        "x",
+        "<tool_call>",
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "import numpy as np\n",
+        "Answer:",
+    ]
     return [tok.encode(f"{texts[i % len(texts)]} #{i}") for i in range(n)]
 
 
@@ -227,8 +237,10 @@ def full_params(module) -> dict[str, Any]:
     """Every parameter, unsharded (a DTensor under FSDP2), float32 on the CPU."""
     from torch.distributed.tensor import DTensor
 
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone()
-            for n, p in module.named_parameters()}  # fmt: skip
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone()
+        for n, p in module.named_parameters()
+    }
 
 
 # -- the checks -----------------------------------------------------------------------------------------
@@ -308,10 +320,15 @@ def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
         lps = [lp for g in gens for lp in g.logprobs]
         engines[dtype] = {
             "weights": f"{str(weights.dtype).removeprefix('torch.')} on {weights.device}",
-            "load_s": load_s, "requests": n, "max_tokens": T, "generated_tokens": tokens, "generate_s": seconds,
-            "tokens_per_s": tokens / seconds, "finish_reasons": sorted({g.finish_reason for g in gens}),
+            "load_s": load_s,
+            "requests": n,
+            "max_tokens": T,
+            "generated_tokens": tokens,
+            "generate_s": seconds,
+            "tokens_per_s": tokens / seconds,
+            "finish_reasons": sorted({g.finish_reason for g in gens}),
             "mean_logprob": sum(lps) / len(lps),
-        }  # fmt: skip
+        }
         expect(weights.device.type == ctx.device, f"engine.dtype={dtype}: weights on {weights.device}")
         expect(tokens == n * T, f"engine.dtype={dtype}: {tokens} tokens generated, {n * T} asked")
         expect(all(math.isfinite(lp) and lp <= 0 for lp in lps), f"engine.dtype={dtype}: a logprob not in (-inf, 0]")
@@ -360,15 +377,20 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
             mask[i, : len(p) + len(g.token_ids)] = 1
         with torch.no_grad():
             lp = trainer.scorer(ids.to(trainer.device), mask.to(trainer.device), params)[0].float().cpu()
-        learner = torch.cat([lp[i, len(p) : len(p) + len(g.token_ids)] for i, (p, g) in
-                             enumerate(zip(requests, gens, strict=True))])  # fmt: skip
+        learner = torch.cat(
+            [lp[i, len(p) : len(p) + len(g.token_ids)] for i, (p, g) in enumerate(zip(requests, gens, strict=True))]
+        )
         engine = torch.tensor([x for g in gens for x in g.logprobs])
         d = (learner - engine).abs()
         finite = torch.isfinite(d)
         kept = d[finite] if finite.any() else torch.tensor([math.nan])
-        return {"tokens": len(d), "max_abs_diff": float(kept.max()), "mean_abs_diff": float(kept.mean()),
-                "tokens_outside_learner_support": int((~finite).sum()),
-                "mean_engine_logprob": float(engine.mean())}  # fmt: skip
+        return {
+            "tokens": len(d),
+            "max_abs_diff": float(kept.max()),
+            "mean_abs_diff": float(kept.mean()),
+            "tokens_outside_learner_support": int((~finite).sum()),
+            "mean_engine_logprob": float(engine.mean()),
+        }
 
     pairs = figures["pairs"] = {}
     # float32 learner: a plain module (no process group), as `agentrl train` runs model.dtype=float32
@@ -383,8 +405,11 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
     init_distributed(bf16)
     try:
         trainer = Trainer(TrainerConfig(model=bf16, optim=OptimConfig()), copy.deepcopy(base))
-        for name, dtype in (("bf16", "bfloat16"), ("bf16_learner_fp32_engine", "float32"),
-                            ("bf16_learner_bf16_weights_engine", "bfloat16_weights")):  # fmt: skip
+        for name, dtype in (
+            ("bf16", "bfloat16"),
+            ("bf16_learner_fp32_engine", "float32"),
+            ("bf16_learner_bf16_weights_engine", "bfloat16_weights"),
+        ):
             pairs[name] = {"learner": f"bfloat16 FSDP2 on {trainer.device}", "engine": dtype} | compare(
                 trainer, engine_tokens(dtype)
             )
@@ -393,8 +418,10 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
         shutdown_distributed()
     for name, pair in pairs.items():
         expect(pair["tokens_outside_learner_support"] == 0, f"{name}: a sampled token the learner scores -inf")
-    expect(pairs["fp32"]["max_abs_diff"] <= FP32_PARITY_MAX,
-           f"fp32: max |engine - learner| {pairs['fp32']['max_abs_diff']:.3g} > {FP32_PARITY_MAX}")  # fmt: skip
+    expect(
+        pairs["fp32"]["max_abs_diff"] <= FP32_PARITY_MAX,
+        f"fp32: max |engine - learner| {pairs['fp32']['max_abs_diff']:.3g} > {FP32_PARITY_MAX}",
+    )
     for name in ("bf16", "bf16_learner_fp32_engine", "bf16_learner_bf16_weights_engine"):
         mean = pairs[name]["mean_abs_diff"]
         expect(mean <= BF16_PARITY_MEAN_MAX, f"{name}: mean |engine - learner| {mean:.3g} > {BF16_PARITY_MEAN_MAX}")
@@ -416,8 +443,10 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     try:
         client = docker_client()
     except SandboxError as e:
-        raise Skip(f"`agentrl train` needs a Docker engine (its env workers keep their sandboxes there; it checks "
-                   f"for one before it starts), and no Docker engine answers here: {e}") from None  # fmt: skip
+        raise Skip(
+            f"`agentrl train` needs a Docker engine (its env workers keep their sandboxes there; it checks "
+            f"for one before it starts), and no Docker engine answers here: {e}"
+        ) from None
     tag = sandbox_image.image_tag()
     if not sandbox_image.image_exists(client, tag):
         raise Skip(f"the sandbox image {tag} is missing: build it with `agentrl sandbox build` (offline if need be)")
@@ -427,18 +456,39 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     run = ctx.workdir / "train-run"
     shutil.rmtree(run, ignore_errors=True)
     G, groups, T, tasks = (4, 2, 64, 4) if not ctx.dry else (2, 2, 16, 2)
-    settings = ["iterations=2", f"model.path={path}", "model.dtype=bfloat16", f"out={run}", f"rollout.group_size={G}",
-                f"rollout.groups_per_iteration={groups}", "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
-                f"rollout.sampling.max_tokens={T}", f"eval.tasks={tasks}", "eval.every=0",
-                "eval.sandboxes_per_worker=2", f"eval.max_tokens={T}", "log.tensorboard=false", 'log.wandb="off"',
-                # one checkpoint, at the end: the 1B model's holds ~18 GB (fp32 weights and AdamW's two moments)
-                "checkpoint.every=0", "checkpoint.keep=1", "checkpoint.export_final=false"]  # fmt: skip
+    settings = [
+        "iterations=2",
+        f"model.path={path}",
+        "model.dtype=bfloat16",
+        f"out={run}",
+        f"rollout.group_size={G}",
+        f"rollout.groups_per_iteration={groups}",
+        "rollout.num_workers=1",
+        "rollout.sandboxes_per_worker=2",
+        f"rollout.sampling.max_tokens={T}",
+        f"eval.tasks={tasks}",
+        "eval.every=0",
+        "eval.sandboxes_per_worker=2",
+        f"eval.max_tokens={T}",
+        "log.tensorboard=false",
+        'log.wandb="off"',
+        # one checkpoint, at the end: the 1B model's holds ~18 GB (fp32 weights and AdamW's two moments)
+        "checkpoint.every=0",
+        "checkpoint.keep=1",
+        "checkpoint.export_final=false",
+    ]
     cmd = [sys.executable, "-m", "agentrl", "train", "--env", "tool_use", *(a for s in settings for a in ("--set", s))]
     figures["command"] = " ".join(["agentrl", *cmd[3:]])
     t0 = time.perf_counter()
     with GpuMemorySampler() as sampler:  # no nvidia-smi (the dry run): no figure
-        r = subprocess.run(cmd, cwd=ctx.workdir, capture_output=True, text=True, env=child_env(ctx),
-                           timeout=max(ctx.limit("agentrl_train") - 60, 1))  # fmt: skip
+        r = subprocess.run(
+            cmd,
+            cwd=ctx.workdir,
+            capture_output=True,
+            text=True,
+            env=child_env(ctx),
+            timeout=max(ctx.limit("agentrl_train") - 60, 1),
+        )
     figures["wall_s"] = time.perf_counter() - t0
     if sampler.peak_mib is not None:
         figures["gpu_memory_used_peak_mib"] = sampler.peak_mib
@@ -448,10 +498,15 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     figures["iterations"] = [
         {"iteration": m["iteration"], "policy_version": m["policy_version"]}
         | {k: m.get(f"train/{k}") for k in keys}
-        | {"rollout_tokens_per_s": m["rollout/tokens_per_s"], "generated_tokens": m["rollout/generated_tokens"],
-           "rollout_s": m["time/rollout_s"], "update_s": m["time/update_s"], "sync_s": m["time/sync_s"]}
+        | {
+            "rollout_tokens_per_s": m["rollout/tokens_per_s"],
+            "generated_tokens": m["rollout/generated_tokens"],
+            "rollout_s": m["time/rollout_s"],
+            "update_s": m["time/update_s"],
+            "sync_s": m["time/sync_s"],
+        }
         for m in rows
-    ]  # fmt: skip
+    ]
     evals = run / "eval.jsonl"
     if evals.exists():
         figures["held_out"] = [json.loads(line) for line in evals.read_text().splitlines()]
@@ -462,12 +517,34 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
 
 def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
     need_cuda(ctx)
-    args = (["--device", "cuda", "--size", "1b"] if not ctx.dry else
-            ["--dtype", "bfloat16", "--size", "small", "--batch", "4", "--length", "64", "--minibatches", "2",
-             "--rounds", "1", "--repeats", "1"])  # fmt: skip
+    args = (
+        ["--device", "cuda", "--size", "1b"]
+        if not ctx.dry
+        else [
+            "--dtype",
+            "bfloat16",
+            "--size",
+            "small",
+            "--batch",
+            "4",
+            "--length",
+            "64",
+            "--minibatches",
+            "2",
+            "--rounds",
+            "1",
+            "--repeats",
+            "1",
+        ]
+    )
     figures["command"] = " ".join(["benchmarks/train_step_bench.py", *args])
-    r = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, env=child_env(ctx),
-                       timeout=max(ctx.limit("train_step_bench") - 30, 1))  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        capture_output=True,
+        text=True,
+        env=child_env(ctx),
+        timeout=max(ctx.limit("train_step_bench") - 30, 1),
+    )
     missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", r.stderr) if r.returncode else None
     if missing and missing[1].split(".")[0] in OPTIONAL_PACKAGES:
         raise Skip(f"train_step_bench needs the package {missing[1]}, not installed here")
@@ -499,8 +576,12 @@ class GpuMemorySampler:
     def _run(self) -> None:
         while not self._stop.wait(1.0):
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout
                 used = max(float(x) for x in out.split())
             except (OSError, ValueError, subprocess.SubprocessError):
                 return  # no nvidia-smi: no figure
@@ -564,13 +645,19 @@ def finite(x: Any) -> Any:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(),
-                            "python": platform.python_version()}  # fmt: skip
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     try:
         import torch
 
-        info |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
-                 "cuda_available": torch.cuda.is_available()}  # fmt: skip
+        info |= {
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+        }
         if torch.cuda.is_available():
             info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except ImportError as e:
@@ -582,8 +669,12 @@ def machine() -> dict[str, Any]:
     except ImportError:
         info["transformers"] = None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)  # fmt: skip
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if smi.returncode == 0:
             info["nvidia_smi"] = smi.stdout.strip().splitlines()
     with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -598,9 +689,18 @@ def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
     result = ctx.workdir / f"{name}.result.json"
     result.unlink(missing_ok=True)
     logfile = ctx.workdir / f"{name}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result", str(result),
-           "--workdir", str(ctx.workdir), *(["--cpu-dry-run"] if ctx.dry else []),
-           *(["--time-limit", str(ctx.time_limit)] if ctx.time_limit else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        "--result",
+        str(result),
+        "--workdir",
+        str(ctx.workdir),
+        *(["--cpu-dry-run"] if ctx.dry else []),
+        *(["--time-limit", str(ctx.time_limit)] if ctx.time_limit else []),
+    ]
     timeout = ctx.limit(name)
     t0 = time.perf_counter()
     with logfile.open("w") as f:
@@ -612,8 +712,14 @@ def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
             proc.wait()
             rc = None
     seconds = time.perf_counter() - t0
-    entry: dict[str, Any] = {"name": name, "status": "failed", "seconds": seconds, "figures": {}, "error": None,
-                             "reason": None}  # fmt: skip
+    entry: dict[str, Any] = {
+        "name": name,
+        "status": "failed",
+        "seconds": seconds,
+        "figures": {},
+        "error": None,
+        "reason": None,
+    }
     if result.exists():
         entry |= json.loads(result.read_text())
     tail = logfile.read_text(errors="replace")[-4000:]
@@ -622,9 +728,11 @@ def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
         entry["error"] = f"ran past its time limit of {timeout} s (killed); its output ended:\n{tail}"
     elif not result.exists():
         entry["error"] = f"its process exited {rc} without a result; its output ended:\n{tail}"
-    log(f"[{entry['status']}] {name} ({seconds:.1f} s)"
+    log(
+        f"[{entry['status']}] {name} ({seconds:.1f} s)"
         + (f": {entry['reason']}" if entry["reason"] else "")
-        + (f": {entry['error'].strip().splitlines()[-1]}" if entry["error"] else ""))  # fmt: skip
+        + (f": {entry['error'].strip().splitlines()[-1]}" if entry["error"] else "")
+    )
     return entry
 
 
@@ -633,10 +741,17 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON report (default %(default)s)")
     p.add_argument("--cpu-dry-run", action="store_true", help="the same steps on the CPU, shrunk (no GPU needed)")
     p.add_argument("--only", nargs="+", choices=CHECKS, help="run only these checks")
-    p.add_argument("--workdir", type=Path, help="keep models, run folders and each check's log here "
-                   "(default: a temporary folder, removed at the end)")  # fmt: skip
-    p.add_argument("--time-limit", type=float, help="seconds each check may run (default: its own, 600 to 1800 s "
-                   "on a GPU): for a machine lent for a few minutes")  # fmt: skip
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep models, run folders and each check's log here (default: a temporary folder, removed at the end)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        help="seconds each check may run (default: its own, 600 to 1800 s "
+        "on a GPU): for a machine lent for a few minutes",
+    )
     p.add_argument("--child", choices=CHECKS, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -651,8 +766,11 @@ def main() -> int:
     ctx = Ctx(args.cpu_dry_run, workdir.resolve(), args.time_limit)
     t0 = time.perf_counter()
     try:
-        checks = [drive(name, ctx, lambda m: print(m, file=sys.stderr, flush=True))
-                  for name in CHECKS if not args.only or name in args.only]  # fmt: skip
+        checks = [
+            drive(name, ctx, lambda m: print(m, file=sys.stderr, flush=True))
+            for name in CHECKS
+            if not args.only or name in args.only
+        ]
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

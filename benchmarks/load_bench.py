@@ -40,11 +40,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {  # Qwen3-MoE shapes; "1b" is train_step_bench's
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, vocab_size=32_000),
-    "1b": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-               num_experts=32, num_experts_per_tok=4, moe_intermediate_size=768, vocab_size=151_936),
-}  # fmt: skip
+    "small": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=512,
+        vocab_size=32_000,
+    ),
+    "1b": dict(
+        hidden_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=32,
+        num_experts_per_tok=4,
+        moe_intermediate_size=768,
+        vocab_size=151_936,
+    ),
+}
 LORA = {"rank": 32, "alpha": 64.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 
 
@@ -119,9 +137,14 @@ def rank_main(out: Path, folder: Path, loader: str, mode: str, dtype: str, step:
     t0 = time.perf_counter()
     trainer = Trainer.build(cfg) if loader == "honest" else Trainer(cfg, load_policy(cfg.model))
     dist.barrier()
-    result = {"rank": rank, "baseline_anon_gib": gib(baseline), "ready_s": time.perf_counter() - t0,
-              "ready_peak_anon_gib": gib(sampler.read()), "ready_anon_gib": gib(rss_kib("RssAnon")),
-              "ready_vm_hwm_gib": gib(rss_kib("VmHWM"))}  # fmt: skip
+    result = {
+        "rank": rank,
+        "baseline_anon_gib": gib(baseline),
+        "ready_s": time.perf_counter() - t0,
+        "ready_peak_anon_gib": gib(sampler.read()),
+        "ready_anon_gib": gib(rss_kib("RssAnon")),
+        "ready_vm_hwm_gib": gib(rss_kib("VmHWM")),
+    }
     result["params"] = sum(p.numel() for p in trainer.policy.parameters())
     result["trainable"] = sum(p.numel() for p in trainer.policy.parameters() if p.requires_grad)
     result["held_bytes"] = sum(p.to_local().numel() * p.element_size() for p in trainer.policy.parameters())
@@ -130,10 +153,14 @@ def rank_main(out: Path, folder: Path, loader: str, mode: str, dtype: str, step:
         B, L = 2 * world, 64
         mask = torch.ones(B, L, dtype=torch.long)
         mask[:, :16] = 0
-        batch = TrainBatch(input_ids=torch.randint(1, trainer.policy.config.vocab_size, (B, L), generator=g),
-                           attention_mask=torch.ones(B, L, dtype=torch.long), loss_mask=mask,
-                           old_logprobs=-torch.rand(B, L, generator=g) * mask,
-                           advantages=torch.randn(B, L, generator=g) * mask, sampling=SamplingParams())  # fmt: skip
+        batch = TrainBatch(
+            input_ids=torch.randint(1, trainer.policy.config.vocab_size, (B, L), generator=g),
+            attention_mask=torch.ones(B, L, dtype=torch.long),
+            loss_mask=mask,
+            old_logprobs=-torch.rand(B, L, generator=g) * mask,
+            advantages=torch.randn(B, L, generator=g) * mask,
+            sampling=SamplingParams(),
+        )
         trainer.update(batch)
         dist.barrier()
         result["first_step_s"] = time.perf_counter() - t0
@@ -143,8 +170,11 @@ def rank_main(out: Path, folder: Path, loader: str, mode: str, dtype: str, step:
             s0 = time.perf_counter()
             state = trainer.engine_weights(sync_dtype)
             if rank == 0:
-                result[f"sync_{name}"] = {"bytes": state_bytes(state), "tensors": len(state),
-                                          "s": time.perf_counter() - s0}  # fmt: skip
+                result[f"sync_{name}"] = {
+                    "bytes": state_bytes(state),
+                    "tensors": len(state),
+                    "s": time.perf_counter() - s0,
+                }
             del state
     sampler.stop()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
@@ -153,9 +183,25 @@ def rank_main(out: Path, folder: Path, loader: str, mode: str, dtype: str, step:
 
 def measure(folder: Path, loader: str, mode: str, world: int, dtype: str, step: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--standalone",
-               __file__, "--rank-run", tmp, "--folder", str(folder), "--loader", loader, "--mode", mode,
-               "--dtype", dtype] + (["--step"] if step else [])  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(world),
+            "--standalone",
+            __file__,
+            "--rank-run",
+            tmp,
+            "--folder",
+            str(folder),
+            "--loader",
+            loader,
+            "--mode",
+            mode,
+            "--dtype",
+            dtype,
+        ] + (["--step"] if step else [])
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         if proc.returncode:
@@ -211,19 +257,22 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {ram:.0f} GiB, torch {torch.__version__}",
         "model": f"qwen3_moe {args.size}: {n_params / 1e9:.3f}B parameters, stored {str(stored).split('.')[-1]}",
         "setup": f"{world} gloo ranks (torchrun), compute {args.dtype}; peak RssAnon sampled every 1 ms per rank, "
-                 "from after imports and the process group to the model ready",
-    }  # fmt: skip
+        "from after imports and the process group to the model ready",
+    }
     for mode in ("full", "lora"):
         size = 4 if mode == "full" else stored.itemsize
-        row: dict = {"floor_gib_per_rank": n_params * size / world / 2**30,
-                     "floor": f"{n_params / 1e9:.3f}B x {size} B / {world}"}  # fmt: skip
+        row: dict = {
+            "floor_gib_per_rank": n_params * size / world / 2**30,
+            "floor": f"{n_params / 1e9:.3f}B x {size} B / {world}",
+        }
         step = mode == "lora" or args.full_step
         for loader in ("from_pretrained", "honest"):
             ranks = measure(folder, loader, mode, world, args.dtype, step)
             peak = max(r["ready_peak_anon_gib"] for r in ranks)
             above = max(r["ready_peak_anon_gib"] - r["baseline_anon_gib"] for r in ranks)
             row[loader] = {
-                "peak_anon_gib_per_rank": peak, "peak_above_baseline_gib": above,
+                "peak_anon_gib_per_rank": peak,
+                "peak_above_baseline_gib": above,
                 "baseline_anon_gib": max(r["baseline_anon_gib"] for r in ranks),
                 "peak_vs_floor": peak / row["floor_gib_per_rank"],
                 "peak_above_baseline_vs_floor": above / row["floor_gib_per_rank"],
@@ -232,7 +281,7 @@ def main() -> None:
                 "ready_s": max(r["ready_s"] for r in ranks),
                 "first_step_s": max(r["first_step_s"] for r in ranks) if step else None,
                 "step_peak_anon_gib": max(r["step_peak_anon_gib"] for r in ranks) if step else None,
-            }  # fmt: skip
+            }
             for key in ("sync_bfloat16", "sync_as_trained"):
                 if key in ranks[0]:
                     row[loader][key] = ranks[0][key]

@@ -36,8 +36,12 @@ print(json.dumps({"forward_backward_s": wall, "peak_mb_above_inputs": peak, "lp_
 
 
 def run(path: str, tokens: int, hidden: int, vocab: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, path, str(tokens), str(hidden), str(vocab)],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, path, str(tokens), str(hidden), str(vocab)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -47,8 +51,11 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, nargs="+", default=[32_000, 151_936])
     args = p.parse_args()
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-              "tokens": args.tokens, "hidden": args.hidden}  # fmt: skip
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "tokens": args.tokens,
+        "hidden": args.hidden,
+    }
     for vocab in args.vocab:
         naive, chunked = (run(path, args.tokens, args.hidden, vocab) for path in ("naive", "chunked"))
         result[f"vocab_{vocab}"] = {

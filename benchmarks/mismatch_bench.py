@@ -40,10 +40,14 @@ MODES = ("float32", "bfloat16_weights", "bfloat16")
 
 def prompts(path: str, n: int) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(path)
-    tasks = [f"Write a Python function f(xs) that returns the sum of the first {i + 2} items of the list xs."
-             for i in range(n)]  # fmt: skip
-    texts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-             for t in tasks]  # fmt: skip
+    tasks = [
+        f"Write a Python function f(xs) that returns the sum of the first {i + 2} items of the list xs."
+        for i in range(n)
+    ]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in tasks
+    ]
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
@@ -84,8 +88,12 @@ def _mismatch(lp: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor) -> dict[
     """|lp_learner − lp_engine| over the generated tokens (mean, p99, max) and the mean k3 sequence KL."""
     d = (lp - lp_b)[mask.bool()]
     per_seq = torch.stack([_k3((lp - lp_b)[b][mask[b].bool()]) for b in range(len(lp))])
-    return {"lp_abs_diff_mean": float(d.abs().mean()), "lp_abs_diff_p99": float(d.abs().quantile(0.99)),
-            "lp_abs_diff_max": float(d.abs().max()), "seq_kl_k3_mean": float(per_seq.mean())}  # fmt: skip
+    return {
+        "lp_abs_diff_mean": float(d.abs().mean()),
+        "lp_abs_diff_p99": float(d.abs().quantile(0.99)),
+        "lp_abs_diff_max": float(d.abs().max()),
+        "seq_kl_k3_mean": float(per_seq.mean()),
+    }
 
 
 def _k3(d: torch.Tensor) -> torch.Tensor:
@@ -102,9 +110,13 @@ def main() -> None:
     path = resolve_path(args.model)
     reqs = prompts(path, args.requests)
     scorer = Scorer(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), replay=True)
-    out: dict = {"model": args.model, "requests": args.requests, "tokens": args.tokens,
-                 "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                             "threads": torch.get_num_threads()}, "modes": {}}  # fmt: skip
+    out: dict = {
+        "model": args.model,
+        "requests": args.requests,
+        "tokens": args.tokens,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "modes": {},
+    }
     for mode in MODES:
         gens, wall = asyncio.run(sample(path, mode, reqs, args.tokens))
         generated = sum(len(g.token_ids) for g in gens)

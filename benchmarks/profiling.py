@@ -39,6 +39,8 @@ def profiled(cuda: bool, top: int) -> Iterator[dict]:
     summary |= {
         "wall_s": wall,
         **({"gpu_busy_s": total / 1e6, "gpu_busy_share": total / 1e6 / wall} if cuda else {}),
-        "top": [{"name": e.key[:120], "calls": e.count, "ms": us(e) / 1e3, "share": us(e) / total}
-                for e in sorted(rows, key=us, reverse=True)[:top]],
-    }  # fmt: skip
+        "top": [
+            {"name": e.key[:120], "calls": e.count, "ms": us(e) / 1e3, "share": us(e) / total}
+            for e in sorted(rows, key=us, reverse=True)[:top]
+        ],
+    }

@@ -53,8 +53,9 @@ MODES = ("resolved", "wrong_file", "edit_failed", "wrong_edit", "no_change", "ma
 def agentrl(*args: object, log: Path) -> float:
     t0 = time.monotonic()
     with open(log, "w") as f:
-        subprocess.run([sys.executable, "-m", "agentrl", *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "agentrl", *map(str, args)], stdout=f, stderr=subprocess.STDOUT, check=True
+        )
     return time.monotonic() - t0
 
 
@@ -98,8 +99,23 @@ def gold_files(tasks) -> dict[str, set[str]]:
 
 
 def evaluate(model: Path | str, out: Path, tasks: int, *more: object) -> float:
-    return agentrl("eval", "--env", "repo_fix", "--model", model, "--tasks", tasks, "--set", "env_kwargs.max_turns=8",
-                   "--set", "max_tokens=384", *more, "--out", out, log=out.with_suffix(".log"))  # fmt: skip
+    return agentrl(
+        "eval",
+        "--env",
+        "repo_fix",
+        "--model",
+        model,
+        "--tasks",
+        tasks,
+        "--set",
+        "env_kwargs.max_turns=8",
+        "--set",
+        "max_tokens=384",
+        *more,
+        "--out",
+        out,
+        log=out.with_suffix(".log"),
+    )
 
 
 def solved(folder: Path) -> dict[str, tuple[int, int]]:
@@ -125,12 +141,13 @@ def headroom(sampled: dict[str, tuple[int, int]], greedy: dict[str, tuple[int, i
     solved_greedy = Counter(classes.get(i, "unsampled") for i, (_, r) in greedy.items() if r)
     k = max(n for n, _ in sampled.values())
     return {
-        "samples": k, "instances": {c: per_class[c] for c in names},
+        "samples": k,
+        "instances": {c: per_class[c] for c in names},
         "greedy_solved": {c: solved_greedy[c] for c in names},
         "greedy_pct": round(100 * sum(solved_greedy.values()) / len(greedy), 1),
         f"pass@{k}_pct": round(100 * (len(classes) - per_class["never"]) / len(classes), 1),
         "ceiling_pp": round(100 * sum(per_class[c] - solved_greedy[c] for c in names[1:]) / len(classes), 1),
-    }  # fmt: skip
+    }
 
 
 def flips(
@@ -161,8 +178,9 @@ async def expert_everywhere(concurrency: int = 8) -> dict:
     async def one(iid: str) -> None:
         async with gate:
             templates = "test" if iid in held_templates else "train"
-            env = agentrl.make("repo_fix", sandboxes=SandboxSource(pool), tasks=f"repos:templates={templates}",
-                               split="all")  # fmt: skip
+            env = agentrl.make(
+                "repo_fix", sandboxes=SandboxSource(pool), tasks=f"repos:templates={templates}", split="all"
+            )
             await env.areset(options={"task_id": iid})
             total = 0.0
             for action in env.demonstration(env.task, random.Random(0)):
@@ -180,8 +198,12 @@ async def expert_everywhere(concurrency: int = 8) -> dict:
     finally:
         await pool.close()
     below = sorted(i for i, r in returns.items() if r < 1.0)
-    return {"instances": len(ids), "reward_1": len(ids) - len(below), "below_1": below,
-            "wall_s": round(time.monotonic() - t0)}  # fmt: skip
+    return {
+        "instances": len(ids),
+        "reward_1": len(ids) - len(below),
+        "below_1": below,
+        "wall_s": round(time.monotonic() - t0),
+    }
 
 
 def main() -> None:
@@ -191,8 +213,12 @@ def main() -> None:
     p.add_argument("--policy", default="build/repo/policy", help="the starting policy (the recipe's model.path)")
     p.add_argument("--eval-tasks", type=int, default=100, help="held-out instances of the failure-mode evaluations")
     p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
-    p.add_argument("--samples", type=int, default=8, help="samples per held-out instance of the starting policy, "
-                   "to measure what sharpening can reach (0: none)")  # fmt: skip
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        help="samples per held-out instance of the starting policy, to measure what sharpening can reach (0: none)",
+    )
     p.add_argument("--temperature", type=float, default=0.7, help="of those samples: the recipe's rollout temperature")
     p.add_argument("--summarize-only", action="store_true", help="read the runs under --out, start none")
     p.add_argument("--expert", action="store_true", help="only run the scripted expert on every instance")
@@ -208,8 +234,17 @@ def main() -> None:
     if not args.summarize_only and not (before / "summary.json").exists():
         evaluate(args.policy, before, args.eval_tasks)
     if not args.summarize_only and args.samples and not (sampled / "summary.json").exists():
-        evaluate(args.policy, sampled, args.eval_tasks, "--samples", args.samples, "--k", f"1,{args.samples}",
-                 "--set", f"temperature={args.temperature}")  # fmt: skip
+        evaluate(
+            args.policy,
+            sampled,
+            args.eval_tasks,
+            "--samples",
+            args.samples,
+            "--k",
+            f"1,{args.samples}",
+            "--set",
+            f"temperature={args.temperature}",
+        )
     sampled_solved = solved(sampled) if (sampled / "summary.json").exists() else {}
     classes, greedy_before = classes_of(sampled_solved), solved(before)
     runs = []
@@ -218,8 +253,9 @@ def main() -> None:
         wall = None
         if not args.summarize_only:
             sets = [f"seed={seed}", f"out={out}", f"model.path={args.policy}", *args.sets]
-            wall = agentrl("train", "--config", RECIPE, *(a for s in sets for a in ("--set", s)),
-                           log=out.with_suffix(".log"))  # fmt: skip
+            wall = agentrl(
+                "train", "--config", RECIPE, *(a for s in sets for a in ("--set", s)), log=out.with_suffix(".log")
+            )
             evaluate(out / "final", args.out / f"after{seed}", args.eval_tasks)
         evals = read_jsonl(out / "eval.jsonl")
         bench = read_jsonl(out / "bench.jsonl") if (out / "bench.jsonl").exists() else []  # eval.benchmarks=[]
@@ -229,19 +265,31 @@ def main() -> None:
         total = wall if wall is not None else metrics[-1]["time/elapsed_s"]
         last = metrics[-1]["iteration"] if wall is None else float("inf")
         eval_s = sum(e["wall_s"] for e in (*evals, *bench) if e["iteration"] <= last)
-        runs.append({
-            "seed": seed, "heldout_curve": {e["iteration"]: e["success_rate"] for e in evals},
-            "heldout_gain_pp": round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1),
-            "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
-            "wall_s": round(total), "wall_s_without_evaluations": round(total - eval_s),
-            "failure_modes_after": modes(args.out / f"after{seed}", golds),
-            "greedy_flips": flips(greedy_before, solved(args.out / f"after{seed}"), classes),
-        })  # fmt: skip
-    print(json.dumps({
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "recipe": RECIPE, "policy": args.policy,
-        "failure_modes_before": modes(before, golds),
-        "headroom": headroom(sampled_solved, greedy_before) if classes else None, "runs": runs,
-    }, indent=1))  # fmt: skip
+        runs.append(
+            {
+                "seed": seed,
+                "heldout_curve": {e["iteration"]: e["success_rate"] for e in evals},
+                "heldout_gain_pp": round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1),
+                "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
+                "wall_s": round(total),
+                "wall_s_without_evaluations": round(total - eval_s),
+                "failure_modes_after": modes(args.out / f"after{seed}", golds),
+                "greedy_flips": flips(greedy_before, solved(args.out / f"after{seed}"), classes),
+            }
+        )
+    print(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "recipe": RECIPE,
+                "policy": args.policy,
+                "failure_modes_before": modes(before, golds),
+                "headroom": headroom(sampled_solved, greedy_before) if classes else None,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

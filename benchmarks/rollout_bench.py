@@ -101,10 +101,19 @@ async def naive_run(model, episodes: int, env_kwargs: dict, max_tokens: int) -> 
         messages, info = await env.areset(seed=ep)
         done = False
         while not done:
-            ids = tok.apply_chat_template(messages, tools=info["tools"], add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
-            out = model.generate(ids, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0,
-                                 top_k=0, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+            ids = tok.apply_chat_template(
+                messages, tools=info["tools"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )["input_ids"]
+            out = model.generate(
+                ids,
+                max_new_tokens=max_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
             new = out[0, ids.shape[1] :]
             tokens += new.numel()
             text = tok.decode(new, skip_special_tokens=True)
@@ -113,23 +122,37 @@ async def naive_run(model, episodes: int, env_kwargs: dict, max_tokens: int) -> 
             done = terminated or truncated
     await env.aclose()
     wall = time.perf_counter() - t0
-    return {"episodes": episodes, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "episodes_per_min": 60 * episodes / wall}  # fmt: skip
+    return {
+        "episodes": episodes,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "episodes_per_min": 60 * episodes / wall,
+    }
 
 
 async def main(args) -> dict:
     model = tiny_model("qwen3_moe", seed=0)
     sampling = SamplingParams(max_tokens=args.max_tokens)
     env_kwargs = {"max_turns": args.turns}
-    base = dict(group_size=args.group_size, num_workers=2, sandboxes_per_worker=8, sampling=sampling,
-                max_episode_tokens=4096, seed=0)  # fmt: skip
+    base = dict(
+        group_size=args.group_size,
+        num_workers=2,
+        sandboxes_per_worker=8,
+        sampling=sampling,
+        max_episode_tokens=4096,
+        seed=0,
+    )
 
     torch.manual_seed(0)  # model.generate samples from the global generator
     naive = await naive_run(model, args.naive_episodes, env_kwargs, args.max_tokens)
     ctl = await controller_run(
-        model, RolloutConfig(env="code_sandbox", env_kwargs=env_kwargs, groups_per_iteration=args.groups,
-                             partial=False, **base), 2, bump=False,
-    )  # fmt: skip
+        model,
+        RolloutConfig(
+            env="code_sandbox", env_kwargs=env_kwargs, groups_per_iteration=args.groups, partial=False, **base
+        ),
+        2,
+        bump=False,
+    )
 
     tail_env = "benchmarks.rollout_bench:longtail_code"
     tail = dict(env=tail_env, groups_per_iteration=args.tail_groups, max_staleness=args.tail_iterations, **base)
@@ -164,8 +187,9 @@ if __name__ == "__main__":
     p.add_argument("--tail-iterations", type=int, default=12)
     args = p.parse_args()
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    ray.init(include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})  # fmt: skip
+    ray.init(
+        include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}}
+    )
     try:
         print(json.dumps(asyncio.run(main(args)), indent=2))
     finally:

@@ -48,10 +48,15 @@ from agentrl.runs import read_jsonl
 ITERATIONS = 10  # the default recipe's
 MINIBATCHES = 4
 SETUP = [
-    "engine.dtype=bfloat16", "engine.replicas=1", "engine.record_routing=true",
-    f"optim.minibatches={MINIBATCHES}", f"optim.decay_steps={ITERATIONS * MINIBATCHES}",
-    "algo.async_level=1", "rollout.max_staleness=1", "eval.every=2",
-]  # fmt: skip
+    "engine.dtype=bfloat16",
+    "engine.replicas=1",
+    "engine.record_routing=true",
+    f"optim.minibatches={MINIBATCHES}",
+    f"optim.decay_steps={ITERATIONS * MINIBATCHES}",
+    "algo.async_level=1",
+    "rollout.max_staleness=1",
+    "eval.every=2",
+]
 ARMS = {
     "grpo": ["algo.loss=grpo"],
     "grpo_r2": ["algo.loss=grpo", "algo.routing_replay=R2"],
@@ -89,14 +94,23 @@ def summarize(out: Path, policy: str, arm: str, seed: int, wall_s: float | None)
     curve = [(e["iteration"], e["success_rate"]) for e in evals]
     per_iteration = {name: [m.get(key) for m in metrics] for name, key in WATCHED.items()}
     return {
-        "policy": policy, "arm": arm, "seed": seed, "iterations": len(metrics),
-        "curve": {i: v for i, v in curve}, "start": curve[0][1], "peak": max(v for _, v in curve),
-        "final": curve[-1][1], "gain_pp": round(100 * (curve[-1][1] - curve[0][1]), 1),
-        "collapsed_at": collapse(curve), "per_iteration": per_iteration,
-        "means": {name: round(mean(xs), 6) if (xs := [x for x in v if x is not None]) else None
-                  for name, v in per_iteration.items()},
+        "policy": policy,
+        "arm": arm,
+        "seed": seed,
+        "iterations": len(metrics),
+        "curve": {i: v for i, v in curve},
+        "start": curve[0][1],
+        "peak": max(v for _, v in curve),
+        "final": curve[-1][1],
+        "gain_pp": round(100 * (curve[-1][1] - curve[0][1]), 1),
+        "collapsed_at": collapse(curve),
+        "per_iteration": per_iteration,
+        "means": {
+            name: round(mean(xs), 6) if (xs := [x for x in v if x is not None]) else None
+            for name, v in per_iteration.items()
+        },
         "wall_s": round(wall_s) if wall_s is not None else round(metrics[-1]["time/elapsed_s"]),
-    }  # fmt: skip
+    }
 
 
 def plot(results: list[dict], out: Path) -> list[str]:
@@ -127,8 +141,12 @@ def plot(results: list[dict], out: Path) -> list[str]:
             for arm in arms:
                 runs = [r["per_iteration"][name] for r in rs if r["arm"] == arm]
                 n = min(len(v) for v in runs)
-                ys = [mean(x for v in runs if (x := v[i]) is not None) if any(v[i] is not None for v in runs)
-                      else float("nan") for i in range(n)]  # fmt: skip
+                ys = [
+                    mean(x for v in runs if (x := v[i]) is not None)
+                    if any(v[i] is not None for v in runs)
+                    else float("nan")
+                    for i in range(n)
+                ]
                 ax.plot(range(n), ys, label=arm)
             ax.set(title=name, xlabel="iteration")
             ax.grid(alpha=0.3)
@@ -164,15 +182,29 @@ def main() -> None:
                     results.append(summarize(out, policy, arm, seed, wall))
     by_arm = {
         f"{policy}/{arm}": {
-            "seeds": len(rs), "collapsed": sum(r["collapsed_at"] is not None for r in rs),
-            "gain_pp": [r["gain_pp"] for r in rs], "peak": [r["peak"] for r in rs], "final": [r["final"] for r in rs],
+            "seeds": len(rs),
+            "collapsed": sum(r["collapsed_at"] is not None for r in rs),
+            "gain_pp": [r["gain_pp"] for r in rs],
+            "peak": [r["peak"] for r in rs],
+            "final": [r["final"] for r in rs],
             **{name: [r["means"][name] for r in rs] for name in WATCHED},
         }
-        for policy in policies for arm in args.arms
+        for policy in policies
+        for arm in args.arms
         if (rs := [r for r in results if r["policy"] == policy and r["arm"] == arm])
-    }  # fmt: skip
-    print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "setup": SETUP, "by_arm": by_arm,
-                      "runs": results, "plots": plot(results, args.out) if results else []}, indent=1))  # fmt: skip
+    }
+    print(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "setup": SETUP,
+                "by_arm": by_arm,
+                "runs": results,
+                "plots": plot(results, args.out) if results else [],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

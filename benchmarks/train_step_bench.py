@@ -39,9 +39,18 @@ if TYPE_CHECKING:
 SIZES = {  # Qwen3-MoE shapes
     "default": ARCHITECTURE,  # the embedded default policy's, repo_fix's start (tiny_config adds the vocabulary)
     "small": SMALL_ARCHITECTURE,  # `agentrl models init --preset small`
-    "1b": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-               num_experts=32, num_experts_per_tok=4, moe_intermediate_size=768, vocab_size=151_936),
-}  # fmt: skip
+    "1b": dict(
+        hidden_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=32,
+        num_experts_per_tok=4,
+        moe_intermediate_size=768,
+        vocab_size=151_936,
+    ),
+}
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense bf16, per GPU
 
 
@@ -56,10 +65,12 @@ def synthetic_batch(B: int, L: int, vocab: int, device: str) -> TrainBatch:
     mask[:, L // 2 : L // 2 + L // 16] = 0  # an observation
     return TrainBatch(
         input_ids=torch.randint(1, vocab, (B, L), generator=g).to(device),
-        attention_mask=torch.ones_like(mask).to(device), loss_mask=mask.to(device),
+        attention_mask=torch.ones_like(mask).to(device),
+        loss_mask=mask.to(device),
         old_logprobs=(-torch.rand(B, L, generator=g) * 5 * mask).to(device),
-        advantages=(torch.randn(B, L, generator=g) * mask).to(device), sampling=SamplingParams(),
-    )  # fmt: skip
+        advantages=(torch.randn(B, L, generator=g) * mask).to(device),
+        sampling=SamplingParams(),
+    )
 
 
 def active_params(cfg) -> float:
@@ -80,10 +91,15 @@ def main() -> None:
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2, help="calls timed per path and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="after the timed rounds, one update and one plain pass under torch.profiler: the N kernels "
-                        "with the most time and the GPU's busy share (cuda), or the N ops with the most self time "
-                        "(cpu), in the JSON under 'profile'")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed rounds, one update and one plain pass under torch.profiler: the N kernels "
+        "with the most time and the GPU's busy share (cuda), or the N ops with the most self time "
+        "(cpu), in the JSON under 'profile'",
+    )
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -145,7 +161,7 @@ def main() -> None:
     fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-                   + (f", {torch.cuda.get_device_name()}" if cuda else ""),
+        + (f", {torch.cuda.get_device_name()}" if cuda else ""),
         "model": f"qwen3_moe {args.size}: {n_params / 1e6:.1f}M parameters, {active_params(cfg) / 1e6:.1f}M active",
         "setup": f"{model_cfg.dtype}, {fsdp}",
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
@@ -153,7 +169,7 @@ def main() -> None:
         "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},
         "update_vs_plain": statistics.median(q[0] / u[0] for u, q in rounds),
         "update_vs_plain_per_round": [q[0] / u[0] for u, q in rounds],
-    }  # fmt: skip
+    }
     if cuda:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
         for key, gib in (("gspo_token_update", update_gib), ("plain_forward_backward", plain_gib)):

@@ -34,17 +34,26 @@ def trajectory(rng: random.Random) -> tuple[Trajectory, TrainedView]:
     t.append_prompt([rng.randrange(2000) for _ in range(700)])
     for turn in range(3):
         n = 80
-        t.append_generation(Generation(token_ids=[rng.randrange(2000) for _ in range(n)],
-                                       logprobs=[-rng.random() for _ in range(n)], versions=[turn] * n,
-                                       finish_reason="stop"))  # fmt: skip
+        t.append_generation(
+            Generation(
+                token_ids=[rng.randrange(2000) for _ in range(n)],
+                logprobs=[-rng.random() for _ in range(n)],
+                versions=[turn] * n,
+                finish_reason="stop",
+            )
+        )
         t.turns[-1].reward = rng.choice([0.0, 0.1])
         if turn < 2:
             t.append_observation([rng.randrange(2000) for _ in range(60)])
     t.status, t.terminated = Status.FINISHED, True
     L = len(t.token_ids)
-    view = TrainedView(advantages=[round(rng.gauss(0, 1), 4) for _ in range(L)],
-                       trainer_logprobs=[round(-rng.random(), 4) for _ in range(L)], ratio=1.0, clipped=0.0,
-                       minibatch=0)  # fmt: skip
+    view = TrainedView(
+        advantages=[round(rng.gauss(0, 1), 4) for _ in range(L)],
+        trainer_logprobs=[round(-rng.random(), 4) for _ in range(L)],
+        ratio=1.0,
+        clipped=0.0,
+        minibatch=0,
+    )
     return t, view
 
 
@@ -53,13 +62,17 @@ def build(folder: Path, n: int) -> None:
     base, view = trajectory(rng)
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"path": "default"}}))
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "rollout/reward": rng.random()}) + "\n"
-                                                  for i in range(max(1, n // 100))))  # fmt: skip
+    (folder / "metrics.jsonl").write_text(
+        "".join(json.dumps({"iteration": i, "rollout/reward": rng.random()}) + "\n" for i in range(max(1, n // 100)))
+    )
     for it in range(max(1, n // 100)):
-        copies = [base.model_copy(update={"episode_id": f"{it:05d}-{k:03d}", "group_id": f"{it}-{k // 8}"})
-                  for k in range(min(100, n))]  # fmt: skip
-        write_trajectories(folder / "trajectories", f"iter-{it:05d}.jsonl", copies, it,
-                           {c.episode_id: view for c in copies})  # fmt: skip
+        copies = [
+            base.model_copy(update={"episode_id": f"{it:05d}-{k:03d}", "group_id": f"{it}-{k // 8}"})
+            for k in range(min(100, n))
+        ]
+        write_trajectories(
+            folder / "trajectories", f"iter-{it:05d}.jsonl", copies, it, {c.episode_id: view for c in copies}
+        )
 
 
 def timed(client: httpx.Client, url: str, repeats: int = 20) -> float:
@@ -77,8 +90,11 @@ def measure(folder: Path, last_id: str) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
@@ -113,10 +129,16 @@ def main() -> None:
         build(small, 100)
         build(big, 10_000)
         base, many = measure(small, "00000-099"), measure(big, "00099-099")
-    print(json.dumps({
-        "baseline_100": base, "trajectories_10000": many,
-        "ratio_10000_over_100": {k: round(many[k] / base[k], 2) for k in base if base[k]},
-    }, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "baseline_100": base,
+                "trajectories_10000": many,
+                "ratio_10000_over_100": {k: round(many[k] / base[k], 2) for k in base if base[k]},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

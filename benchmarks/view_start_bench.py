@@ -92,9 +92,13 @@ def start_once(folder: Path, pythonpath: str | None, timeout: float) -> dict:
     port = free_port()
     with tempfile.TemporaryDirectory() as cwd:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(port)],
-                                cwd=cwd, env=environment(pythonpath), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrl", "view", str(folder), "--port", str(port)],
+            cwd=cwd,
+            env=environment(pythonpath),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
                 out = {"overview_s": round(poll(c, "/api/overview", proc, t0, timeout), 3)}
@@ -164,8 +168,14 @@ main()
 
 def python_json(code: str, args: list[str], pythonpath: str | None, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as cwd:
-        r = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{code}", *args], cwd=cwd,
-                           env=environment(pythonpath), capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{code}", *args],
+            cwd=cwd,
+            env=environment(pythonpath),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     if r.returncode != 0:
         raise RuntimeError(f"snippet failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -194,8 +204,13 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a start may take before it fails")
     args = p.parse_args()
     folder = args.folder.resolve()
-    out = {"folder": str(folder), "repeats": args.repeats, "cpus": os.cpu_count(), "python": platform.python_version(),
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+    out = {
+        "folder": str(folder),
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
     out["new"] = new = measure(folder, args.pythonpath, args.repeats, args.timeout)
     if args.baseline_pythonpath:
         out["baseline"] = base = measure(folder, args.baseline_pythonpath, args.repeats, args.timeout)

@@ -21,8 +21,19 @@ OUT = pathlib.Path(__file__).resolve().parents[1] / "agentrl/models/assets/token
 
 def corpus() -> list[str]:
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    names = ["textwrap.py", "json/encoder.py", "json/decoder.py", "functools.py", "heapq.py", "bisect.py",
-             "fractions.py", "statistics.py", "string.py", "difflib.py", "this.py"]  # fmt: skip
+    names = [
+        "textwrap.py",
+        "json/encoder.py",
+        "json/decoder.py",
+        "functools.py",
+        "heapq.py",
+        "bisect.py",
+        "fractions.py",
+        "statistics.py",
+        "string.py",
+        "difflib.py",
+        "this.py",
+    ]
     texts = [(stdlib / n).read_text() for n in names]
     root = OUT.parents[3]
     texts += [p.read_text() for p in sorted(root.glob("*.md"))]

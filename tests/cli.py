@@ -29,9 +29,14 @@ def env(**extra: str) -> dict[str, str]:
     return out | extra
 
 
-def agentrl(*args: object, cwd: Path | str | None = None, timeout: float = 300, check: bool = True,
-            extra_env: dict[str, str] | None = None,
-            launcher: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def agentrl(
+    *args: object,
+    cwd: Path | str | None = None,
+    timeout: float = 300,
+    check: bool = True,
+    extra_env: dict[str, str] | None = None,
+    launcher: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
     """Run `agentrl ARGS` to its end; `check`: fail the test unless it exits 0.
 
     launcher: python's arguments before `-m agentrl` (["-m", "torch.distributed.run", ...])."""
@@ -46,18 +51,28 @@ def agentrl(*args: object, cwd: Path | str | None = None, timeout: float = 300, 
     return r
 
 
-def start_agentrl(*args: object, cwd: Path | str | None = None, sigint: bool = True,
-                  stdout: int | IO | None = None, stderr: int | IO | None = None,
-                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:  # fmt: skip
+def start_agentrl(
+    *args: object,
+    cwd: Path | str | None = None,
+    sigint: bool = True,
+    stdout: int | IO | None = None,
+    stderr: int | IO | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     """`agentrl ARGS` in the background, as text; stdout and stderr piped unless `stdout` / `stderr` say
     where (a file, or subprocess.STDOUT to merge stderr into stdout).
 
     sigint: the child takes SIGINT as a terminal's Ctrl-C delivers it (a test runner may start
     children with it ignored)."""
-    return subprocess.Popen(_command(args), cwd=cwd, env=env(**(extra_env or {})), text=True,
-                            stdout=subprocess.PIPE if stdout is None else stdout,
-                            stderr=subprocess.PIPE if stderr is None else stderr,
-                            preexec_fn=_default_sigint if sigint else None)  # fmt: skip
+    return subprocess.Popen(
+        _command(args),
+        cwd=cwd,
+        env=env(**(extra_env or {})),
+        text=True,
+        stdout=subprocess.PIPE if stdout is None else stdout,
+        stderr=subprocess.PIPE if stderr is None else stderr,
+        preexec_fn=_default_sigint if sigint else None,
+    )
 
 
 def listening_url(proc: subprocess.Popen[str]) -> str:

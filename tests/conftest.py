@@ -117,8 +117,11 @@ def no_container_left_behind():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unmarked = [i.nodeid for i in items if DOCKER_FIXTURES & set(getattr(i, "fixturenames", ()))
-                and i.get_closest_marker("docker") is None]  # fmt: skip
+    unmarked = [
+        i.nodeid
+        for i in items
+        if DOCKER_FIXTURES & set(getattr(i, "fixturenames", ())) and i.get_closest_marker("docker") is None
+    ]
     if unmarked:
         raise pytest.UsageError(f"these use a Docker fixture but lack @pytest.mark.docker: {unmarked}")
 

@@ -38,5 +38,8 @@ def still_running(pids: list[int], pattern: str) -> list[int]:
 
 def our_containers(client: docker.DockerClient) -> list:
     """Running agentrl sandboxes whose owner (the process that made them) this process started."""
-    return [c for c in client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
-            if descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))]  # fmt: skip
+    return [
+        c
+        for c in client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
+        if descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
+    ]

@@ -90,8 +90,14 @@ _PORT_LOCK = threading.Lock()  # worker nodes start in parallel threads: one dra
 
 def _ports(head: bool) -> list[str]:
     """Every port a node listens on, free ones: two nodes on one machine (or another Ray here) must not collide."""
-    names = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-             "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
+    names = [
+        "--node-manager-port",
+        "--object-manager-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+        "--metrics-export-port",
+    ]
     if head:
         names += ["--ray-client-server-port", "--dashboard-port"]
     with _PORT_LOCK:
@@ -136,11 +142,24 @@ class Dockerd:
     def start(cls, root: Path, env: dict[str, str] | None = None, *, wait: bool = True) -> Dockerd:
         root.mkdir(parents=True, exist_ok=True)
         host = f"unix://{root}/docker.sock"
-        cmd = ["dockerd", "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "-H", host,
-               "--pidfile", f"{root}/docker.pid", "--bridge=none", "--iptables=false", "--ip6tables=false"]  # fmt: skip
+        cmd = [
+            "dockerd",
+            "--data-root",
+            f"{root}/data",
+            "--exec-root",
+            f"{root}/exec",
+            "-H",
+            host,
+            "--pidfile",
+            f"{root}/docker.pid",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+        ]
         with open(root / "dockerd.log", "wb") as log:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
         d = cls(root, proc)
         if wait:
             d.wait()
@@ -182,8 +201,11 @@ class Dockerd:
 
 def _unmount_under(root: Path) -> None:
     """A killed dockerd can leave mounts under its roots (overlay, netns): unmount them, deepest first."""
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[1].startswith(str(root) + "/")]  # fmt: skip
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(root) + "/")
+    ]
     for m in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True)
 
@@ -212,8 +234,13 @@ class RayCluster:
 
     def _env(self, docker_host: str | None = None) -> dict[str, str]:
         # no memory monitor: on a shared machine another process's memory would get this cluster's workers killed
-        env = {**os.environ, MARK: str(self.root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_memory_monitor_refresh_ms": "0"}  # fmt: skip
+        env = {
+            **os.environ,
+            MARK: str(self.root),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_memory_monitor_refresh_ms": "0",
+        }
         env.pop("RAY_ADDRESS", None)
         if docker_host:
             env["DOCKER_HOST"] = docker_host
@@ -223,8 +250,11 @@ class RayCluster:
 
     def _start(self, head: NodeSpec, workers: dict[str, NodeSpec]) -> None:
         t0 = time.monotonic()
-        self.daemons = daemons = {name: Dockerd.start(self.root / f"docker-{name}", self._env(), wait=False)
-                                  for name, spec in workers.items() if spec.docker}  # fmt: skip
+        self.daemons = daemons = {
+            name: Dockerd.start(self.root / f"docker-{name}", self._env(), wait=False)
+            for name, spec in workers.items()
+            if spec.docker
+        }
         for d in daemons.values():
             d.wait()
         self.setup_s["dockerd"] = time.monotonic() - t0
@@ -257,27 +287,44 @@ class RayCluster:
             assert len(raylet) == 1, f"raylet of node {name}: {raylet}"
             d = daemons.get(name)
             info_ = match[0]
-            self.nodes[name] = Node(name, info_["NodeID"], info_["NodeManagerAddress"], raylet[0], temp,
-                                    d and d.host, d and d.pid)  # fmt: skip
+            self.nodes[name] = Node(
+                name, info_["NodeID"], info_["NodeManagerAddress"], raylet[0], temp, d and d.host, d and d.pid
+            )
         self.setup_s["total"] = time.monotonic() - t0
 
     def _ray_start(self, name: str, spec: NodeSpec, args: list[str], docker_host: str | None) -> None:
-        cmd = [RAY, "start", *args, "--temp-dir", str(self.root / name), "--num-cpus", str(spec.num_cpus),
-               "--object-store-memory", str(OBJECT_STORE), "--node-ip-address", "127.0.0.1",
-               "--disable-usage-stats", *_ports(name == "head")]  # fmt: skip
-        out = subprocess.run(cmd, env=self._env(docker_host), capture_output=True, text=True, timeout=120,
-                             start_new_session=True)  # fmt: skip
+        cmd = [
+            RAY,
+            "start",
+            *args,
+            "--temp-dir",
+            str(self.root / name),
+            "--num-cpus",
+            str(spec.num_cpus),
+            "--object-store-memory",
+            str(OBJECT_STORE),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--disable-usage-stats",
+            *_ports(name == "head"),
+        ]
+        out = subprocess.run(
+            cmd, env=self._env(docker_host), capture_output=True, text=True, timeout=120, start_new_session=True
+        )
         if out.returncode != 0:
             raise RuntimeError(f"ray start of node {name} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
 
     def _ray_nodes(self, n: int, timeout_s: float = 60) -> list[dict]:
         """ray.nodes() once `n` nodes are alive, read in a subprocess (this one stays without a Ray connection)."""
-        code = (f"import json, ray; ray.init(address={self.address!r}, log_to_driver=False); "
-                "print(json.dumps([x for x in ray.nodes() if x['Alive']]))")  # fmt: skip
+        code = (
+            f"import json, ray; ray.init(address={self.address!r}, log_to_driver=False); "
+            "print(json.dumps([x for x in ray.nodes() if x['Alive']]))"
+        )
         deadline = time.monotonic() + timeout_s
         while True:
-            out = subprocess.run([sys.executable, "-c", code], env=self._env(), capture_output=True, text=True,
-                                 timeout=120)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=self._env(), capture_output=True, text=True, timeout=120
+            )
             nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
             if len(nodes) >= n or time.monotonic() > deadline:
                 assert len(nodes) >= n, f"{len(nodes)} of {n} nodes alive:\n{out.stderr[-3000:]}"

@@ -35,11 +35,17 @@ def git_repo(root: Path, files: dict[str, str]) -> str:
 
 def record(repo: str, commit: str, **over) -> dict:
     return {
-        "instance_id": "mathy__clamp-1", "repo": repo, "base_commit": commit, "version": "1.0",
-        "problem_statement": "clamp(12, 0, 10) gives 9, not 10", "patch": make_patch(BUGGY, FIXED),
-        "test_patch": make_patch(BUGGY, HIDDEN), "FAIL_TO_PASS": json.dumps(["tests/test_edges.py::test_top"]),
-        "PASS_TO_PASS": ["tests/test_ops.py::test_inside"], **over,
-    }  # fmt: skip
+        "instance_id": "mathy__clamp-1",
+        "repo": repo,
+        "base_commit": commit,
+        "version": "1.0",
+        "problem_statement": "clamp(12, 0, 10) gives 9, not 10",
+        "patch": make_patch(BUGGY, FIXED),
+        "test_patch": make_patch(BUGGY, HIDDEN),
+        "FAIL_TO_PASS": json.dumps(["tests/test_edges.py::test_top"]),
+        "PASS_TO_PASS": ["tests/test_ops.py::test_inside"],
+        **over,
+    }
 
 
 def write_jsonl(path: Path, *records: dict) -> Path:

@@ -16,8 +16,9 @@ CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_st
 
 def gpu_check(*args: object, timeout: float, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = Path(args[args.index("--out") + 1])
-    r = subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       env=env(**extra_env))  # fmt: skip
+    r = subprocess.run(
+        ["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env(**extra_env)
+    )
     report = json.loads(out.read_text())
     assert json.loads(r.stdout) == report  # printed as written
     return r, report
@@ -53,7 +54,10 @@ def test_without_a_gpu_the_gpu_run_fails_each_check_and_goes_on(tmp_path):
     r, report = gpu_check("--only", *only, "--out", tmp_path / "report.json", timeout=300)
     assert r.returncode == 1 and report["mode"] == "gpu" and not report["ok"]
     assert [(c["name"], c["status"]) for c in report["checks"]] == [
-        ("fsdp_bf16", "failed"), ("agentrl_train", "skipped"), ("train_step_bench", "failed")]  # fmt: skip
+        ("fsdp_bf16", "failed"),
+        ("agentrl_train", "skipped"),
+        ("train_step_bench", "failed"),
+    ]
     assert report["counts"] == {"ok": 0, "failed": 2, "skipped": 1}
     fsdp, train, bench = report["checks"]
     assert all("torch.cuda.is_available() is False" in c["error"] for c in (fsdp, bench))
@@ -79,24 +83,35 @@ def test_a_check_whose_optional_package_is_missing_is_skipped_with_the_reason(tm
     """A GPU machine may lack Ray (no internet to install it): a check that imports it is skipped, naming the
     package (and where agentrl imports it); the exit status stays 0."""
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)
-    r, report = gpu_check("--cpu-dry-run", "--only", "fsdp_bf16", "agentrl_train", "--out", tmp_path / "report.json",
-                          timeout=300, PYTHONPATH=str(tmp_path), BLOCKED="ray")  # fmt: skip
+    r, report = gpu_check(
+        "--cpu-dry-run",
+        "--only",
+        "fsdp_bf16",
+        "agentrl_train",
+        "--out",
+        tmp_path / "report.json",
+        timeout=300,
+        PYTHONPATH=str(tmp_path),
+        BLOCKED="ray",
+    )
     assert r.returncode == 0 and report["ok"] and report["counts"]["failed"] == 0, report
     fsdp, train = report["checks"]
     assert train["status"] == "skipped"
     assert train["reason"] == "`agentrl train` needs the package ray, not installed here"
     # the Trainer imports Ray today (agentrl.train.batch imports agentrl.rollout): skipped, saying where
     assert fsdp["status"] == "skipped" and fsdp["error"] is None
-    assert re.fullmatch(r"needs the package ray, not installed here \(imported at agentrl/\S+\.py:\d+\)",
-                        fsdp["reason"]), fsdp["reason"]  # fmt: skip
+    assert re.fullmatch(
+        r"needs the package ray, not installed here \(imported at agentrl/\S+\.py:\d+\)", fsdp["reason"]
+    ), fsdp["reason"]
 
 
 @pytest.mark.slow  # the fast tier is at its budget
 def test_a_check_past_the_time_limit_asked_is_killed_and_fails_saying_so(tmp_path):
     """--time-limit (a machine lent for minutes): a check still running at the limit is killed, with whatever it
     started, and fails with its output's tail, the report still written."""
-    r, report = gpu_check("--cpu-dry-run", "--only", "fsdp_bf16", "--time-limit", "2",
-                          "--out", tmp_path / "report.json", timeout=120)  # fmt: skip
+    r, report = gpu_check(
+        "--cpu-dry-run", "--only", "fsdp_bf16", "--time-limit", "2", "--out", tmp_path / "report.json", timeout=120
+    )
     assert r.returncode == 1 and not report["ok"], report
     [fsdp] = report["checks"]
     assert fsdp["status"] == "failed" and fsdp["error"].startswith("ran past its time limit of 2.0 s (killed)")

@@ -16,8 +16,13 @@ def python_files(*folders: str) -> list[Path]:
 
 
 def test_the_layers_hold_and_no_package_imports_in_a_cycle():
-    r = subprocess.run([Path(sys.executable).parent / "lint-imports", "--no-cache"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [Path(sys.executable).parent / "lint-imports", "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 kept, 0 broken" in r.stdout
 
@@ -26,22 +31,42 @@ def test_nothing_outside_the_engine_package_probes_an_engine():
     """Callers read `engine.capabilities`; hasattr / getattr / isinstance on an engine (any name holding
     "engine" or "eng") belong inside agentrl/engine/ only."""
     probe = re.compile(r"\b(hasattr|getattr|isinstance)\(\s*[\w.]*\beng\w*\b")
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
-             for p in python_files("agentrl", "benchmarks", "tests", "scripts")
-             if not p.is_relative_to(ROOT / "agentrl" / "engine") and p != Path(__file__)
-             for n, line in enumerate(p.read_text().splitlines(), 1) if probe.search(line)]  # fmt: skip
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in python_files("agentrl", "benchmarks", "tests", "scripts")
+        if not p.is_relative_to(ROOT / "agentrl" / "engine") and p != Path(__file__)
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if probe.search(line)
+    ]
     assert not found, "\n".join(found)
     assert probe.search("if hasattr(self.engine, 'paused'):") and probe.search("isinstance(eng, HFEngine)")
 
 
 def test_the_wheel_installs_only_the_agentrl_package(tmp_path):
     """Built-in envs live under agentrl/ (agentrl.envs): no top-level `envs` (or anything else) is installed."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("agentrl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"agentrl", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}"
-                                                ".dist-info"}  # fmt: skip
+    assert {n.split("/")[0] for n in names} == {
+        "agentrl",
+        f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info",
+    }
     assert "agentrl/envs/code_sandbox.py" in names and "agentrl/_configs/code_sandbox.yaml" in names
 
 
@@ -49,8 +74,13 @@ def test_no_file_of_the_project_points_outside_it():
     """Code, tests and docs cite docs/design.md; a file a user of the project cannot open is never cited."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     outside = re.compile(r"(?<!docs/)\bDESIGN\.md|\.\./shared|STYLE\.md")
-    found = [f"{name}:{n}" for name in tracked.splitlines() if name.endswith((".py", ".md", ".toml", ".yaml", ".sh"))
-             and name != "tests/test_layers.py" and (ROOT / name).exists()
-             for n, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
-             if outside.search(line)]  # fmt: skip
+    found = [
+        f"{name}:{n}"
+        for name in tracked.splitlines()
+        if name.endswith((".py", ".md", ".toml", ".yaml", ".sh"))
+        and name != "tests/test_layers.py"
+        and (ROOT / name).exists()
+        for n, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
     assert not found, found

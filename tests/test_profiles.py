@@ -14,8 +14,13 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 def run(script: str, *args: object) -> dict:
-    r = subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True, text=True,
-                       timeout=300, env=env())  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(),
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout)
 
@@ -23,8 +28,21 @@ def run(script: str, *args: object) -> dict:
 @pytest.mark.slow  # the fast tier is at its budget
 def test_train_step_bench_profiles_each_path_and_decode_profile_times_each_dtype():
     top = 4
-    result = run("train_step_bench.py", "--profile", top, "--rounds", 1, "--repeats", 1, "--batch", 2,
-                 "--length", 64, "--minibatches", 1)  # fmt: skip
+    result = run(
+        "train_step_bench.py",
+        "--profile",
+        top,
+        "--rounds",
+        1,
+        "--repeats",
+        1,
+        "--batch",
+        2,
+        "--length",
+        64,
+        "--minibatches",
+        1,
+    )
     assert set(result["profile"]) == {"update", "plain"}
     for path in result["profile"].values():
         assert set(path) == {"wall_s", "top"} and path["wall_s"] > 0  # no GPU figures on the CPU

@@ -4,6 +4,13 @@ from agentrl.algo.advantages import Advantages, outcome_advantages, per_token, r
 from agentrl.algo.loss import OBJECTIVES, Objective, policy_loss, sequence_stats
 
 __all__ = [
-    "OBJECTIVES", "Advantages", "Objective", "outcome_advantages", "per_token", "policy_loss", "returns_to_go",
-    "sequence_stats", "turn_advantages",
-]  # fmt: skip
+    "OBJECTIVES",
+    "Advantages",
+    "Objective",
+    "outcome_advantages",
+    "per_token",
+    "policy_loss",
+    "returns_to_go",
+    "sequence_stats",
+    "turn_advantages",
+]

@@ -24,8 +24,9 @@ class Advantages:
     """(N,) bool: the trajectory's group had all-equal values, so its advantages are 0"""
 
 
-def _group_normalise(x: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor, scale: bool,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _group_normalise(
+    x: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor, scale: bool, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x − mean_g) / (std_g + eps) over the valid entries of each group g, std the population one
     (scale=False: x − mean_g only, as Dr. GRPO). x, valid: (N,) or (N, K). Returns it (0 where
     invalid) and (N,) degenerate: the group's valid values are all equal."""
@@ -45,8 +46,9 @@ def _group_normalise(x: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
     return out, (hi == lo)[groups]
 
 
-def outcome_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, scale: bool = True,
-                       eps: float = 1e-6) -> Advantages:  # fmt: skip
+def outcome_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, *, scale: bool = True, eps: float = 1e-6
+) -> Advantages:
     """A_i = (R_i − mean_g R) / (std_g R + eps): one value per trajectory, given to all its tokens.
 
     rewards (N,): each trajectory's outcome reward R_i.
@@ -66,8 +68,15 @@ def returns_to_go(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, gamma: fl
     return out * turn_mask
 
 
-def turn_advantages(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, groups: torch.Tensor, *,
-                    gamma: float = 1.0, scale: bool = True, eps: float = 1e-6) -> Advantages:  # fmt: skip
+def turn_advantages(
+    turn_rewards: torch.Tensor,
+    turn_mask: torch.Tensor,
+    groups: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    scale: bool = True,
+    eps: float = 1e-6,
+) -> Advantages:
     """Per-turn advantages: A_{i,k} = (G_{i,k} − μ_g) / (σ_g + eps), every token of turn k gets A_{i,k}.
 
     turn_rewards (N, K): r_{i,k}, the env's reward for turn k (the outcome is part of the last
@@ -82,8 +91,9 @@ def turn_advantages(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, groups:
     per trajectory this is exactly `outcome_advantages`.
     """
     mask = turn_mask.bool()
-    values, degenerate = _group_normalise(returns_to_go(turn_rewards, turn_mask.to(turn_rewards.dtype), gamma),
-                                          groups, mask, scale, eps)  # fmt: skip
+    values, degenerate = _group_normalise(
+        returns_to_go(turn_rewards, turn_mask.to(turn_rewards.dtype), gamma), groups, mask, scale, eps
+    )
     return Advantages(values, degenerate)
 
 

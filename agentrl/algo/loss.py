@@ -67,8 +67,16 @@ class Objective(ABC):
     token_weight: ClassVar[bool] = True  # has a term per token that a per-token behaviour weight can weigh
 
     @abstractmethod
-    def terms(self, lp: torch.Tensor, lp_prox: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
-              eps_low: float, eps_high: float, weight: torch.Tensor | None) -> _Terms:  # fmt: skip
+    def terms(
+        self,
+        lp: torch.Tensor,
+        lp_prox: torch.Tensor,
+        A: torch.Tensor,
+        mask: torch.Tensor,
+        eps_low: float,
+        eps_high: float,
+        weight: torch.Tensor | None,
+    ) -> _Terms:
         """lp, lp_prox, A, mask: (B, T), float, masked positions zeroed; weight: the behaviour weight w
         without gradient, (B,) per sequence or (B, T) per token (only if `token_weight`); None: w = 1."""
 
@@ -146,13 +154,22 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GSPO(), GSPOToken(), GRP
 
 
 # per kind, the metric of the share of units the cap acted on (truncated, or set to 0)
-_CAPPED_METRIC = {"truncate": "behaviour_truncated_fraction", "mask": "behaviour_masked_fraction",
-                  "band": "behaviour_band_masked_fraction"}  # fmt: skip
+_CAPPED_METRIC = {
+    "truncate": "behaviour_truncated_fraction",
+    "mask": "behaviour_masked_fraction",
+    "band": "behaviour_band_masked_fraction",
+}
 
 
-def _behaviour_weights(lp_prox: torch.Tensor, lp_b: torch.Tensor, mask: torch.Tensor, *,
-                       level: Literal["sequence", "token"], kind: Literal["truncate", "mask", "band"],
-                       cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _behaviour_weights(
+    lp_prox: torch.Tensor,
+    lp_b: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: Literal["sequence", "token"],
+    kind: Literal["truncate", "mask", "band"],
+    cap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ŵ, w, capped) without gradient, (B,) at sequence level or (B, T) at token level (ŵ = 1 off the
     mask): ŵ = exp(lp_prox − lp_b), of the sequence's mean log-ratio at sequence level, per token at
     token level; w = min(ŵ, C) ("truncate"), ŵ·1(ŵ ≤ C) ("mask") or ŵ·1(1/C ≤ ŵ ≤ C) ("band"); capped:
@@ -198,8 +215,16 @@ class _Inputs:
         return torch.where(self.on, x.to(self.m.dtype), torch.zeros((), dtype=self.m.dtype, device=x.device))
 
     @classmethod
-    def of(cls, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-           mode: str, clip_low: float | None, clip_high: float | None) -> _Inputs:  # fmt: skip
+    def of(
+        cls,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        mode: str,
+        clip_low: float | None,
+        clip_high: float | None,
+    ) -> _Inputs:
         if mode not in OBJECTIVES:
             raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(OBJECTIVES)}")
         objective = OBJECTIVES[mode]
@@ -208,8 +233,10 @@ class _Inputs:
         if not (0 <= eps_low < 1 and eps_high >= 0):
             raise ValueError(f"clip bounds need 0 <= clip_low < 1 and clip_high >= 0, got {eps_low}, {eps_high}")
         if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
-            raise ValueError(f"logprobs, old_logprobs and mask must all be (B, T); got {logprobs.shape}, "
-                             f"{old_logprobs.shape}, {mask.shape}")  # fmt: skip
+            raise ValueError(
+                f"logprobs, old_logprobs and mask must all be (B, T); got {logprobs.shape}, "
+                f"{old_logprobs.shape}, {mask.shape}"
+            )
         # bf16 cannot resolve a ratio of 1 ± 4e-4 (its spacing above 1 is 2^-7): compute in fp32 at least
         m = mask.to(torch.promote_types(logprobs.dtype, torch.float32))
         x = cls(objective, eps_low, eps_high, m, m.bool(), logprobs, old_logprobs, advantages)
@@ -217,8 +244,9 @@ class _Inputs:
         if advantages.dim() == 1:
             advantages = advantages[:, None].expand_as(logprobs)
         if advantages.shape != logprobs.shape:
-            raise ValueError(f"advantages must be (B,) or (B, T) = {tuple(logprobs.shape)}, "
-                             f"got {tuple(advantages.shape)}")  # fmt: skip
+            raise ValueError(
+                f"advantages must be (B,) or (B, T) = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
+            )
         x.A = x.masked(advantages)
         if objective.sequence_advantage:
             first = x.A.gather(1, x.on.long().argmax(1, keepdim=True))  # each sequence's first generated token's A
@@ -282,8 +310,10 @@ def policy_loss(
         raise ValueError(f"unknown behaviour_level {behaviour_level!r}; valid: {', '.join(levels)}")
     weighted = behaviour_weight != "none"
     if (behaviour_logprobs is not None) != weighted or (behaviour_cap is not None) != weighted:
-        raise ValueError("behaviour_weight 'truncate', 'mask' or 'band' needs both behaviour_logprobs and "
-                         "behaviour_cap; 'none' takes neither")  # fmt: skip
+        raise ValueError(
+            "behaviour_weight 'truncate', 'mask' or 'band' needs both behaviour_logprobs and "
+            "behaviour_cap; 'none' takes neither"
+        )
     if not weighted and behaviour_level != "auto":
         raise ValueError(f"behaviour_level {behaviour_level!r} needs a behaviour_weight other than 'none'")
     if behaviour_cap is not None and not behaviour_cap > (1 if behaviour_weight == "band" else 0):
@@ -304,8 +334,9 @@ def policy_loss(
                 f"mode {mode!r} has one term per sequence: a per-token behaviour weight has no "
                 "token term to weigh; use behaviour_level 'sequence' (or 'auto'), or mode 'gspo_token'"
             )
-        raw, weight, capped = _behaviour_weights(lp_prox, masked(behaviour_logprobs), m, level=level,
-                                                 kind=behaviour_weight, cap=behaviour_cap)  # fmt: skip
+        raw, weight, capped = _behaviour_weights(
+            lp_prox, masked(behaviour_logprobs), m, level=level, kind=behaviour_weight, cap=behaviour_cap
+        )
         units = raw[has_tokens] if level == "sequence" else raw[on]
         metrics |= _quantiles("behaviour_weight", units)
         hit = capped[has_tokens] if level == "sequence" else capped[on]
@@ -331,9 +362,16 @@ def policy_loss(
     return loss, metrics
 
 
-def sequence_stats(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                   *, mode: Mode, clip_low: float | None = None,
-                   clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def sequence_stats(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: Mode,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sequence, what `policy_loss` saw (for inspecting one trajectory; no gradient):
     s_i = exp((1/|T_i|) Σ_t (lp_θ(t) − lp_prox(t))), (B,), whatever the mode (for GRPO the geometric
     mean of its token ratios), and the share of its generated tokens whose clipped branch was taken

@@ -53,8 +53,11 @@ def eval_(
     try:
         # a samples file brings its own n per problem: k is checked against it when scoring
         n = samples if completions is None else max([samples, *ks])
-        cfg = load(BenchConfig, merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks},
-                                      parse_sets(set_)), source="eval settings")  # fmt: skip
+        cfg = load(
+            BenchConfig,
+            merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks}, parse_sets(set_)),
+            source="eval settings",
+        )
         engine_cfg = load(EngineConfig, {"kind": engine, "base_url": base_url}, source="--engine/--base-url")
     except (ConfigError, ValueError) as e:
         fail(e)
@@ -72,12 +75,15 @@ def eval_(
     if out_dir is not None:
         (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}; "
-                  f"to browse them: agentrl view {out_dir}")  # fmt: skip
+        out.print(
+            f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}; "
+            f"to browse them: agentrl view {out_dir}"
+        )
 
 
-def _run_agent(cfg: BenchConfig, model: str, engine: EngineConfig,
-               out_dir: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+def _run_agent(
+    cfg: BenchConfig, model: str, engine: EngineConfig, out_dir: Path | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from transformers import AutoTokenizer
 
     from agentrl.engine import EngineModel, build_engine
@@ -114,8 +120,15 @@ def _score_file(cfg: BenchConfig, path: Path) -> tuple[dict[str, Any], list[dict
     rows = read_completions(path)
     t0 = time.perf_counter()
     try:
-        verdicts = asyncio.run(score_completions(env.task_set, rows, concurrency=cfg.sandboxes_per_worker,
-                                                 reuse=cfg.sandbox_reuse, max_retries=cfg.max_retries))  # fmt: skip
+        verdicts = asyncio.run(
+            score_completions(
+                env.task_set,
+                rows,
+                concurrency=cfg.sandboxes_per_worker,
+                reuse=cfg.sandbox_reuse,
+                max_retries=cfg.max_retries,
+            )
+        )
     except ValueError as e:
         fail(e)
     wall = time.perf_counter() - t0
@@ -125,9 +138,16 @@ def _score_file(cfg: BenchConfig, path: Path) -> tuple[dict[str, Any], list[dict
             n[v.task_id] += 1
             c[v.task_id] += v.passed
     overall = {f"pass@{k}": v for k, v in pass_at_ks([(n[t], c[t]) for t in n], cfg.k).items()}
-    summary = {"env": cfg.env, "completions": str(path), "scored": sum(n.values()), "problems": len(n),
-               "pass_at_k": overall, "infra_failed": sum(v.passed is None for v in verdicts),
-               "retried": sum(v.retried for v in verdicts), "wall_s": wall}  # fmt: skip
+    summary = {
+        "env": cfg.env,
+        "completions": str(path),
+        "scored": sum(n.values()),
+        "problems": len(n),
+        "pass_at_k": overall,
+        "infra_failed": sum(v.passed is None for v in verdicts),
+        "retried": sum(v.retried for v in verdicts),
+        "wall_s": wall,
+    }
     return summary, [v.model_dump() | {"completion": rows[v.index].completion} for v in verdicts]
 
 
@@ -138,6 +158,10 @@ def _print(summary: dict[str, Any]) -> None:
     table.add_column("problems", justify="right")
     table.add_column("infra failed (retried)", justify="right")
     table.add_column("wall", justify="right")
-    table.add_row(*(f"{100 * v:.1f}%" for v in summary["pass_at_k"].values()), str(summary["problems"]),
-                  f"{summary['infra_failed']} ({summary['retried']})", f"{summary['wall_s']:.0f} s")  # fmt: skip
+    table.add_row(
+        *(f"{100 * v:.1f}%" for v in summary["pass_at_k"].values()),
+        str(summary["problems"]),
+        f"{summary['infra_failed']} ({summary['retried']})",
+        f"{summary['wall_s']:.0f} s",
+    )
     out.print(table)

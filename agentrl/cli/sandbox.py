@@ -44,9 +44,14 @@ def build(
     """Build the sandbox image (reused while sandboxes/ is unchanged)."""
     try:
         tag = sandbox_image.ensure_image(
-            _client(), offline=offline, base=base, force=force, mirror=mirror, wheels=wheels,
+            _client(),
+            offline=offline,
+            base=base,
+            force=force,
+            mirror=mirror,
+            wheels=wheels,
             log=lambda m: err.print(m),
-        )  # fmt: skip
+        )
     except RuntimeError as e:
         fail(e)
     print(tag)

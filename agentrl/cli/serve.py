@@ -73,15 +73,19 @@ def serve(
             fail(e)
         name = str(model) if model is not None else f"tiny-{tiny}"
         try:  # a bad setting, or --lora-experts on a dense model: one line, not a traceback
-            cfg = load(EngineConfig, {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype},
-                       source="--engine/--max-batch-size/--dtype")  # fmt: skip
+            cfg = load(
+                EngineConfig,
+                {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype},
+                source="--engine/--max-batch-size/--dtype",
+            )
             if why := engine_unavailable(cfg):
                 fail(f"--engine {cfg.kind}: {why}")
             # zero-initialised adapters (peft's B = 0): the base model until the first update
             lora = None
             if lora_rank:
-                lora = LoraSettings(rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","),
-                                    experts=lora_experts)  # fmt: skip
+                lora = LoraSettings(
+                    rank=lora_rank, alpha=lora_alpha, target_modules=lora_targets.split(","), experts=lora_experts
+                )
             eng = build_engine(cfg, EngineModel(str(path), lora=lora))
         except (ConfigError, ValueError, ImportError) as e:  # pydantic's ValidationError is a ValueError too
             fail(e)
@@ -104,8 +108,9 @@ class _Server(uvicorn.Server):
 
 
 async def _serve(app: FastAPI, engine: InferenceEngine, name: str, host: str, port: int) -> None:
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=GRACE_S)  # fmt: skip
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S
+    )
     server = _Server(config)
     # uvicorn catches SIGINT/SIGTERM while it serves, shuts down gracefully, then restores the
     # handlers it found and raises the signal again. These are the handlers it finds: they take

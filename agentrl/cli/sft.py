@@ -134,9 +134,19 @@ def demos(
 
     try:
         env_kwargs = parse_sets(set_)
-        expert = load(Expert, {"misread": misread, "prints": prints, "wrong_file": wrong_file,
-                               "sloppy_edit": sloppy_edit, "typo_path": typo_path, "recover": recover,
-                               "mask_errors": mask_errors}, source="expert")  # fmt: skip
+        expert = load(
+            Expert,
+            {
+                "misread": misread,
+                "prints": prints,
+                "wrong_file": wrong_file,
+                "sloppy_edit": sloppy_edit,
+                "typo_path": typo_path,
+                "recover": recover,
+                "mask_errors": mask_errors,
+            },
+            source="expert",
+        )
     except ConfigError as e:
         fail(e)
 
@@ -195,7 +205,9 @@ def init(
     shapes |= {} if top_k is None else {"num_experts_per_tok": top_k}
     config = tiny_config("qwen3_moe", **shapes)
     if config.num_experts_per_tok > config.num_experts:  # transformers' config accepts it; routing would fail
-        fail(f"--top-k {config.num_experts_per_tok} routes each token to more experts than the {config.num_experts} "
-             "there are")  # fmt: skip
+        fail(
+            f"--top-k {config.num_experts_per_tok} routes each token to more experts than the {config.num_experts} "
+            "there are"
+        )
     save_tiny(path, "qwen3_moe", seed=seed, **shapes)
     out.print(f"wrote {path}")

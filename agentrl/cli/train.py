@@ -170,8 +170,9 @@ async def _run(cfg: RunConfig, run: RunDir, resume: bool, lead: bool) -> LoopSta
             task.cancel()
             return
         stop.set()
-        display.message("stopping: the rollouts in flight are parked, then a checkpoint is saved "
-                        "(Ctrl-C again to quit at once)")  # fmt: skip
+        display.message(
+            "stopping: the rollouts in flight are parked, then a checkpoint is saved (Ctrl-C again to quit at once)"
+        )
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -188,9 +189,13 @@ class RichDisplay:
 
     def __init__(self, iterations: int) -> None:
         self.progress = Progress(
-            TextColumn("[bold]iteration {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[last]}"),
-            TimeRemainingColumn(compact=True), console=out, transient=False,
-        )  # fmt: skip
+            TextColumn("[bold]iteration {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[last]}"),
+            TimeRemainingColumn(compact=True),
+            console=out,
+            transient=False,
+        )
         self.task = self.progress.add_task("train", total=iterations, last="")
 
     def __enter__(self) -> RichDisplay:
@@ -235,8 +240,10 @@ def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False)
         try:
             socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=5).close()
         except (OSError, ValueError) as e:
-            problems.append(f"Ray cluster at {address} does not answer ({e}): start it (ray start --head), or drop "
-                            "cluster.address / rollout.ray_address to run Ray locally")  # fmt: skip
+            problems.append(
+                f"Ray cluster at {address} does not answer ({e}): start it (ray start --head), or drop "
+                "cluster.address / rollout.ray_address to run Ray locally"
+            )
     return problems
 
 
@@ -303,8 +310,10 @@ def check_model(model_path: str) -> list[str]:
 
     if isinstance(try_to_load_from_cache(path, "config.json"), str):
         return []  # downloaded before: from_pretrained reads the cache
-    fix = (f"download it where the hub is reachable (huggingface-cli download {path} --local-dir DIR), copy DIR "
-           "here and set model.path=DIR")  # fmt: skip
+    fix = (
+        f"download it where the hub is reachable (huggingface-cli download {path} --local-dir DIR), copy DIR "
+        "here and set model.path=DIR"
+    )
     if constants.HF_HUB_OFFLINE:
         return [f"model: {path} is a hub id, not a folder here, and HF_HUB_OFFLINE is set: {fix}"]
     import httpx
@@ -312,6 +321,8 @@ def check_model(model_path: str) -> list[str]:
     try:
         httpx.head(constants.ENDPOINT, timeout=5)
     except httpx.HTTPError as e:
-        return [f"model: {path} is a hub id, not a folder here, and the hub ({constants.ENDPOINT}) does not "
-                f"answer ({type(e).__name__}): {fix}"]  # fmt: skip
+        return [
+            f"model: {path} is a hub id, not a folder here, and the hub ({constants.ENDPOINT}) does not "
+            f"answer ({type(e).__name__}): {fix}"
+        ]
     return []

@@ -131,8 +131,7 @@ class InferenceEngine(ABC):
     logprob_semantics: ClassVar[str]
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0,
-                    seed: int = 0) -> InferenceEngine:  # fmt: skip
+    def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> InferenceEngine:
         """The engine `cfg` describes, serving `model`, starting at policy `version`. An engine from another
         package implements this to be usable from `agentrl train` and `agentrl eval` (its own settings
         arrive in `cfg.options`)."""
@@ -185,9 +184,9 @@ class InferenceEngine(ABC):
     async def abort(self, request_id: str) -> None: ...
 
     @abstractmethod
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
-                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
-        ...
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
+    ) -> int: ...
 
     @abstractmethod
     async def close(self) -> None: ...

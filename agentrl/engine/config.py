@@ -96,21 +96,27 @@ class EngineConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.kind == "openai" and (self.base_url is None) == (not self.base_urls):
-            raise ValueError("engine.base_url is required with engine.kind=openai (one server), or engine.base_urls "
-                             "(several)")  # fmt: skip
+            raise ValueError(
+                "engine.base_url is required with engine.kind=openai (one server), or engine.base_urls (several)"
+            )
         if self.kind != "openai" and (self.base_url is not None or self.base_urls):
-            raise ValueError("engine.base_url and engine.base_urls name OpenAI-compatible servers: they need "
-                             "engine.kind=openai")  # fmt: skip
+            raise ValueError(
+                "engine.base_url and engine.base_urls name OpenAI-compatible servers: they need engine.kind=openai"
+            )
         if len(set(self.base_urls)) < len(self.base_urls):
             raise ValueError("engine.base_urls lists a server twice")
         if self.replicas is not None and self.kind == "openai":
-            raise ValueError("engine.replicas starts engines as Ray actors; an openai engine is a client of servers "
-                             "you start: list them in engine.base_urls")  # fmt: skip
+            raise ValueError(
+                "engine.replicas starts engines as Ray actors; an openai engine is a client of servers "
+                "you start: list them in engine.base_urls"
+            )
         if self.replicas is not None and self.kind not in ("hf", "vllm"):
             raise ValueError(f"engine.replicas runs hf or vllm engines as Ray actors, not {self.kind}")
         if self.threads_per_replica != 1 and not (self.kind == "hf" and self.replicas is not None):
-            raise ValueError("engine.threads_per_replica sets the torch threads of each hf replica: it needs "
-                             "engine.kind=hf and engine.replicas")  # fmt: skip
+            raise ValueError(
+                "engine.threads_per_replica sets the torch threads of each hf replica: it needs "
+                "engine.kind=hf and engine.replicas"
+            )
         if self.ray_address is not None and self.replicas is None:
             raise ValueError("engine.ray_address is where engine replicas start: it needs engine.replicas")
         if self.replicas is not None and self.vllm.get("tensor_parallel_size", 1) != 1:
@@ -118,11 +124,13 @@ class EngineConfig(BaseModel):
         if self.served_model is not None and self.kind != "openai":
             raise ValueError("engine.served_model names a model on an openai server: it needs engine.kind=openai")
         if (self.server != "auto" or self.weights_dir is not None) and self.kind != "openai":
-            raise ValueError("engine.server and engine.weights_dir describe an openai engine's server: they need "
-                             "engine.kind=openai")  # fmt: skip
+            raise ValueError(
+                "engine.server and engine.weights_dir describe an openai engine's server: they need engine.kind=openai"
+            )
         if self.weights_dir is not None and self.server == "agentrl":
-            raise ValueError("engine.weights_dir is where a vLLM server reads weights: agentrl serve takes them over "
-                             "HTTP")  # fmt: skip
+            raise ValueError(
+                "engine.weights_dir is where a vLLM server reads weights: agentrl serve takes them over HTTP"
+            )
         if self.dtype == "bfloat16_weights" and self.kind != "hf":
             raise ValueError("engine.dtype=bfloat16_weights needs engine.kind=hf")
         if self.record_routing and self.kind != "hf":
@@ -130,8 +138,10 @@ class EngineConfig(BaseModel):
         if self.vllm and self.kind != "vllm":
             raise ValueError("engine.vllm settings need engine.kind=vllm")
         if clash := sorted(VLLM_OWN & self.vllm.keys()):
-            raise ValueError(f"engine.vllm: {clash} are set from the run (engine.dtype, engine.max_batch_size, seed, "
-                             "the model and its LoRA settings): set them there")  # fmt: skip
+            raise ValueError(
+                f"engine.vllm: {clash} are set from the run (engine.dtype, engine.max_batch_size, seed, "
+                "the model and its LoRA settings): set them there"
+            )
         return self
 
 

@@ -200,8 +200,10 @@ class Fleet(InferenceEngine):
 
     def fleet_stats(self) -> FleetStats:
         """Requests and generated tokens per replica, the affinity hit rate, retries and restarts."""
-        replicas = tuple(ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid, s.node)
-                         for s in self._slots)  # fmt: skip
+        replicas = tuple(
+            ReplicaStats(s.requests, s.generated_tokens, s.in_flight, s.version, s.restarts, s.pid, s.node)
+            for s in self._slots
+        )
         return FleetStats(replicas, self._hits, self._misses, self._retried)
 
     # -- start and close -------------------------------------------------------------
@@ -243,9 +245,11 @@ class Fleet(InferenceEngine):
         while short := self._short_of(need):
             if time.monotonic() > deadline:
                 self._shutdown_ray()
-                raise ValueError(f"engine.replicas={self.cfg.replicas} reserve {need} from Ray and the cluster has "
-                                 f"{short} free: lower engine.replicas (or threads_per_replica), or add "
-                                 "nodes")  # fmt: skip
+                raise ValueError(
+                    f"engine.replicas={self.cfg.replicas} reserve {need} from Ray and the cluster has "
+                    f"{short} free: lower engine.replicas (or threads_per_replica), or add "
+                    "nodes"
+                )
             await asyncio.sleep(0.5)
 
     @staticmethod
@@ -361,8 +365,9 @@ class Fleet(InferenceEngine):
 
     # -- weights ---------------------------------------------------------------------
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
-                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
+    ) -> int:
         if state_dict is not None and lora is not None:
             raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
         await self.start()
@@ -373,8 +378,9 @@ class Fleet(InferenceEngine):
             if not up and not any(s.restart is not None for s in self._slots):
                 raise FleetDown("every engine replica is down and none could be restarted: no weights can land")
             new = self._version + 1
-            results = await asyncio.gather(*(s.replica.update_weights(full, adapter) for s in up),
-                                           return_exceptions=True)  # fmt: skip
+            results = await asyncio.gather(
+                *(s.replica.update_weights(full, adapter) for s in up), return_exceptions=True
+            )
             errors: list[BaseException] = []
             for slot, result in zip(up, results, strict=True):
                 if isinstance(result, ReplicaDown):  # its restart, waiting for this lock, installs the new weights
@@ -382,8 +388,12 @@ class Fleet(InferenceEngine):
                 elif isinstance(result, BaseException):
                     errors.append(result)
                 elif result != new:
-                    errors.append(RuntimeError(f"engine replica {slot.index} reports policy version {result} after "
-                                               f"the update; the fleet expects {new}"))  # fmt: skip
+                    errors.append(
+                        RuntimeError(
+                            f"engine replica {slot.index} reports policy version {result} after "
+                            f"the update; the fleet expects {new}"
+                        )
+                    )
                 else:
                     slot.version = result
             if errors:

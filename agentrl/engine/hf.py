@@ -61,9 +61,19 @@ class HFEngine(ThreadedEngine):
     thread_name = "agentrl-hf-engine"
     logprob_semantics = "log q(y): q = softmax(top_p(top_k(logits / T))), renormalised; greedy: softmax(logits)"
 
-    def __init__(self, model: PreTrainedModel, *, max_batch_size: int = MAX_BATCH_SIZE, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536, record_routing: bool = False, seed: int = 0,
-                 version: int = 0, shared: bool = False, bf16_weights: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        max_batch_size: int = MAX_BATCH_SIZE,
+        max_context: int | None = None,
+        prefix_cache_tokens: int = 65536,
+        record_routing: bool = False,
+        seed: int = 0,
+        version: int = 0,
+        shared: bool = False,
+        bf16_weights: bool = False,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
@@ -126,9 +136,16 @@ class HFEngine(ThreadedEngine):
             if model.lora is not None:
                 module = with_lora(module, model.lora)
             module = module.to(model.device)
-        return cls(module.eval(), max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE,
-                   prefix_cache_tokens=cfg.prefix_cache_tokens, record_routing=cfg.record_routing, seed=seed,
-                   version=version, shared=shared, bf16_weights=cfg.dtype == "bfloat16_weights")  # fmt: skip
+        return cls(
+            module.eval(),
+            max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
+            record_routing=cfg.record_routing,
+            seed=seed,
+            version=version,
+            shared=shared,
+            bf16_weights=cfg.dtype == "bfloat16_weights",
+        )
 
     @torch.no_grad()
     def _round_weights(self) -> None:
@@ -140,22 +157,27 @@ class HFEngine(ThreadedEngine):
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         dtype = "bfloat16_weights" if self.bf16_weights else dtype
         return Capabilities(
-            weight_updates=frozenset({"full", "lora"} if self._lora else {"full"}), shares_module=self.shared,
-            pausable=True, dtype=dtype,
+            weight_updates=frozenset({"full", "lora"} if self._lora else {"full"}),
+            shares_module=self.shared,
+            pausable=True,
+            dtype=dtype,
             records_routing=self._routers is not None,
-        )  # fmt: skip
+        )
 
     # -- requests --------------------------------------------------------------------
 
-    def _new_request(self, request_id: str, prompt: list[int], params: SamplingParams,
-                     loop: asyncio.AbstractEventLoop) -> _Request:  # fmt: skip
+    def _new_request(
+        self, request_id: str, prompt: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
+    ) -> _Request:
         seed = params.seed if params.seed is not None else next(self._seeds)
         generator = torch.Generator(self.device).manual_seed(seed)
-        return _Request(id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(),
-                        generator=generator)  # fmt: skip
+        return _Request(
+            id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(), generator=generator
+        )
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
-                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
+    ) -> int:
         return await asyncio.to_thread(self._install, state_dict, lora)
 
     def _install(self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None) -> int:
@@ -218,8 +240,13 @@ class HFEngine(ThreadedEngine):
         input_ids = torch.tensor([[r.tokens[-1]] for r in self._rows], device=self.device)  # (B, 1)
         positions = torch.tensor([[r.n_ctx] for r in self._rows], device=self.device)  # (B, 1)
         self._mask = torch.cat([self._mask, self._mask.new_ones(B, 1)], dim=1)  # (B, L+1)
-        out = self.model(input_ids=input_ids, attention_mask=self._mask, position_ids=positions,
-                         past_key_values=self._cache, use_cache=True)  # fmt: skip
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self._mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
         for r in self._rows:
             r.n_ctx += 1
         if self._routers is not None:
@@ -280,18 +307,23 @@ class HFEngine(ThreadedEngine):
         if Lp:
             n_layers = len(next(hit.kv for hit in hits if hit.kv is not None))
             cache = Cache(
-                layers=[SlabLayer.assemble([hit.kv[layer] if hit.kv else None for hit in hits], Lp, S)
-                        for layer in range(n_layers)]
-            )  # fmt: skip
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         logits_to_keep=1)  # fmt: skip
+                layers=[
+                    SlabLayer.assemble([hit.kv[layer] if hit.kv else None for hit in hits], Lp, S)
+                    for layer in range(n_layers)
+                ]
+            )
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
+        )
         self.cached_tokens += sum(m)
         self.prefilled_tokens += sum(s)
         routing = None
         if self._routers is not None:
             fresh = self._routing().reshape(U, S, len(self._routers), -1).to(torch.int16)
-            routing = [fresh[i, S - si :] if hit.routing is None else torch.cat([hit.routing, fresh[i, S - si :]])
-                       for i, (hit, si) in enumerate(zip(hits, s, strict=True))]  # fmt: skip
+            routing = [
+                fresh[i, S - si :] if hit.routing is None else torch.cat([hit.routing, fresh[i, S - si :]])
+                for i, (hit, si) in enumerate(zip(hits, s, strict=True))
+            ]
         for i, p in enumerate(prompts):
             self._remember(p, cache, mask, i, None if routing is None else routing[i])
         return cache, mask, out.logits[:, -1], routing
@@ -309,8 +341,9 @@ class HFEngine(ThreadedEngine):
                 out[tuple(a[:n])] = None
         return [list(p) for p in out]
 
-    def _remember(self, ids: list[int], cache: Cache, mask: torch.Tensor, row: int,
-                  routing: torch.Tensor | None) -> None:  # fmt: skip
+    def _remember(
+        self, ids: list[int], cache: Cache, mask: torch.Tensor, row: int, routing: torch.Tensor | None
+    ) -> None:
         """Put row `row`'s KV (its real columns, copied out of the batch) in the prefix cache, with the routing
         (len(ids), layers, k) it was computed with when recording."""
         if self._prefix.max_tokens <= 0:

@@ -164,10 +164,20 @@ class OpenAIEngine(InferenceEngine):
     # were checked against vLLM's engine-argument docs and its v1 Sampler (v0.10.2 and later): processed
     # logprobs are taken after temperature and top-k/top-p, and for greedy requests before temperature.
 
-    def __init__(self, base_url: str, model: str | None = None, *, timeout_s: float = 600.0, max_retries: int = 5,
-                 retry_backoff_s: float = 0.5, max_context: int | None = None, server: ServerKind = "auto",
-                 weights_dir: str | Path | None = None, policy: EngineModel | None = None,
-                 version: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 5,
+        retry_backoff_s: float = 0.5,
+        max_context: int | None = None,
+        server: ServerKind = "auto",
+        weights_dir: str | Path | None = None,
+        policy: EngineModel | None = None,
+        version: int = 0,
+    ) -> None:
         if max_retries < 0 or retry_backoff_s < 0 or timeout_s <= 0:
             raise ValueError("need max_retries >= 0, retry_backoff_s >= 0 and timeout_s > 0")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -191,8 +201,14 @@ class OpenAIEngine(InferenceEngine):
     @classmethod
     def from_config(cls, cfg: EngineConfig, model: EngineModel, *, version: int = 0, seed: int = 0) -> OpenAIEngine:
         """A client of `cfg.base_url`; the server holds the weights (agentrl serve reports its own policy version)."""
-        return cls(cfg.base_url, cfg.served_model, server=cfg.server, weights_dir=cfg.weights_dir, policy=model,
-                   version=version)  # fmt: skip
+        return cls(
+            cfg.base_url,
+            cfg.served_model,
+            server=cfg.server,
+            weights_dir=cfg.weights_dir,
+            policy=model,
+            version=version,
+        )
 
     @classmethod
     def unavailable(cls, cfg: EngineConfig) -> str | None:
@@ -250,8 +266,10 @@ class OpenAIEngine(InferenceEngine):
                 return self
             resp = await self._send("GET", "/agentrl/version")
             if resp.status_code != 200 and self.server == "agentrl":
-                raise RequestRejected(f"{self.base_url} is not agentrl serve: GET /agentrl/version answered HTTP "
-                                      f"{resp.status_code} (set server to vllm or auto)")  # fmt: skip
+                raise RequestRejected(
+                    f"{self.base_url} is not agentrl serve: GET /agentrl/version answered HTTP "
+                    f"{resp.status_code} (set server to vllm or auto)"
+                )
             self._agentrl = resp.status_code == 200
             if self._agentrl:
                 served = PolicyVersion.model_validate(resp.json())
@@ -298,8 +316,9 @@ class OpenAIEngine(InferenceEngine):
             finish = "aborted"
         else:
             raise ServerError(f"{self.base_url}: the stream ended without a finish_reason (got {st.finish!r})")
-        return Generation(st.tokens, st.logprobs, st.versions, finish, prompt_len=len(prompt_ids),
-                          kv_versions=st.kv_versions)  # fmt: skip
+        return Generation(
+            st.tokens, st.logprobs, st.versions, finish, prompt_len=len(prompt_ids), kv_versions=st.kv_versions
+        )
 
     async def abort(self, request_id: str) -> None:
         st = self._inflight.get(request_id)
@@ -314,8 +333,9 @@ class OpenAIEngine(InferenceEngine):
         if st.task is not None:
             st.task.cancel()  # closing the stream makes the server abort; the tokens received are kept
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
-                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
+    ) -> int:
         """agentrl serve: upload the weights (safetensors), returning the server's new version.
         vLLM: write them into `weights_dir` and have the server load them (the module's doc says how);
         with no arguments, only bump this engine's version, after the server's weights changed its own way."""
@@ -338,9 +358,14 @@ class OpenAIEngine(InferenceEngine):
         import safetensors.torch
 
         payload = await asyncio.to_thread(lambda: safetensors.torch.save(_cpu_copies(tensors)))
-        resp = await self._send("POST", "/agentrl/weights", content=payload, resend=False,
-                                params={"lora": 1} if lora is not None else None,
-                                headers={"content-type": "application/octet-stream"})  # fmt: skip
+        resp = await self._send(
+            "POST",
+            "/agentrl/weights",
+            content=payload,
+            resend=False,
+            params={"lora": 1} if lora is not None else None,
+            headers={"content-type": "application/octet-stream"},
+        )
         self._version = PolicyVersion.model_validate(self._ok(resp).json()).version
         return self._version
 
@@ -425,11 +450,23 @@ class OpenAIEngine(InferenceEngine):
 
     def _body(self, prompt_ids: list[int], p: SamplingParams, rid: str) -> dict:
         req = CompletionRequest(
-            model=self._adapter or self.model, prompt=prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature,
-            top_p=p.top_p, top_k=p.top_k, stop_token_ids=list(p.stop_token_ids), seed=p.seed, logprobs=0, stream=True,
-            return_token_ids=True, return_tokens_as_token_ids=True, request_id=rid,
-            repetition_penalty=1.0, min_p=0.0, ignore_eos=True,
-        )  # fmt: skip
+            model=self._adapter or self.model,
+            prompt=prompt_ids,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            stop_token_ids=list(p.stop_token_ids),
+            seed=p.seed,
+            logprobs=0,
+            stream=True,
+            return_token_ids=True,
+            return_tokens_as_token_ids=True,
+            request_id=rid,
+            repetition_penalty=1.0,
+            min_p=0.0,
+            ignore_eos=True,
+        )
         return req.model_dump(exclude_unset=True, exclude_none=True)
 
     async def _stream(self, body: dict, st: _Pending) -> None:
@@ -513,8 +550,9 @@ class OpenAIEngine(InferenceEngine):
     def _gave_up(self, error: Exception, attempts: int) -> Exception:
         if isinstance(error, ServerError):
             return ServerError(f"{error} (after {attempts} attempts)")
-        return ServerUnavailable(f"no answer from {self.base_url} after {attempts} attempts: {type(error).__name__}: "
-                                 f"{error or 'no detail'}")  # fmt: skip
+        return ServerUnavailable(
+            f"no answer from {self.base_url} after {attempts} attempts: {type(error).__name__}: {error or 'no detail'}"
+        )
 
     def _backoff(self, attempt: int) -> float:
         return min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)

@@ -104,8 +104,12 @@ class PrefixCache:
         key = next(self._keys)
         self._entries[key] = _Entry(new, kv, routing)
         width = max(self._table.shape[1], len(new))
-        self._table = torch.cat([F.pad(self._table, (0, width - self._table.shape[1]), value=-1),
-                                 F.pad(new, (0, width - len(new)), value=-1)[None]])  # fmt: skip
+        self._table = torch.cat(
+            [
+                F.pad(self._table, (0, width - self._table.shape[1]), value=-1),
+                F.pad(new, (0, width - len(new)), value=-1)[None],
+            ]
+        )
         self._rows.append(key)
         self._tokens += len(new)
         while self._tokens > self.max_tokens:

@@ -100,8 +100,9 @@ class EngineReplica:
         if lora is not None:
             updates.append({"lora": lora})
         # every update moves the version by one: built one version back per update, it lands on `version`
-        engine = engine_class(self.cfg.kind).from_config(self.cfg, self.model, version=version - len(updates),
-                                                         seed=self.seed)  # fmt: skip
+        engine = engine_class(self.cfg.kind).from_config(
+            self.cfg, self.model, version=version - len(updates), seed=self.seed
+        )
         await engine.start()
         for update in updates:
             await engine.update_weights(**update)

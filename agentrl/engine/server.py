@@ -156,16 +156,18 @@ def create_app(
 class _Reply:
     """Builds the reply objects of one request."""
 
-    def __init__(self, req: CompletionRequest, rid: str, model: str, created: int,
-                 tokenizer: PreTrainedTokenizerBase | None) -> None:  # fmt: skip
+    def __init__(
+        self, req: CompletionRequest, rid: str, model: str, created: int, tokenizer: PreTrainedTokenizerBase | None
+    ) -> None:
         self.req, self.rid, self.model, self.created, self.tokenizer = req, rid, model, created, tokenizer
 
     def completion(self, gen: Generation) -> Completion:
         choice = self._choice(gen, slice(None), self._decode(gen.token_ids), FINISH[gen.finish_reason], prompt=True)
         return self._wrap([choice], self._usage(gen))
 
-    async def events(self, engine: InferenceEngine, task: asyncio.Future[Generation], request: Request
-                     ) -> AsyncIterator[str]:  # fmt: skip
+    async def events(
+        self, engine: InferenceEngine, task: asyncio.Future[Generation], request: Request
+    ) -> AsyncIterator[str]:
         yield _sse(self._wrap([self._choice(None, prompt=True)]))
         try:
             gen = await _until_done(engine, task, self.rid, request)
@@ -180,21 +182,33 @@ class _Reply:
         yield _sse(self._wrap([self._choice(None, finish=FINISH[gen.finish_reason])], usage))
         yield "data: [DONE]\n\n"
 
-    def _choice(self, gen: Generation | None, tokens: slice = slice(0), text: str = "", finish: str | None = None,
-                *, prompt: bool = False) -> CompletionChoice:  # fmt: skip
+    def _choice(
+        self,
+        gen: Generation | None,
+        tokens: slice = slice(0),
+        text: str = "",
+        finish: str | None = None,
+        *,
+        prompt: bool = False,
+    ) -> CompletionChoice:
         """The `tokens` of `gen` (None: no tokens); prompt: carry `prompt_token_ids` (vLLM sends them in a
         reply, or a stream's first chunk)."""
         ids = gen.token_ids[tokens] if gen else []
         logprobs = None
         if self.req.logprobs is not None:
-            logprobs = CompletionLogprobs(tokens=[self._token(t) for t in ids],
-                                          token_logprobs=gen.logprobs[tokens] if gen else [])  # fmt: skip
+            logprobs = CompletionLogprobs(
+                tokens=[self._token(t) for t in ids], token_logprobs=gen.logprobs[tokens] if gen else []
+            )
         ids_out = self.req.return_token_ids
-        return CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish,
-                                policy_versions=gen.versions[tokens] if gen else [],
-                                policy_kv_versions=gen.kv_versions[tokens] if gen else [],
-                                token_ids=ids if ids_out else None,
-                                prompt_token_ids=self.req.prompt if ids_out and prompt else None)  # fmt: skip
+        return CompletionChoice(
+            text=text,
+            logprobs=logprobs,
+            finish_reason=finish,
+            policy_versions=gen.versions[tokens] if gen else [],
+            policy_kv_versions=gen.kv_versions[tokens] if gen else [],
+            token_ids=ids if ids_out else None,
+            prompt_token_ids=self.req.prompt if ids_out and prompt else None,
+        )
 
     def _token(self, t: int) -> str:
         if self.req.return_tokens_as_token_ids or self.tokenizer is None:
@@ -226,8 +240,9 @@ class _Reply:
         return Completion(id=f"cmpl-{self.rid}", created=self.created, model=self.model, choices=choices, usage=usage)
 
 
-async def _until_done(engine: InferenceEngine, task: asyncio.Future[Generation], rid: str,
-                      request: Request) -> Generation | None:  # fmt: skip
+async def _until_done(
+    engine: InferenceEngine, task: asyncio.Future[Generation], rid: str, request: Request
+) -> Generation | None:
     """The request's Generation, or None when the client disconnected first.
 
     Whenever this returns or raises before the engine finished (client gone, handler cancelled),

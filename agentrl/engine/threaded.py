@@ -71,8 +71,9 @@ class ThreadedEngine(InferenceEngine):
     # -- hooks (engine thread unless said otherwise) ---------------------------------
 
     @abstractmethod
-    def _new_request(self, request_id: str, prompt: list[int], params: SamplingParams,
-                     loop: asyncio.AbstractEventLoop) -> Request:  # fmt: skip
+    def _new_request(
+        self, request_id: str, prompt: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
+    ) -> Request:
         """A request of the subclass's own type (called on the caller's loop)."""
 
     @abstractmethod
@@ -157,9 +158,20 @@ class ThreadedEngine(InferenceEngine):
         """Hand `req`'s result (or `error`) to its caller; `finish` overrides `req.finish`."""
         self._by_id.pop(req.id, None)
         req.finish = finish or req.finish or "aborted"
-        result = None if error else Generation(req.tokens, req.logprobs, req.versions, req.finish, len(req.prompt),
-                                               routed_experts=req.routed, prompt_routing=req.prompt_routing,
-                                               kv_versions=req.kv_versions)  # fmt: skip
+        result = (
+            None
+            if error
+            else Generation(
+                req.tokens,
+                req.logprobs,
+                req.versions,
+                req.finish,
+                len(req.prompt),
+                routed_experts=req.routed,
+                prompt_routing=req.prompt_routing,
+                kv_versions=req.kv_versions,
+            )
+        )
 
         def settle() -> None:
             if req.future.done():

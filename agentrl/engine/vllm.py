@@ -81,18 +81,32 @@ class VLLMEngine(ThreadedEngine):
         "(vLLM logprobs_mode=processed_logprobs)"
     )
 
-    def __init__(self, model: str | Path, *, dtype: str = "auto", max_batch_size: int = MAX_BATCH_SIZE,
-                 max_context: int | None = None, lora: LoraConfig | None = None, seed: int = 0, version: int = 0,
-                 **llm_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "auto",
+        max_batch_size: int = MAX_BATCH_SIZE,
+        max_context: int | None = None,
+        lora: LoraConfig | None = None,
+        seed: int = 0,
+        version: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
         _require_vllm()
         from vllm import LLM
 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the LLM is built (see the module docstring)
         kwargs: dict[str, Any] = dict(
-            model=str(model), dtype=dtype, max_num_seqs=max_batch_size, max_model_len=max_context, seed=seed,
-            logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightLoader",
+            model=str(model),
+            dtype=dtype,
+            max_num_seqs=max_batch_size,
+            max_model_len=max_context,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.WeightLoader",
             enable_prefix_caching=False,
-        )  # fmt: skip
+        )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
         self.llm = LLM(**{**kwargs, **llm_kwargs})
@@ -118,8 +132,15 @@ class VLLMEngine(ThreadedEngine):
             from agentrl.models.lora import peft_config
 
             lora = peft_config(model.lora, _meta_model(model.path))
-        return cls(model.path, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE, seed=seed,
-                   version=version, lora=lora, **cfg.vllm)  # fmt: skip
+        return cls(
+            model.path,
+            dtype=cfg.dtype,
+            max_batch_size=cfg.max_batch_size or MAX_BATCH_SIZE,
+            seed=seed,
+            version=version,
+            lora=lora,
+            **cfg.vllm,
+        )
 
     @classmethod
     def unavailable(cls, cfg: EngineConfig) -> str | None:
@@ -136,12 +157,14 @@ class VLLMEngine(ThreadedEngine):
 
     # -- requests --------------------------------------------------------------------
 
-    def _new_request(self, request_id: str, prompt: list[int], params: SamplingParams,
-                     loop: asyncio.AbstractEventLoop) -> _Request:  # fmt: skip
+    def _new_request(
+        self, request_id: str, prompt: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
+    ) -> _Request:
         return _Request(id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future())
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None, *,
-                             lora: Mapping[str, torch.Tensor] | None = None) -> int:  # fmt: skip
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
+    ) -> int:
         if (state_dict is None) == (lora is None):
             raise ValueError("pass exactly one of a full state_dict and a LoRA adapter (vLLM holds its own weights)")
         return await asyncio.to_thread(self._install, state_dict, lora)
@@ -167,8 +190,10 @@ class VLLMEngine(ThreadedEngine):
         path = self._lora_dir / f"v{version}"
         path.mkdir()
         self._lora_config.save_pretrained(str(path))  # adapter_config.json
-        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in lora.items()},
-                  str(path / "adapter_model.safetensors"))  # fmt: skip
+        save_file(
+            {k: v.detach().to("cpu", copy=True).contiguous() for k, v in lora.items()},
+            str(path / "adapter_model.safetensors"),
+        )
         old, self._lora_request = self._lora_request, LoRARequest(f"agentrl-v{version}", version, str(path))
         running = list(self._running.values())
         if running:
@@ -226,12 +251,17 @@ class VLLMEngine(ThreadedEngine):
 
         p = req.params
         params = VLLMSamplingParams(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens - len(req.tokens),
-            stop_token_ids=list(p.stop_token_ids), seed=p.seed,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            max_tokens=p.max_tokens - len(req.tokens),
+            stop_token_ids=list(p.stop_token_ids),
+            seed=p.seed,
             logprobs=0,  # the sampled token's logprob only
             ignore_eos=True,  # stop only at stop_token_ids, as every agentrl engine does
-            detokenize=False, output_kind=RequestOutputKind.DELTA,
-        )  # fmt: skip
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         req.vllm_id = f"{req.id}-{next(self._vllm_ids)}"
         prompt = TokensPrompt(prompt_token_ids=req.prompt + req.tokens)
         self._engine.add_request(req.vllm_id, prompt, params, lora_request=self._lora_request)

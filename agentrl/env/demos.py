@@ -96,16 +96,24 @@ async def play(env: TextEnv, task_id: str, actions: list[str]) -> Demonstration 
         if step_info["failure"] is not FailureClass.OK or truncated:
             return None
         if terminated:
-            return Demonstration(task_id=task_id, messages=messages, tools=info["tools"] or None,
-                                 episode_return=total)  # fmt: skip
+            return Demonstration(task_id=task_id, messages=messages, tools=info["tools"] or None, episode_return=total)
         messages += obs
     return None  # the expert stopped before the env ended the episode
 
 
-async def record(env_name: str, n: int, *, env_kwargs: dict[str, Any] | None = None, seed: int = 0,
-                 concurrency: int = 4, expert: Expert = PERFECT, min_return: float | None = 1.0,
-                 holdout: float = 0.0, holdout_seed: int = 1,
-                 sandbox: Literal["docker", "local"] = "docker") -> AsyncIterator[Demonstration]:  # fmt: skip
+async def record(
+    env_name: str,
+    n: int,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    seed: int = 0,
+    concurrency: int = 4,
+    expert: Expert = PERFECT,
+    min_return: float | None = 1.0,
+    holdout: float = 0.0,
+    holdout_seed: int = 1,
+    sandbox: Literal["docker", "local"] = "docker",
+) -> AsyncIterator[Demonstration]:
     """n demonstrations on tasks drawn from the env's task set (its train split by default).
 
     `holdout` > 0 leaves that share of the set out, by the set's own seeded split (for

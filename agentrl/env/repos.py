@@ -166,11 +166,23 @@ class Changes(BaseModel):
         return out | self.changed
 
 
-async def changes(sandbox: Sandbox, base: Mapping[str, str], root: str = REPO, *, max_file_bytes: int = 1 << 20,
-                  max_total_bytes: int = 16 << 20, timeout_s: float = 60.0) -> Changes:  # fmt: skip
+async def changes(
+    sandbox: Sandbox,
+    base: Mapping[str, str],
+    root: str = REPO,
+    *,
+    max_file_bytes: int = 1 << 20,
+    max_total_bytes: int = 16 << 20,
+    timeout_s: float = 60.0,
+) -> Changes:
     """What changed at `root` since `base` was placed there; RepoError when the sandbox cannot say."""
-    request = {"op": "diff", "root": f"{WORK}/{root}", "known": {p: _sha(t) for p, t in base.items()},
-               "max_file_bytes": max_file_bytes, "max_total_bytes": max_total_bytes}  # fmt: skip
+    request = {
+        "op": "diff",
+        "root": f"{WORK}/{root}",
+        "known": {p: _sha(t) for p, t in base.items()},
+        "max_file_bytes": max_file_bytes,
+        "max_total_bytes": max_total_bytes,
+    }
     return Changes(**await _tree(sandbox, request, timeout_s))
 
 
@@ -218,8 +230,9 @@ def pytest_argv(args: Sequence[str]) -> list[str]:
     return ["python3", "-I", "-c", code, "-p", "no:cacheprovider", *args]
 
 
-async def run_pytest(sandbox: Sandbox, node_ids: Sequence[str], *, root: str = REPO, timeout_s: float = 60.0,
-                     plugins: bool = False) -> dict[str, TestOutcome]:  # fmt: skip
+async def run_pytest(
+    sandbox: Sandbox, node_ids: Sequence[str], *, root: str = REPO, timeout_s: float = 60.0, plugins: bool = False
+) -> dict[str, TestOutcome]:
     """Run the files of `node_ids` at `root` and say how each node ended; `missing` when pytest did not report it
     (a collection error, a time-out, a process that died). Plugins installed in the image load only if `plugins`."""
     outcomes: dict[str, TestOutcome] = dict.fromkeys(node_ids, "missing")
@@ -290,19 +303,23 @@ class RepoGrade(BaseModel):
         )
 
 
-async def grade(sandbox: Sandbox, instance: RepoInstance, patch: str, *, timeout_s: float = 120.0,
-                plugins: bool = False) -> RepoGrade:  # fmt: skip
+async def grade(
+    sandbox: Sandbox, instance: RepoInstance, patch: str, *, timeout_s: float = 120.0, plugins: bool = False
+) -> RepoGrade:
     """Grade `patch` (the agent's diff) on `instance` in `sandbox`, a fresh one: the base with the patch and the
     hidden tests applied, the instance's tests run, and the test files checked afterwards."""
-    failed = {"fail_to_pass": dict.fromkeys(instance.FAIL_TO_PASS, "missing"),
-              "pass_to_pass": dict.fromkeys(instance.PASS_TO_PASS, "missing")}  # fmt: skip
+    failed = {
+        "fail_to_pass": dict.fromkeys(instance.FAIL_TO_PASS, "missing"),
+        "pass_to_pass": dict.fromkeys(instance.PASS_TO_PASS, "missing"),
+    }
     try:
         files = apply_patch(apply_patch(instance.repo, patch), instance.test_patch)
     except PatchError as e:
         return RepoGrade(**failed, problem=f"the change and the hidden tests conflict ({e})")
     await place(sandbox, files)
-    outcomes = await run_pytest(sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s,
-                                plugins=plugins)  # fmt: skip
+    outcomes = await run_pytest(
+        sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s, plugins=plugins
+    )
     try:
         after = await changes(sandbox, files)
     except RepoError:
@@ -310,12 +327,15 @@ async def grade(sandbox: Sandbox, instance: RepoInstance, patch: str, *, timeout
     touched = [p for p in [*after.changed, *after.deleted] if p in files and is_test_path(p)]
     if touched:
         return RepoGrade(**failed, problem=f"the tests were changed while they ran ({', '.join(sorted(touched)[:3])})")
-    return RepoGrade(fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
-                     pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS})  # fmt: skip
+    return RepoGrade(
+        fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
+        pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS},
+    )
 
 
-async def validate_instance(instance: RepoInstance, sandbox: Sandbox, *, timeout_s: float = 120.0,
-                            plugins: bool = False) -> ValidationReport:  # fmt: skip
+async def validate_instance(
+    instance: RepoInstance, sandbox: Sandbox, *, timeout_s: float = 120.0, plugins: bool = False
+) -> ValidationReport:
     """`agentrl.tasks.repos.validate` in a sandbox (the instance's own image, for a loaded one): FAIL_TO_PASS fails
     and PASS_TO_PASS passes on the base, and everything passes with the gold patch, the hidden tests added to both."""
     try:

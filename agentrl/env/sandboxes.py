@@ -26,8 +26,15 @@ class SandboxSource:
     `reuse` is the pool's: how many more episodes a sandbox may serve after a proven-clean recycle.
     """
 
-    def __init__(self, pool: SandboxPool | None = None, *, factory: Callable[[], Awaitable[Sandbox]] | None = None,
-                 size: int = DEFAULT_POOL_SIZE, keep_open: bool = False, reuse: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        pool: SandboxPool | None = None,
+        *,
+        factory: Callable[[], Awaitable[Sandbox]] | None = None,
+        size: int = DEFAULT_POOL_SIZE,
+        keep_open: bool = False,
+        reuse: int = 0,
+    ):
         self._keep_open = keep_open
         self._owned = pool is None
         self._factory = factory or DockerSandbox.create

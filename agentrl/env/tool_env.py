@@ -109,14 +109,20 @@ class ToolEnv(TextEnv):
         )
 
 
-def _record(call: ToolCall | None, status: str, output: str, limit: int,
-            run: ExecResult | None = None) -> dict[str, Any]:  # fmt: skip
+def _record(
+    call: ToolCall | None, status: str, output: str, limit: int, run: ExecResult | None = None
+) -> dict[str, Any]:
     """One call as the record keeps it: texts clipped like observations."""
     args = {k: clip(v, limit) if isinstance(v, str) else v for k, v in call.arguments.items()} if call else None
     rec = {"tool": call.name if call else None, "arguments": args, "status": status, "output": clip(output, limit)}
     if run is not None:
-        rec["run"] = {"status": run.status.value, "exit_code": run.exit_code, "stdout": clip(run.stdout, limit),
-                      "stderr": clip(run.stderr, limit), "wall_s": round(run.wall_s, 4)}  # fmt: skip
+        rec["run"] = {
+            "status": run.status.value,
+            "exit_code": run.exit_code,
+            "stdout": clip(run.stdout, limit),
+            "stderr": clip(run.stderr, limit),
+            "wall_s": round(run.wall_s, 4),
+        }
     return rec
 
 

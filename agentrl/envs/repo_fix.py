@@ -89,8 +89,15 @@ class BaseGrades:
     @staticmethod
     def key(instance: RepoInstance, *, plugins: bool, timeout_s: float) -> str:
         """Everything the verdict depends on: the repository, the hidden tests, their ids, the image, the settings."""
-        data = [sorted(instance.repo.items()), instance.test_patch, instance.FAIL_TO_PASS, instance.PASS_TO_PASS,
-                instance.image, plugins, timeout_s]  # fmt: skip
+        data = [
+            sorted(instance.repo.items()),
+            instance.test_patch,
+            instance.FAIL_TO_PASS,
+            instance.PASS_TO_PASS,
+            instance.image,
+            plugins,
+            timeout_s,
+        ]
         return hashlib.sha256(json.dumps(data).encode()).hexdigest()
 
     async def get(self, key: str, run: Callable[[], Awaitable[RepoGrade]]) -> RepoGrade:
@@ -278,8 +285,11 @@ class RepoFixEnv(ToolEnv):
                 raise ToolError(f"{rel} is not a test file; give a file under tests/ or a test in one")
             targets = [f"{rel}{sep}{rest}"]
         sandbox = await self.sandbox()
-        run = await self.timed(sandbox.run(pytest_argv(["-q", "--no-header", "-rfE", *targets]), cwd=REPO,
-                                           timeout_s=self.cfg.test_timeout_s))  # fmt: skip
+        run = await self.timed(
+            sandbox.run(
+                pytest_argv(["-q", "--no-header", "-rfE", *targets]), cwd=REPO, timeout_s=self.cfg.test_timeout_s
+            )
+        )
         out = run_output(run)
         return out.model_copy(update={"content": out.content.replace("stdout:\n", "", 1)})
 
@@ -317,8 +327,12 @@ class RepoFixEnv(ToolEnv):
             found = await self.timed(changes(await self.sandbox(), base))
         except RepoError as e:  # the agent's own doing (a tree too big to walk in time): nothing to grade
             info = {"outcome": 0.0, "resolved": False, "diff": "", "grading": f"no diff: {e}"}
-            return ToolOutput(content=f"Not graded: the repository could not be read ({e}).",
-                              reward={"outcome": 0.0}, terminated=True, info=info)  # fmt: skip
+            return ToolOutput(
+                content=f"Not graded: the repository could not be read ({e}).",
+                reward={"outcome": 0.0},
+                terminated=True,
+                info=info,
+            )
         diff = agent_diff(base, found)
         instance, cfg = self.instance, self.cfg
 
@@ -326,8 +340,9 @@ class RepoFixEnv(ToolEnv):
             image = instance.image  # grading runs where no agent code ran: a new sandbox, outside the pool
             fresh = await (image_sandbox(image) if image else self._sandboxes.fresh())
             try:
-                return await grade(fresh, instance, diff.patch, timeout_s=cfg.grade_timeout_s,
-                                   plugins=cfg.pytest_plugins)  # fmt: skip
+                return await grade(
+                    fresh, instance, diff.patch, timeout_s=cfg.grade_timeout_s, plugins=cfg.pytest_plugins
+                )
             finally:
                 await (fresh.close() if image else self._sandboxes.done(fresh))
 
@@ -338,10 +353,16 @@ class RepoFixEnv(ToolEnv):
             result = await self.timed(BASE_GRADES.get(key, run))
         outcome = result.outcome(self.cfg.outcome)
         info = {
-            "outcome": outcome, "resolved": result.resolved, "diff": diff.patch, "changed_files": diff.files,
-            "left_out": diff.left_out, "autosubmitted": autosubmitted, "tests_passed": result.fixed,
-            "tests_total": len(result.fail_to_pass), "pass_to_pass_broken": result.broke,
-        }  # fmt: skip
+            "outcome": outcome,
+            "resolved": result.resolved,
+            "diff": diff.patch,
+            "changed_files": diff.files,
+            "left_out": diff.left_out,
+            "autosubmitted": autosubmitted,
+            "tests_passed": result.fixed,
+            "tests_total": len(result.fail_to_pass),
+            "pass_to_pass_broken": result.broke,
+        }
         if result.problem is not None:
             info["grading"] = result.problem
         lines = [result.summary()]
@@ -449,8 +470,9 @@ def mistype(path: str, repo: Collection[str], rng: random.Random) -> str | None:
     slips = {stem[:i] + stem[i + 1 :] for i in range(len(stem))}  # dropped
     slips |= {stem[:i] + stem[i] + stem[i:] for i in range(len(stem))}  # doubled
     slips |= {stem[:i] + stem[i + 1] + stem[i] + stem[i + 2 :] for i in range(len(stem) - 1)}  # swapped
-    typos = sorted(t for s in slips if s and (t := f"{head}/{s}{dot}{ext}".lstrip("/")) not in repo
-                   and near_file(t, repo) == path)  # fmt: skip
+    typos = sorted(
+        t for s in slips if s and (t := f"{head}/{s}{dot}{ext}".lstrip("/")) not in repo and near_file(t, repo) == path
+    )
     return rng.choice(typos) if typos else None
 
 

@@ -106,26 +106,48 @@ async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat)
     env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
     ids = task_ids(cfg.env, env_kwargs, cfg.tasks)
     rollout = RolloutConfig(
-        env=cfg.env, env_kwargs=env_kwargs, group_size=cfg.samples, groups_per_iteration=len(ids),
-        sampling=cfg.sampling, max_episode_tokens=cfg.max_episode_tokens, num_workers=cfg.num_workers,
-        sandboxes_per_worker=cfg.sandboxes_per_worker, sandbox_reuse=cfg.sandbox_reuse, partial=False,
-        on_infra_failure="retry", max_retries=cfg.max_retries, seed=cfg.seed,
-    )  # fmt: skip
+        env=cfg.env,
+        env_kwargs=env_kwargs,
+        group_size=cfg.samples,
+        groups_per_iteration=len(ids),
+        sampling=cfg.sampling,
+        max_episode_tokens=cfg.max_episode_tokens,
+        num_workers=cfg.num_workers,
+        sandboxes_per_worker=cfg.sandboxes_per_worker,
+        sandbox_reuse=cfg.sandbox_reuse,
+        partial=False,
+        on_infra_failure="retry",
+        max_retries=cfg.max_retries,
+        seed=cfg.seed,
+    )
     async with RolloutController(rollout, engine, chat) as ctl:  # every problem in flight at once
         batch = await ctl.run_iteration(ids)
     per_problem = []
     for g in sorted(batch.groups, key=lambda g: ids.index(g.task_id)):
         scored = [t for t in g.trajectories if t.status is Status.FINISHED]
         c = sum(success(t) for t in scored)
-        per_problem.append(ProblemResult(
-            task_id=g.task_id, n=len(scored), correct=c, returns=[t.outcome_reward for t in scored],
-            pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
-            infra_failed=len(g.trajectories) - len(scored),
-        ))  # fmt: skip
+        per_problem.append(
+            ProblemResult(
+                task_id=g.task_id,
+                n=len(scored),
+                correct=c,
+                returns=[t.outcome_reward for t in scored],
+                pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
+                infra_failed=len(g.trajectories) - len(scored),
+            )
+        )
     overall = {cfg.metric.format(k=k): v for k, v in pass_at_ks([(p.n, p.correct) for p in per_problem], cfg.k).items()}
     return BenchResult(
-        env=cfg.env, split=split, problems=len(per_problem), samples=cfg.samples, turns=cfg.turns,
-        temperature=cfg.sampling.temperature, pass_at_k=overall, infra_failed=batch.stats.failed,
-        retried=batch.stats.retried, wall_s=time.perf_counter() - t0, per_problem=per_problem,
+        env=cfg.env,
+        split=split,
+        problems=len(per_problem),
+        samples=cfg.samples,
+        turns=cfg.turns,
+        temperature=cfg.sampling.temperature,
+        pass_at_k=overall,
+        infra_failed=batch.stats.failed,
+        retried=batch.stats.retried,
+        wall_s=time.perf_counter() - t0,
+        per_problem=per_problem,
         trajectories=[t for g in batch.groups for t in g.trajectories],
-    )  # fmt: skip
+    )

@@ -57,10 +57,15 @@ def read_completions(path: str | Path) -> list[Completion]:
 
 
 async def score_completions(
-    tasks: TaskSet, completions: list[Completion], *, concurrency: int = 8, reuse: int = 100,
-    test_timeout_s: float = 10.0, max_retries: int = 2,
+    tasks: TaskSet,
+    completions: list[Completion],
+    *,
+    concurrency: int = 8,
+    reuse: int = 100,
+    test_timeout_s: float = 10.0,
+    max_retries: int = 2,
     factory: Callable[[], Awaitable[Sandbox]] = DockerSandbox.create,
-) -> list[Verdict]:  # fmt: skip
+) -> list[Verdict]:
     """A verdict per completion, in input order. `reuse`: programs a container serves after a
     proven-clean recycle (the pool's); unknown task ids are refused before anything runs."""
     unknown = sorted({c.task_id for c in completions} - {t.id for t in tasks})
@@ -76,13 +81,26 @@ async def score_completions(
                 break
             except SandboxError as e:
                 if attempt == max_retries:  # left unscored: an infrastructure failure is no wrong answer
-                    return Verdict(task_id=c.task_id, index=index, passed=None, tests_passed=0, tests_total=0,
-                                   error=f"sandbox failed: {e}", retried=attempt)  # fmt: skip
+                    return Verdict(
+                        task_id=c.task_id,
+                        index=index,
+                        passed=None,
+                        tests_passed=0,
+                        tests_total=0,
+                        error=f"sandbox failed: {e}",
+                        retried=attempt,
+                    )
                 attempt += 1
         failed = next((o for o in r.outcomes if not o.passed), None)
-        return Verdict(task_id=c.task_id, index=index, passed=r.total > 0 and r.passed == r.total,
-                       tests_passed=r.passed, tests_total=r.total, error=r.load_error or (failed and failed.error),
-                       retried=attempt)  # fmt: skip
+        return Verdict(
+            task_id=c.task_id,
+            index=index,
+            passed=r.total > 0 and r.passed == r.total,
+            tests_passed=r.passed,
+            tests_total=r.total,
+            error=r.load_error or (failed and failed.error),
+            retried=attempt,
+        )
 
     async with SandboxPool(factory, size=concurrency, reuse=reuse) as pool:
         return list(await asyncio.gather(*(one(pool, i, c) for i, c in enumerate(completions))))

@@ -72,17 +72,34 @@ class EvalResult(BaseModel):
 class HeldOutEval:
     """`async with HeldOutEval(...) as ev: result = await ev.run(iteration)`."""
 
-    def __init__(self, cfg: EvalConfig, engine: InferenceEngine, chat: ChatFormat, *, env: str,
-                 env_kwargs: dict[str, Any], max_episode_tokens: int,
-                 ray_address: str | None = None, placement: EnvPlacement | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        engine: InferenceEngine,
+        chat: ChatFormat,
+        *,
+        env: str,
+        env_kwargs: dict[str, Any],
+        max_episode_tokens: int,
+        ray_address: str | None = None,
+        placement: EnvPlacement | None = None,
+    ) -> None:
         self.cfg = cfg
         rollout = RolloutConfig(
-            env=env, env_kwargs={**env_kwargs, "split": "test"}, group_size=1, groups_per_iteration=cfg.tasks,
-            sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens), max_episode_tokens=max_episode_tokens,
-            num_workers=cfg.num_workers, sandboxes_per_worker=cfg.sandboxes_per_worker,
-            sandbox_reuse=cfg.sandbox_reuse, partial=False,
-            on_infra_failure="retry", max_retries=cfg.max_retries, ray_address=ray_address,
-        )  # fmt: skip
+            env=env,
+            env_kwargs={**env_kwargs, "split": "test"},
+            group_size=1,
+            groups_per_iteration=cfg.tasks,
+            sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens),
+            max_episode_tokens=max_episode_tokens,
+            num_workers=cfg.num_workers,
+            sandboxes_per_worker=cfg.sandboxes_per_worker,
+            sandbox_reuse=cfg.sandbox_reuse,
+            partial=False,
+            on_infra_failure="retry",
+            max_retries=cfg.max_retries,
+            ray_address=ray_address,
+        )
         self.controller = RolloutController(rollout, engine, chat, placement=placement)
         self.task_ids: list[str] = []
 
@@ -98,14 +115,28 @@ class HeldOutEval:
         t0 = time.perf_counter()
         batch = await self.controller.run_iteration(self.task_ids)
         trajs = batch.trajectories
-        episodes = [EpisodeResult(task_id=t.task_id, success=success(t), episode_return=t.outcome_reward,
-                                  turns=len(t.turns), failure=str(t.failure)) for t in trajs]  # fmt: skip
+        episodes = [
+            EpisodeResult(
+                task_id=t.task_id,
+                success=success(t),
+                episode_return=t.outcome_reward,
+                turns=len(t.turns),
+                failure=str(t.failure),
+            )
+            for t in trajs
+        ]
         scored = [e for t, e in zip(trajs, episodes, strict=True) if t.status is Status.FINISHED]
         wins = sum(e.success for e in scored)
         return EvalResult(
-            iteration=iteration, policy_version=batch.stats.policy_version, tasks=len(trajs), scored=len(scored),
-            successes=wins, success_rate=wins / max(len(scored), 1),
+            iteration=iteration,
+            policy_version=batch.stats.policy_version,
+            tasks=len(trajs),
+            scored=len(scored),
+            successes=wins,
+            success_rate=wins / max(len(scored), 1),
             mean_return=sum(e.episode_return for e in scored) / max(len(scored), 1),
-            infra_failed=batch.stats.failed, retried=batch.stats.retried, wall_s=time.perf_counter() - t0,
+            infra_failed=batch.stats.failed,
+            retried=batch.stats.retried,
+            wall_s=time.perf_counter() - t0,
             episodes=episodes,
-        )  # fmt: skip
+        )

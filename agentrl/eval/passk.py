@@ -26,8 +26,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def pass_at_ks(counts: Iterable[tuple[int, int]], ks: Iterable[int]) -> dict[int, float]:
     """pass@k for each k, over the problems with at least k samples (NaN where none has)."""
     counts = list(counts)
-    return {k: mean_pass_at_k(enough, k) if (enough := [(n, c) for n, c in counts if n >= k]) else math.nan
-            for k in ks}  # fmt: skip
+    return {k: mean_pass_at_k(enough, k) if (enough := [(n, c) for n, c in counts if n >= k]) else math.nan for k in ks}
 
 
 def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:

@@ -16,15 +16,29 @@ from pathlib import Path
 DEFAULT_POLICY = Path(__file__).parent / "assets" / "default_policy"
 
 ARCHITECTURE = dict(
-    hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=32,
-    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, max_position_embeddings=4096,
-)  # fmt: skip
+    hidden_size=192,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    max_position_embeddings=4096,
+)
 """Qwen3-MoE shapes: 3.5M parameters (4 experts, top-2 routing), the project tokenizer's 2054-token vocabulary"""
 
 SMALL_ARCHITECTURE = dict(
-    hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, max_position_embeddings=4096,
-)  # fmt: skip
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=512,
+    max_position_embeddings=4096,
+)
 """14.4M parameters (8 experts, top-2), twice the default's active parameters: `agentrl models init --preset small`,
 a larger starting point where the default policy is too small to learn a task (repo_fix's copying of text)"""
 

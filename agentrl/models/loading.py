@@ -71,8 +71,10 @@ def model_folder(path: str) -> Path:
     if Path(path).is_dir():
         return Path(path)
     if Path(path).is_absolute():  # a folder named by the driver, absent here: not a hub id
-        raise FileNotFoundError(f"model folder {path} does not exist on {socket.gethostname()}: every node that "
-                                "loads the model needs it at the same path (or give a hub id)")  # fmt: skip
+        raise FileNotFoundError(
+            f"model folder {path} does not exist on {socket.gethostname()}: every node that "
+            "loads the model needs it at the same path (or give a hub id)"
+        )
     import torch.distributed as dist
     from huggingface_hub import snapshot_download
 
@@ -92,8 +94,9 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
         return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     if (folder / "model.safetensors").exists():
         return [folder / "model.safetensors"]
-    raise FileNotFoundError(f"{folder} has no model.safetensors (nor an index of shards): memory-honest loading "
-                            "reads safetensors only")  # fmt: skip
+    raise FileNotFoundError(
+        f"{folder} has no model.safetensors (nor an index of shards): memory-honest loading reads safetensors only"
+    )
 
 
 def stored_dtype(files: list[Path]) -> torch.dtype:
@@ -112,8 +115,9 @@ def stored_dtype(files: list[Path]) -> torch.dtype:
     return max(elements, key=elements.__getitem__)
 
 
-def meta_model(config: PretrainedConfig, dtype: torch.dtype, *, lora: LoraSettings | None = None,
-               seed: int = 0) -> nn.Module:  # fmt: skip
+def meta_model(
+    config: PretrainedConfig, dtype: torch.dtype, *, lora: LoraSettings | None = None, seed: int = 0
+) -> nn.Module:
     """The causal LM of `config` on the meta device, its parameters in `dtype` (what they will be held in),
     wrapped with LoRA if `lora`: peft makes the adapters float32 whatever the base's dtype, and they are
     initialised here for real (peft's own init, the same on every rank under the same seed): they are small,
@@ -146,8 +150,9 @@ def has_meta_tensors(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device | str, *, buffer_device: torch.device | str | None = None
-                ) -> None:  # fmt: skip
+def materialize(
+    model: nn.Module, device: torch.device | str, *, buffer_device: torch.device | str | None = None
+) -> None:
     """Give every meta tensor of `model` empty memory on `device` (a DTensor: its local shard only; buffers on
     `buffer_device`, default `device`), keeping tied parameters tied, and rebuild the non-persistent buffers
     with the model's own `_init_weights` (rotary `inv_freq`). The parameters and persistent buffers hold
@@ -160,8 +165,9 @@ def materialize(model: nn.Module, device: torch.device | str, *, buffer_device: 
     def empty(t: torch.Tensor, where) -> torch.Tensor:
         if isinstance(t, DTensor):
             local = torch.empty(t.to_local().shape, dtype=t.dtype, device=where)
-            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                      stride=t.stride())  # fmt: skip
+            return DTensor.from_local(
+                local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+            )
         return torch.empty(t.shape, dtype=t.dtype, device=where)
 
     rebuilt: list[tuple[nn.Module, str]] = []
@@ -183,9 +189,11 @@ def materialize(model: nn.Module, device: torch.device | str, *, buffer_device: 
         lm._init_weights(module)
     for module, name in rebuilt:
         if module._buffers[name].is_floating_point() and module._buffers[name].isnan().any():
-            raise NotImplementedError(f"{type(lm).__name__}._init_weights does not rebuild the non-persistent "
-                                      f"buffer {name!r} of {type(module).__name__}: it cannot be loaded from the "
-                                      "meta device")  # fmt: skip
+            raise NotImplementedError(
+                f"{type(lm).__name__}._init_weights does not rebuild the non-persistent "
+                f"buffer {name!r} of {type(module).__name__}: it cannot be loaded from the "
+                "meta device"
+            )
 
 
 @torch.no_grad()
@@ -240,11 +248,14 @@ def fill_from_checkpoint(model: nn.Module, files: list[Path]) -> None:
                 _put(targets[target_name], value[0] if isinstance(value, list) else value)
                 filled.add(target_name)
     if missing := sorted(set(targets) - filled):
-        raise ValueError(f"the checkpoint lacks {len(missing)} of the model's tensors: {', '.join(missing[:8])}"
-                         + (", ..." if len(missing) > 8 else ""))  # fmt: skip
+        raise ValueError(
+            f"the checkpoint lacks {len(missing)} of the model's tensors: {', '.join(missing[:8])}"
+            + (", ..." if len(missing) > 8 else "")
+        )
     if unexpected:
-        log.warning("%d checkpoint tensors have no place in the model, left out: %s", len(unexpected),
-                    ", ".join(unexpected[:8]))  # fmt: skip
+        log.warning(
+            "%d checkpoint tensors have no place in the model, left out: %s", len(unexpected), ", ".join(unexpected[:8])
+        )
 
 
 def _put(target: torch.Tensor, value: torch.Tensor) -> None:

@@ -58,5 +58,10 @@ def peft_config(lora: LoraSettings, model: nn.Module) -> LoraConfig:
         target_parameters = [p for p in EXPERT_PARAMETERS if any(n.endswith(p) for n in names)]
         if not target_parameters:
             raise ValueError(f"lora.experts: the model has no fused expert parameters ({', '.join(EXPERT_PARAMETERS)})")
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=lora.target_modules, target_parameters=target_parameters)  # fmt: skip
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        target_parameters=target_parameters,
+    )

@@ -18,8 +18,16 @@ from agentrl.models.tokenizer import TemplateName, load_tokenizer
 
 Arch = Literal["qwen3_moe", "qwen3", "llama", "mixtral"]
 
-_COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False)  # fmt: skip
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
 _ARCH: dict[str, dict] = {
     "qwen3_moe": dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1, norm_topk_prob=True
@@ -34,13 +42,26 @@ def tiny_config(arch: Arch = "qwen3_moe", template: TemplateName = "qwen3", **ov
     if arch not in _ARCH:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(_ARCH)}")
     tok = load_tokenizer(template)
-    kw = {**_COMMON, **_ARCH[arch], "vocab_size": len(tok), "eos_token_id": tok.eos_token_id,
-          "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, **overrides}  # fmt: skip
+    kw = {
+        **_COMMON,
+        **_ARCH[arch],
+        "vocab_size": len(tok),
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        **overrides,
+    }
     return AutoConfig.for_model(arch, **kw)
 
 
-def tiny_model(arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateName = "qwen3",
-               dtype: torch.dtype = torch.float32, **overrides) -> PreTrainedModel:  # fmt: skip
+def tiny_model(
+    arch: Arch = "qwen3_moe",
+    *,
+    seed: int = 0,
+    template: TemplateName = "qwen3",
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> PreTrainedModel:
     """A random-init model; the same seed gives the same weights."""
     config = tiny_config(arch, template, **overrides)
     with torch.random.fork_rng(devices=[]):
@@ -49,8 +70,9 @@ def tiny_model(arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateNam
     return model.eval()
 
 
-def save_tiny(path: str | Path, arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateName = "qwen3",
-              **overrides) -> Path:  # fmt: skip
+def save_tiny(
+    path: str | Path, arch: Arch = "qwen3_moe", *, seed: int = 0, template: TemplateName = "qwen3", **overrides
+) -> Path:
     """Write model + tokenizer (with its chat template) to `path`, loadable with `from_pretrained`."""
     path = Path(path)
     tiny_model(arch, seed=seed, template=template, **overrides).save_pretrained(path)

@@ -13,6 +13,18 @@ from agentrl.rollout.controller import (
 from agentrl.rollout.trajectory import Segment, Status, Trajectory, TrajectoryError, Turn
 
 __all__ = [
-    "ChatFormat", "ControllerState", "Group", "ParkedEpisode", "RolloutBatch", "RolloutConfig", "RolloutController",
-    "RolloutStats", "Segment", "Status", "TemplatePrefixError", "Trajectory", "TrajectoryError", "Turn",
-]  # fmt: skip
+    "ChatFormat",
+    "ControllerState",
+    "Group",
+    "ParkedEpisode",
+    "RolloutBatch",
+    "RolloutConfig",
+    "RolloutController",
+    "RolloutStats",
+    "Segment",
+    "Status",
+    "TemplatePrefixError",
+    "Trajectory",
+    "TrajectoryError",
+    "Turn",
+]

@@ -58,9 +58,12 @@ class ChatFormat:
 
     def render(self, messages: list[Message], *, tools: list[dict] | None = None, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt,
+            messages,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
             **self.template_kwargs,
-        )  # fmt: skip
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -89,8 +92,9 @@ class ChatFormat:
             delta = delta[1:]  # the model closed its own turn
         return delta
 
-    def conversation_ids(self, messages: list[Message], *, tools: list[dict] | None = None
-                         ) -> tuple[list[int], list[int]]:  # fmt: skip
+    def conversation_ids(
+        self, messages: list[Message], *, tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         """A whole conversation laid out token for token as a rollout lays it out, and its loss mask.
 
         The opening messages (up to the first assistant one) are the prompt; each assistant

@@ -171,8 +171,9 @@ class RolloutController:
     `placement.node_resource`, `placement.workers_per_node` each (`rollout.num_workers` is then not used);
     None: `rollout.num_workers` workers wherever Ray puts them."""
 
-    def __init__(self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat,
-                 placement: EnvPlacement | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat, placement: EnvPlacement | None = None
+    ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
@@ -238,8 +239,10 @@ class RolloutController:
             return f"env workers: {len(self.workers) or self.cfg.num_workers}, placed by Ray (no cluster placement)"
         nodes = self.nodes()
         p = self.placement
-        lines = [f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
-                 f"({p.workers_per_node} per node), sandbox image {self._image}"]  # fmt: skip
+        lines = [
+            f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
+            f"({p.workers_per_node} per node), sandbox image {self._image}"
+        ]
         lines += [f"  {n.ip}  node {n.node_id}: {n.workers} worker(s), image {n.image}" for n in nodes]
         return "\n".join(lines)
 
@@ -259,10 +262,14 @@ class RolloutController:
         """The task cursor and the partial-rollout buffer, between iterations. `pending`: complete groups
         returned by `run_iteration` but not trained yet (an asynchronous run's queue); a restored controller
         hands them out with its next iteration."""
-        groups = {gid: [ParkedEpisode(trajectory=ep.traj, seed=ep.seed, attempt=ep.attempt) for ep in eps]
-                  for gid, eps in self._groups.items()}  # fmt: skip
-        groups |= {g.group_id: [ParkedEpisode(trajectory=t, seed=0) for t in g.trajectories]  # final: never replayed
-                   for g in pending}  # fmt: skip
+        groups = {
+            gid: [ParkedEpisode(trajectory=ep.traj, seed=ep.seed, attempt=ep.attempt) for ep in eps]
+            for gid, eps in self._groups.items()
+        }
+        groups |= {
+            g.group_id: [ParkedEpisode(trajectory=t, seed=0) for t in g.trajectories]  # final: never replayed
+            for g in pending
+        }
         return ControllerState(iteration=self.iteration, groups=groups)
 
     async def restore(self, state: ControllerState) -> int:
@@ -271,8 +278,9 @@ class RolloutController:
         replay differs from its record (another observation or reward: the env is not
         deterministic there) is dropped. Returns how many were dropped."""
         self.iteration = state.iteration
-        self._groups = {gid: [_Episode(p.trajectory, p.seed, p.attempt) for p in eps]
-                        for gid, eps in state.groups.items()}  # fmt: skip
+        self._groups = {
+            gid: [_Episode(p.trajectory, p.seed, p.attempt) for p in eps] for gid, eps in state.groups.items()
+        }
         results = await asyncio.gather(*(self._replay(ep) for ep in self._live()))
         return results.count(False)
 
@@ -308,8 +316,9 @@ class RolloutController:
 
     # -- one iteration ---------------------------------------------------------------
 
-    async def run_iteration(self, task_ids: list[str] | None = None, *, drain: bool = False,
-                            ahead: int = 0) -> RolloutBatch:  # fmt: skip
+    async def run_iteration(
+        self, task_ids: list[str] | None = None, *, drain: bool = False, ahead: int = 0
+    ) -> RolloutBatch:
         """Run one iteration; `task_ids` (optional) chooses the tasks of the new groups.
 
         `drain=True` starts no new group and finishes every live episode (for shutdown or eval).
@@ -532,8 +541,11 @@ class RolloutController:
             if node not in {x.node_id for x in alive}:  # the node is gone: so are its other workers
                 slots = [i for i, n in enumerate(self._worker_nodes) if n == node]
                 log.warning("env node %s is gone: replacing its %d worker(s) on the other nodes", node, len(slots))
-            load = Counter(n for i, (n, w) in enumerate(zip(self._worker_nodes, self.workers, strict=True))
-                           if i not in slots and id(w) not in self._dead)  # fmt: skip
+            load = Counter(
+                n
+                for i, (n, w) in enumerate(zip(self._worker_nodes, self.workers, strict=True))
+                if i not in slots and id(w) not in self._dead
+            )
             targets = await asyncio.to_thread(self._placer.replacements, alive, load, len(slots), self._image)
             for i, target in zip(slots, targets, strict=True):
                 old = self.workers[i]

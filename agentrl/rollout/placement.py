@@ -280,5 +280,6 @@ class EnvPlacer:
     def summary(self, worker_nodes: list[str]) -> list[NodeWorkers]:
         """Per node with live workers (`worker_nodes`: each worker's node id), in node order."""
         count = Counter(worker_nodes)
-        return [NodeWorkers(nid, n.ip, count[nid], self.image.get(nid, "")) for nid, n in self.nodes.items()
-                if count[nid]]  # fmt: skip
+        return [
+            NodeWorkers(nid, n.ip, count[nid], self.image.get(nid, "")) for nid, n in self.nodes.items() if count[nid]
+        ]

@@ -78,8 +78,11 @@ class EnvWorker:
             try:
                 self.watchdog = reaper.watch()
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # a safety net: run without it
-                log.warning("env worker %d: no sandbox watchdog (%s); a crash leaves its sandboxes to the reaper",
-                            os.getpid(), e)  # fmt: skip
+                log.warning(
+                    "env worker %d: no sandbox watchdog (%s); a crash leaves its sandboxes to the reaper",
+                    os.getpid(),
+                    e,
+                )
             self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
         return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
@@ -102,8 +105,9 @@ class EnvWorker:
         obs, info = await env.areset(seed=seed, options={"task_id": task_id})
         return obs, dict(info)
 
-    async def replay(self, episode_id: str, task_id: str, seed: int,
-                     actions: list[str]) -> tuple[list[Message], dict[str, Any], list[tuple]]:  # fmt: skip
+    async def replay(
+        self, episode_id: str, task_id: str, seed: int, actions: list[str]
+    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
         """Rebuild an episode's env after a restart: reset as before, then step the same messages.
 
         Returns the opening messages, the reset info and every step's (observation, reward,
@@ -142,8 +146,13 @@ class EnvWorker:
 
     def where(self) -> WorkerPlace:
         """Where this worker runs and what it left behind if it dies."""
-        return WorkerPlace(ray.get_runtime_context().get_node_id(), os.getpid(), reaper.SESSION_ID, self.watchdog,
-                           os.environ.get("DOCKER_HOST"))  # fmt: skip
+        return WorkerPlace(
+            ray.get_runtime_context().get_node_id(),
+            os.getpid(),
+            reaper.SESSION_ID,
+            self.watchdog,
+            os.environ.get("DOCKER_HOST"),
+        )
 
 
 # Actors cost no CPU reservation: they wait on sandboxes, and the machine's cores belong to

@@ -33,6 +33,14 @@ from agentrl.runs.trajectories import (
 )
 
 __all__ = [
-    "PROMPT", "JsonlTail", "RunDir", "TrainedView", "append_jsonl", "policy_versions", "read_jsonl",
-    "read_trajectory", "summary", "write_trajectories",
-]  # fmt: skip
+    "PROMPT",
+    "JsonlTail",
+    "RunDir",
+    "TrainedView",
+    "append_jsonl",
+    "policy_versions",
+    "read_jsonl",
+    "read_trajectory",
+    "summary",
+    "write_trajectories",
+]

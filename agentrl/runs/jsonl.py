@@ -89,5 +89,7 @@ class JsonlTail:
         rest = data[end:]
         self._torn = (
             f"{self.path.name}: the last line is incomplete ({len(rest)} bytes; the run is writing it, or was "
-            "killed mid-write)" if rest.strip() else None
-        )  # fmt: skip
+            "killed mid-write)"
+            if rest.strip()
+            else None
+        )

@@ -55,17 +55,27 @@ def summary(row: Mapping[str, Any]) -> dict[str, Any]:
     versions = policy_versions(row)
     trained = row.get("trained")
     return {
-        "iteration": row.get("iteration"), "episode_id": row["episode_id"], "group_id": row["group_id"],
-        "task_id": row["task_id"], "reward": row["outcome_reward"], "status": row["status"],
-        "failure": row["failure"], "turns": len(row["turns"]), "versions": versions, "partial": len(versions) > 1,
-        "tokens": len(row["token_ids"]), "truncated": row["truncation"] if row["truncated"] else None,
-        "error": row["error"], "ratio": trained["ratio"] if trained else None,
+        "iteration": row.get("iteration"),
+        "episode_id": row["episode_id"],
+        "group_id": row["group_id"],
+        "task_id": row["task_id"],
+        "reward": row["outcome_reward"],
+        "status": row["status"],
+        "failure": row["failure"],
+        "turns": len(row["turns"]),
+        "versions": versions,
+        "partial": len(versions) > 1,
+        "tokens": len(row["token_ids"]),
+        "truncated": row["truncation"] if row["truncated"] else None,
+        "error": row["error"],
+        "ratio": trained["ratio"] if trained else None,
         "clipped": trained["clipped"] if trained else None,
-    }  # fmt: skip
+    }
 
 
-def write_trajectories(folder: Path, name: str, trajectories: Sequence[Saveable], iteration: int | None,
-                       trained: Mapping[str, TrainedView]) -> int:  # fmt: skip
+def write_trajectories(
+    folder: Path, name: str, trajectories: Sequence[Saveable], iteration: int | None, trained: Mapping[str, TrainedView]
+) -> int:
     """`folder/name`: one JSON line per trajectory (with its `trained` view, by episode id, if any); then
     one line each in `folder/index.jsonl`, after the data it points into. Returns how many were written."""
     folder.mkdir(parents=True, exist_ok=True)

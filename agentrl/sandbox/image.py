@@ -105,15 +105,17 @@ def _build(client: docker.DockerClient, tag: str, base: str, wheels: Path | None
         try:
             # network_mode none: every file the build needs is in its context (wheels installed on the host), and a
             # build that reaches no network does not depend on the engine's bridge either
-            client.images.build(path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, pull=False,
-                                network_mode="none")  # fmt: skip
+            client.images.build(
+                path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, pull=False, network_mode="none"
+            )
         except docker.errors.BuildError as e:
             lines = "".join(chunk.get("stream", "") for chunk in e.build_log)
             raise RuntimeError(f"building {tag} on {base} failed: {e.msg}\n{lines[-4000:]}") from e
 
 
-def instance_image(client: docker.DockerClient, tarball: Path, *, wheels: Path | None = None,
-                   log: Callable[[str], None] = print) -> str:  # fmt: skip
+def instance_image(
+    client: docker.DockerClient, tarball: Path, *, wheels: Path | None = None, log: Callable[[str], None] = print
+) -> str:
     """The sandbox image for a repository instance's own image (a `docker save` tarball with its dependencies and
     python3): the sandbox's Dockerfile built on it, so its containers run the executor, locked down as every
     sandbox is. Tagged by the sandbox definition and the tarball's bytes; built once."""
@@ -138,9 +140,21 @@ def build_context(dest: Path, *, wheels: Path | None = None) -> Path:
     interpreter's pip (from its index, or only from the folder `wheels`). RuntimeError with pip's own words when
     it cannot get them."""
     shutil.copytree(sandboxes_dir() / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-           "--only-binary=:all:", "--no-compile", "--target", str(dest / "site"),
-           "-r", str(dest / "requirements.txt")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-compile",
+        "--target",
+        str(dest / "site"),
+        "-r",
+        str(dest / "requirements.txt"),
+    ]
     if wheels is not None:
         cmd += ["--no-index", "--find-links", str(wheels)]
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -56,12 +56,16 @@ class LocalSandbox(ExecutorSandbox):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(sandboxes_dir() / "python" / "executor.py"),
-            "--socket", str(root / "exec.sock"),
-            "--workdir", str(root / "work"),
-            "--tmpdir", str(root / "tmp"),
-            "--codedir", str(root / "code"),
+            "--socket",
+            str(root / "exec.sock"),
+            "--workdir",
+            str(root / "work"),
+            "--tmpdir",
+            str(root / "tmp"),
+            "--codedir",
+            str(root / "code"),
             start_new_session=True,
-        )  # fmt: skip
+        )
         sandbox = cls(proc, root, cfg.limits)
         deadline = time.monotonic() + cfg.start_timeout_s
         while not sandbox.socket_path.exists():

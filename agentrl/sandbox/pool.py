@@ -77,8 +77,7 @@ class SandboxPool:
         self._health: asyncio.Task | None = None
         self._last_error: BaseException | None = None
         self._closed = False
-        self.stats = {"started": 0, "discarded": 0, "recycled": 0, "replaced_dead": 0, "start_failures": 0,
-                      "peak": 0}  # fmt: skip
+        self.stats = {"started": 0, "discarded": 0, "recycled": 0, "replaced_dead": 0, "start_failures": 0, "peak": 0}
 
     async def start(self) -> None:
         """Fill the pool and wait until every sandbox is up (raises if none could start)."""

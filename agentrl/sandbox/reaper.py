@@ -191,8 +191,13 @@ def watch(session: str = SESSION_ID, pid: int | None = None) -> int:
     if start is None:
         raise ProcessLookupError(pid)
     cmd = [sys.executable, "-P", os.path.abspath(__file__), "--watch", str(pid), "--start", start, "--session", session]
-    proc = subprocess.Popen([*cmd, "--detach"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*cmd, "--detach"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     out, _ = proc.communicate(timeout=60)
     if proc.returncode != 0 or not out.strip():
         raise RuntimeError(f"the sandbox watchdog did not start (exit status {proc.returncode})")

@@ -107,8 +107,9 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
 
     loss_mask = padded([t.loss_mask for t in trajs], torch.long)
     if algo.advantage == "outcome":
-        adv = outcome_advantages(torch.tensor([t.outcome_reward for t in trajs], dtype=torch.float64), gids,
-                                 scale=algo.scale_advantages)  # fmt: skip
+        adv = outcome_advantages(
+            torch.tensor([t.outcome_reward for t in trajs], dtype=torch.float64), gids, scale=algo.scale_advantages
+        )
         advantages = adv.values[:, None] * loss_mask
     else:
         K = max(len(t.turns) for t in trajs)

@@ -154,9 +154,11 @@ class Run:
         bound, version = self.cfg.rollout.max_staleness, self.state.policy_version
         for t in (t for g in groups for t in g.trainable):
             if t.oldest_version is not None and version - t.oldest_version > bound:
-                raise RuntimeError(f"episode {t.episode_id} has a token sampled at version {t.oldest_version}, "
-                                   f"{version - t.oldest_version} behind the learner's {version} "
-                                   f"(rollout.max_staleness={bound})")  # fmt: skip
+                raise RuntimeError(
+                    f"episode {t.episode_id} has a token sampled at version {t.oldest_version}, "
+                    f"{version - t.oldest_version} behind the learner's {version} "
+                    f"(rollout.max_staleness={bound})"
+                )
 
     async def update(self, rollout: Rollout) -> dict[str, float]:
         """M minibatch steps on the batch (asynchronous: the event loop goes on driving the episodes of the next
@@ -202,12 +204,22 @@ class Run:
             self.display.evaluation(result)
         for b in self.cfg.eval.benchmarks:
             r = await run_bench(b, lead.engine, lead.chat)
-            lead.tracker.log_bench({"iteration": iteration, "env": b.env, **r.pass_at_k, "problems": r.problems,
-                                    "samples": r.samples, "infra_failed": r.infra_failed, "retried": r.retried,
-                                    "wall_s": r.wall_s})  # fmt: skip
+            lead.tracker.log_bench(
+                {
+                    "iteration": iteration,
+                    "env": b.env,
+                    **r.pass_at_k,
+                    "problems": r.problems,
+                    "samples": r.samples,
+                    "infra_failed": r.infra_failed,
+                    "retried": r.retried,
+                    "wall_s": r.wall_s,
+                }
+            )
             scores = ", ".join(f"{k} {100 * v:.1f}%" for k, v in r.pass_at_k.items())
-            self.display.message(f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems "
-                                 f"({r.wall_s:.0f} s)")  # fmt: skip
+            self.display.message(
+                f"{b.env} @ iteration {iteration}: {scores} on {r.problems} problems ({r.wall_s:.0f} s)"
+            )
 
     def log(self, rollout: Rollout, update: dict[str, float], times: dict[str, float]) -> None:
         """The iteration's time (kept in the state), and on rank 0 metrics.jsonl (and TensorBoard / W&B), the saved
@@ -232,17 +244,23 @@ class Run:
         if self.cfg.cluster.address is None:
             return {}
         lead = self.lead
-        return {"learner/nodes": float(len(set(self.learner.placement()))),
-                "fleet/nodes": float(len(set(lead.engine.nodes()))), **lead.controller.placement_metrics()}  # fmt: skip
+        return {
+            "learner/nodes": float(len(set(self.learner.placement()))),
+            "fleet/nodes": float(len(set(lead.engine.nodes()))),
+            **lead.controller.placement_metrics(),
+        }
 
     def describe_placement(self) -> str:
         """Where the parts run on the cluster, printed at the start of a run."""
         ranks, replicas = self.learner.placement(), self.lead.engine.nodes()
-        lines = [f"on the Ray cluster at {self.cfg.cluster.address}:",
-                 f"learner: {len(ranks)} rank(s) on node(s) {_by_node(ranks)}",
-                 f"engine: {len(replicas)} replica(s) on node(s) {_by_node(replicas)}" if replicas else
-                 "engine: in the driver (no engine.replicas)",
-                 self.lead.controller.describe_placement()]  # fmt: skip
+        lines = [
+            f"on the Ray cluster at {self.cfg.cluster.address}:",
+            f"learner: {len(ranks)} rank(s) on node(s) {_by_node(ranks)}",
+            f"engine: {len(replicas)} replica(s) on node(s) {_by_node(replicas)}"
+            if replicas
+            else "engine: in the driver (no engine.replicas)",
+            self.lead.controller.describe_placement(),
+        ]
         return "\n".join(lines)
 
     # -- every rank ---------------------------------------------------------------------
@@ -284,8 +302,9 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Display,
-                stop: asyncio.Event) -> AsyncIterator[Run]:  # fmt: skip
+async def build(
+    cfg: RunConfig, folder: RunDir, *, resume: bool, display: Display, stop: asyncio.Event
+) -> AsyncIterator[Run]:
     """Every part of the run, closed again on the way out (env workers, sandboxes, the engine, the tracker)."""
     lead_rank = not dist.is_initialized() or dist.get_rank() == 0
     torch.manual_seed(cfg.seed)
@@ -303,12 +322,16 @@ async def build(cfg: RunConfig, folder: RunDir, *, resume: bool, display: Displa
         lead = await _lead(cfg, folder, learner, state, stack, resumed=resumed) if lead_rank else None
         run = Run(cfg, folder, learner, weight_sync(learner, lead and lead.engine), state, display, stop, lead)
         if lead is not None and cfg.algo.routing_replay == "R3" and not lead.engine.capabilities.records_routing:
-            raise ValueError(f"algo.routing_replay=R3 needs the engine's routing record, and the {lead.engine.name} "
-                             "engine returns none")  # fmt: skip
+            raise ValueError(
+                f"algo.routing_replay=R3 needs the engine's routing record, and the {lead.engine.name} "
+                "engine returns none"
+            )
         if cfg.algo.async_level and run.sync.in_place:
-            raise ValueError(f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
-                             f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
-                             "its own weights (engine.replicas)")  # fmt: skip
+            raise ValueError(
+                f"algo.async_level={cfg.algo.async_level} samples while the learner trains, and the "
+                f"{run.sync.engine.name} engine samples with the learner's own module: give the engine "
+                "its own weights (engine.replicas)"
+            )
         if lead is not None and cfg.cluster.address is not None:
             display.message(run.describe_placement())
         if resumed:  # the engine, one version behind, gets the checkpoint's weights (a copy loaded the starting ones)
@@ -336,8 +359,15 @@ async def _learner(cfg: RunConfig, folder: RunDir, stack: contextlib.AsyncExitSt
     return learner
 
 
-async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopState,
-                stack: contextlib.AsyncExitStack, *, resumed: bool) -> Lead:  # fmt: skip
+async def _lead(
+    cfg: RunConfig,
+    folder: RunDir,
+    learner: Learner,
+    state: LoopState,
+    stack: contextlib.AsyncExitStack,
+    *,
+    resumed: bool,
+) -> Lead:
     """The lead's parts: the engine, env workers and sandboxes, the evaluator, the run folder's writers."""
     path = resolve_path(cfg.model.path)
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
@@ -353,10 +383,22 @@ async def _lead(cfg: RunConfig, folder: RunDir, learner: Learner, state: LoopSta
     controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat, placement=envs))
     # held-out evaluation on a cluster: one env worker per Docker node (eval.num_workers is for one machine)
     held_envs = envs.model_copy(update={"workers_per_node": 1}) if envs is not None else None
-    held_out = await stack.enter_async_context(HeldOutEval(
-        cfg.eval, engine, chat, env=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
-        max_episode_tokens=cfg.rollout.max_episode_tokens, ray_address=cfg.rollout.ray_address,
-        placement=held_envs)) if cfg.eval.tasks else None  # fmt: skip
+    held_out = (
+        await stack.enter_async_context(
+            HeldOutEval(
+                cfg.eval,
+                engine,
+                chat,
+                env=cfg.rollout.env,
+                env_kwargs=cfg.rollout.env_kwargs,
+                max_episode_tokens=cfg.rollout.max_episode_tokens,
+                ray_address=cfg.rollout.ray_address,
+                placement=held_envs,
+            )
+        )
+        if cfg.eval.tasks
+        else None
+    )
     tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
     stack.callback(tracker.close)
     chat.tokenizer.save_pretrained(folder.tokenizer)  # so the run's token ids read back as text

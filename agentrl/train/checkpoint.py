@@ -42,8 +42,10 @@ def save(path: str | Path, trainer: Trained, state: dict[str, Any]) -> None:
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
     with _one_process_is_fine():
         dcp.save({"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}, checkpoint_id=path)
-    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                else []}, path / f"rng_{trainer.rank}.pt")  # fmt: skip
+    torch.save(
+        {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        path / f"rng_{trainer.rank}.pt",
+    )
     if trainer.rank == 0:
         tmp = path / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=1))

@@ -78,14 +78,18 @@ class AlgoConfig(_Strict):
         data = dict(data)
         old, cap = data.pop("old_logprobs", "engine"), data.pop("tis_cap", None)
         if {"behaviour_weight", "behaviour_cap"} & data.keys():
-            raise ValueError("old_logprobs and tis_cap are the old spelling of behaviour_weight and behaviour_cap: "
-                             "set only the new keys")  # fmt: skip
+            raise ValueError(
+                "old_logprobs and tis_cap are the old spelling of behaviour_weight and behaviour_cap: "
+                "set only the new keys"
+            )
         if old not in ("engine", "recompute"):
             raise ValueError(f"old_logprobs (now behaviour_weight) takes 'engine' or 'recompute', got {old!r}")
         if old == "engine":
             if cap is not None:
-                raise ValueError("tis_cap needs old_logprobs='recompute'; today both are behaviour_weight='truncate' "
-                                 "with behaviour_cap")  # fmt: skip
+                raise ValueError(
+                    "tis_cap needs old_logprobs='recompute'; today both are behaviour_weight='truncate' "
+                    "with behaviour_cap"
+                )
             return data
         return data | {"behaviour_weight": "truncate"} | ({} if cap is None else {"behaviour_cap": cap})
 
@@ -96,11 +100,15 @@ class AlgoConfig(_Strict):
                 "loss 'gspo' takes one advantage per sequence: use advantage 'outcome' or loss 'gspo_token'"
             )
         if self.behaviour_weight == "band" and not self.behaviour_cap > 1:
-            raise ValueError(f"behaviour_weight 'band' keeps the units whose ŵ lies in [1/behaviour_cap, "
-                             f"behaviour_cap]: it needs behaviour_cap > 1, got {self.behaviour_cap}")  # fmt: skip
+            raise ValueError(
+                f"behaviour_weight 'band' keeps the units whose ŵ lies in [1/behaviour_cap, "
+                f"behaviour_cap]: it needs behaviour_cap > 1, got {self.behaviour_cap}"
+            )
         if self.behaviour_weight != "none" and self.loss == "gspo" and self.behaviour_level == "token":
-            raise ValueError("loss 'gspo' has one term per sequence: behaviour_level 'token' has no token term to "
-                             "weigh; use behaviour_level 'sequence' (or 'auto'), or loss 'gspo_token'")  # fmt: skip
+            raise ValueError(
+                "loss 'gspo' has one term per sequence: behaviour_level 'token' has no token term to "
+                "weigh; use behaviour_level 'sequence' (or 'auto'), or loss 'gspo_token'"
+            )
         return self
 
 

@@ -101,8 +101,10 @@ def staleness(token_versions: torch.Tensor, loss_mask: torch.Tensor, policy_vers
         return {}
     behind = policy_version - versions
     if versions.min() < 0 or behind.min() < 0:
-        raise ValueError(f"trained tokens of versions {versions.min()} to {versions.max()} cannot be trained by the "
-                         f"learner at version {policy_version}")  # fmt: skip
+        raise ValueError(
+            f"trained tokens of versions {versions.min()} to {versions.max()} cannot be trained by the "
+            f"learner at version {policy_version}"
+        )
     counts = torch.bincount(behind).tolist()
     hist = {f"staleness_{k}": float(c) for k, c in enumerate(counts)}
     return hist | {"staleness_mean": float(behind.double().mean()), "staleness_max": float(len(counts) - 1)}
@@ -155,8 +157,9 @@ ROUTER_TURNS = 4
 """router disagreement is broken down per turn for turns 0 to ROUTER_TURNS − 1; later ones are pooled"""
 
 
-def routing_differs(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...],
-                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def routing_differs(
+    routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...], mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which masked tokens with a record (`here`, (B, L), token 0 never) and, for each of them in row order, which
     MoE layers (`differ`, (n, layers) bool) route its predicting position t − 1 to another top-k set in the
     learner's forward than the engine's record says; the learner's set chosen as its routers choose (softmax in
@@ -169,15 +172,21 @@ def routing_differs(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...
     here[:, 0] = False
     engine = routed[:, 1:][here[:, 1:]].long().sort(-1).values  # (n, layers, k)
     E = router_logits[0].shape[-1]
-    learner = [r.detach().reshape(B, L, E)[:, :-1][here[:, 1:]].float().softmax(-1).topk(k, -1).indices
-               for r in router_logits]  # fmt: skip
+    learner = [
+        r.detach().reshape(B, L, E)[:, :-1][here[:, 1:]].float().softmax(-1).topk(k, -1).indices for r in router_logits
+    ]
     differ = (engine != torch.stack(learner, 1).sort(-1).values).any(-1) if len(engine) else engine[..., 0].bool()
     return here, differ
 
 
-def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor, ...], loss_mask: torch.Tensor,
-                        token_turns: torch.Tensor | None = None, token_versions: torch.Tensor | None = None,
-                        policy_version: int | None = None) -> dict[str, tuple[int, int]]:  # fmt: skip
+def router_disagreement(
+    routed: torch.Tensor,
+    router_logits: tuple[torch.Tensor, ...],
+    loss_mask: torch.Tensor,
+    token_turns: torch.Tensor | None = None,
+    token_versions: torch.Tensor | None = None,
+    policy_version: int | None = None,
+) -> dict[str, tuple[int, int]]:
     """The engine's recorded top-k expert sets against the learner's, per metric (sets that differ, sets compared).
 
     `routed` (B, L, layers, k): `TrainBatch.routed_experts`, token t's record being the routing of position
@@ -193,8 +202,10 @@ def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor,
     if not n:
         return {}
     here = here[:, 1:]
-    counts = {"router_disagreement": (int(differ.sum()), differ.numel()),
-              "router_disagreement_tokens": (int(differ.any(-1).sum()), n)}  # fmt: skip
+    counts = {
+        "router_disagreement": (int(differ.sum()), differ.numel()),
+        "router_disagreement_tokens": (int(differ.any(-1).sum()), n),
+    }
     per_token = differ.sum(-1)  # (n,)
 
     def by(key: Callable[[int], str], group: torch.Tensor) -> None:  # group (n,): the pairs again per its value
@@ -203,8 +214,10 @@ def router_disagreement(routed: torch.Tensor, router_logits: tuple[torch.Tensor,
             counts[key(g)] = (int(per_token[on].sum()), int(on.sum()) * layers)
 
     if token_turns is not None:
-        by(lambda j: f"router_disagreement_turn{j}" if j < ROUTER_TURNS else "router_disagreement_turn_later",
-           token_turns[:, 1:][here].clamp(max=ROUTER_TURNS))  # fmt: skip
+        by(
+            lambda j: f"router_disagreement_turn{j}" if j < ROUTER_TURNS else "router_disagreement_turn_later",
+            token_turns[:, 1:][here].clamp(max=ROUTER_TURNS),
+        )
     if token_versions is not None and policy_version is not None:
         by(lambda d: f"router_disagreement_lag{d}", policy_version - token_versions[:, 1:][here])
     return counts
@@ -226,10 +239,13 @@ class RouterDisagreement(UpdateObserver):
         if s.index or s.router_logits is None or b.routed_experts is None or not s.n_local:
             return
         if b.routed_experts.shape[-1] != self.top_k:
-            raise ValueError(f"the engine recorded {b.routed_experts.shape[-1]} experts per token, the learner "
-                             f"routes to {self.top_k}")  # fmt: skip
-        counts = router_disagreement(b.routed_experts, s.router_logits, b.loss_mask, b.token_turns, b.token_versions,
-                                     s.policy_version)  # fmt: skip
+            raise ValueError(
+                f"the engine recorded {b.routed_experts.shape[-1]} experts per token, the learner "
+                f"routes to {self.top_k}"
+            )
+        counts = router_disagreement(
+            b.routed_experts, s.router_logits, b.loss_mask, b.token_turns, b.token_versions, s.policy_version
+        )
         for key, (differ, compared) in counts.items():
             metrics.log(key, differ / compared, compared)
 
@@ -267,8 +283,15 @@ class RowRecorder(UpdateObserver):
         sel = s.batch.select(local)
         L, a = sel.input_ids.shape[1], self.algo
         lp = s.logprobs[local, :L].detach()
-        ratio, clipped = sequence_stats(lp, s.old_logprobs[local, :L], sel.advantages, sel.loss_mask, mode=a.loss,
-                                        clip_low=a.clip_low, clip_high=a.clip_high)  # fmt: skip
+        ratio, clipped = sequence_stats(
+            lp,
+            s.old_logprobs[local, :L],
+            sel.advantages,
+            sel.loss_mask,
+            mode=a.loss,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+        )
         lengths = sel.attention_mask.sum(-1).tolist()
         lp = lp.float().cpu()
         differs = None
@@ -279,8 +302,13 @@ class RowRecorder(UpdateObserver):
             differs = share[local, :L].cpu()
         for j, i in enumerate(local):
             n = lengths[j]
-            self.stats[s.rows[i]] = RowStats(lp[j, :n].tolist(), float(ratio[j]), float(clipped[j]), s.index,
-                                             None if differs is None else differs[j, :n].tolist())  # fmt: skip
+            self.stats[s.rows[i]] = RowStats(
+                lp[j, :n].tolist(),
+                float(ratio[j]),
+                float(clipped[j]),
+                s.index,
+                None if differs is None else differs[j, :n].tolist(),
+            )
 
     def finished(self, scorer: Scorer, metrics: Metrics) -> None:
         """Every rank's rows, on rank 0."""
@@ -299,8 +327,10 @@ class RowRecorder(UpdateObserver):
             n = len(r.logprobs)
             views[batch.episode_ids[i]] = TrainedView(
                 advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
-                trainer_logprobs=[round(x, 4) for x in r.logprobs], ratio=r.ratio, clipped=r.clipped,
+                trainer_logprobs=[round(x, 4) for x in r.logprobs],
+                ratio=r.ratio,
+                clipped=r.clipped,
                 minibatch=r.minibatch,
                 router_differs=None if r.router_differs is None else [round(x, 3) for x in r.router_differs],
-            )  # fmt: skip
+            )
         return views

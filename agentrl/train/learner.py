@@ -93,8 +93,9 @@ class LocalLearner(Learner):
         self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None
     ) -> dict[str, float]:
         observers = (recorder,) if recorder is not None else ()
-        step = functools.partial(self.trainer.update, batch.to(self.trainer.device), *observers,
-                                 policy_version=policy_version)  # fmt: skip
+        step = functools.partial(
+            self.trainer.update, batch.to(self.trainer.device), *observers, policy_version=policy_version
+        )
         return await asyncio.to_thread(step) if self.in_thread else step()
 
     async def engine_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:

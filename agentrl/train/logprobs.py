@@ -19,8 +19,9 @@ from agentrl.engine.sampling import sampling_logprobs
 PLAIN_SOFTMAX = SamplingParams(temperature=1.0)  # lp under the model's plain softmax
 
 
-def _chunk(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, params: SamplingParams,
-           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _chunk(
+    h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, params: SamplingParams, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logq = sampling_logprobs(h @ W.T, params.temperature, params.top_k, params.top_p)  # (n, V) fp32
     lp = logq.gather(-1, y[:, None])[:, 0]
     if not with_entropy:
@@ -31,9 +32,15 @@ def _chunk(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, params: SamplingPa
     return lp, entropy
 
 
-def target_logprobs(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
-                    params: SamplingParams = PLAIN_SOFTMAX, *, chunk_size: int | None = None,
-                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def target_logprobs(
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    params: SamplingParams = PLAIN_SOFTMAX,
+    *,
+    chunk_size: int | None = None,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """lp(targets) (B, T) in fp32, and optionally the entropy of q per position (B, T), no gradient.
 
     hidden (B, T, H): the hidden state that predicts targets[:, t] at position t (already shifted).
@@ -54,8 +61,9 @@ def target_logprobs(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Ten
     return lp, (torch.cat(ents).reshape(B, T) if entropy else None)
 
 
-def naive_target_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                          params: SamplingParams = PLAIN_SOFTMAX) -> torch.Tensor:  # fmt: skip
+def naive_target_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, params: SamplingParams = PLAIN_SOFTMAX
+) -> torch.Tensor:
     """The reference: the whole (B, T, V) logits at once, upcast to fp32."""
     logq = sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
     return logq.gather(-1, targets[..., None])[..., 0]

@@ -24,8 +24,14 @@ from agentrl.train.build import Display, LoopState, Quiet, build
 from agentrl.train.run_config import RunConfig
 
 
-async def train(cfg: RunConfig, folder: RunDir, *, resume: bool = False, display: Display | None = None,
-                stop: asyncio.Event | None = None) -> LoopState:  # fmt: skip
+async def train(
+    cfg: RunConfig,
+    folder: RunDir,
+    *,
+    resume: bool = False,
+    display: Display | None = None,
+    stop: asyncio.Event | None = None,
+) -> LoopState:
     """Run (with `resume`, continue) to `cfg.iterations`. Setting `stop` ends it gracefully: the
     rollouts in flight are parked, what finished is trained on, and a checkpoint is saved."""
     display, stop = display or Quiet(), stop or asyncio.Event()

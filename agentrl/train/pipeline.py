@@ -29,8 +29,9 @@ class Pipeline(Generic[T]):
     that may still come before the learner trains that iteration's batch (the learner is on `_wanted`, and
     syncs once per iteration)."""
 
-    def __init__(self, roll_out: Callable[[int, int], Awaitable[T]], *, k: int, first: int, last: int,
-                 stop: asyncio.Event) -> None:  # fmt: skip
+    def __init__(
+        self, roll_out: Callable[[int, int], Awaitable[T]], *, k: int, first: int, last: int, stop: asyncio.Event
+    ) -> None:
         self.k = k
         self._roll_out = roll_out
         self._first, self._last = first, last

@@ -64,9 +64,13 @@ def causal_lm(model: nn.Module) -> PreTrainedModel:
     return model.get_base_model() if is_lora(model) else model
 
 
-def gather_state(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None, *,
-                 dtype_of: Callable[[str], torch.dtype | None] | None = None, copy: bool = False
-                 ) -> dict[str, torch.Tensor]:  # fmt: skip
+def gather_state(
+    tensors: Mapping[str, torch.Tensor],
+    dtype: torch.dtype | None = None,
+    *,
+    dtype_of: Callable[[str], torch.dtype | None] | None = None,
+    copy: bool = False,
+) -> dict[str, torch.Tensor]:
     """Whole CPU copies of `tensors` (DTensor shards are gathered), one at a time: no rank holds more than
     the result and one tensor in flight. Floating tensors are cast to `dtype` (or `dtype_of(name)` where that
     is not None) on each rank before the gather, so a bfloat16 sync moves half the bytes of a float32 one.
@@ -160,8 +164,10 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
     if has_meta_tensors(model):
         raise ValueError("a model on the meta device is loaded into its FSDP2 shards: initialise torch.distributed")
     if needs_fsdp(cfg):
-        raise ValueError("model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
-                         "torch.distributed first (one rank is enough; `agentrl train` does)")  # fmt: skip
+        raise ValueError(
+            "model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
+            "torch.distributed first (one rank is enough; `agentrl train` does)"
+        )
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
     (root or model).to(device)

@@ -50,19 +50,26 @@ class LearnerRank:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, cfg: TrainerConfig, host: str, port: int, *, gpu: bool, timeout_s: float, threads: int,
-              seed: int) -> None:  # fmt: skip
+    def setup(
+        self, cfg: TrainerConfig, host: str, port: int, *, gpu: bool, timeout_s: float, threads: int, seed: int
+    ) -> None:
         """Join the group, then load and shard the policy (collective: every rank at once)."""
         if gpu:  # Ray shows a rank only the GPU it reserved for it
             torch.cuda.set_device(0)
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+        dist.init_process_group(
+            "nccl" if gpu else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         self.local = LocalLearner(Trainer.build(cfg), in_thread=False)
 
-    async def update(self, batch: TrainBatch, recorder: RowRecorder | None,
-                     policy_version: int | None) -> tuple[dict[str, float], dict[int, RowStats] | None]:  # fmt: skip
+    async def update(
+        self, batch: TrainBatch, recorder: RowRecorder | None, policy_version: int | None
+    ) -> tuple[dict[str, float], dict[int, RowStats] | None]:
         metrics = await self.local.update(batch, recorder, policy_version)
         return metrics, (recorder.stats if recorder is not None else None)  # rank 0's: every rank's rows
 
@@ -113,8 +120,15 @@ class RayLearner(Learner):
         self._idle_s = 0.0
 
     @classmethod
-    async def start(cls, cfg: TrainerConfig, placement: LearnerPlacement, *, run_dir: Path | None = None,
-                    threads: int | None = None, ready_timeout_s: float = 300.0) -> RayLearner:  # fmt: skip
+    async def start(
+        cls,
+        cfg: TrainerConfig,
+        placement: LearnerPlacement,
+        *,
+        run_dir: Path | None = None,
+        threads: int | None = None,
+        ready_timeout_s: float = 300.0,
+    ) -> RayLearner:
         """Reserve, start and set up `placement.ranks` ranks on the running Ray cluster (`ray.init` first).
         `run_dir`: the run folder, where every rank writes its checkpoint shards: refused unless every rank sees it."""
         bundle = {"CPU": placement.cpus_per_rank, **placement.resources}
@@ -125,9 +139,11 @@ class RayLearner(Learner):
             await asyncio.wait_for(group.ready(), ready_timeout_s)
         except TimeoutError:
             remove_placement_group(group)
-            raise RuntimeError(f"the cluster has no room for {placement.ranks} learner rank(s) of {bundle} "
-                               f"({placement.strategy}) after {ready_timeout_s:.0f} s; it has "
-                               f"{ray.available_resources()} available: see cluster.learner") from None  # fmt: skip
+            raise RuntimeError(
+                f"the cluster has no room for {placement.ranks} learner rank(s) of {bundle} "
+                f"({placement.strategy}) after {ready_timeout_s:.0f} s; it has "
+                f"{ray.available_resources()} available: see cluster.learner"
+            ) from None
         except BaseException:  # a cancel (a second Ctrl-C): the reservation goes too
             remove_placement_group(group)
             raise
@@ -136,19 +152,23 @@ class RayLearner(Learner):
         hide = {} if gpu else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}
         ranks = [
             _RemoteRank.options(
-                num_cpus=placement.cpus_per_rank, num_gpus=placement.gpus_per_rank, resources=placement.resources,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i), **hide,
+                num_cpus=placement.cpus_per_rank,
+                num_gpus=placement.gpus_per_rank,
+                resources=placement.resources,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                **hide,
             ).remote(i, placement.ranks)
             for i in range(placement.ranks)
-        ]  # fmt: skip
+        ]
         learner = cls(ranks, group, cfg.model.lora is not None)
         try:
             if run_dir is not None:
                 await learner._check_shared(run_dir)
             host, port = await ranks[0].address.remote()
             n = threads or max(1, int(placement.cpus_per_rank))
-            await learner._all("setup", cfg, host, port, gpu=gpu, timeout_s=placement.collective_timeout_s,
-                               threads=n, seed=cfg.seed)  # fmt: skip
+            await learner._all(
+                "setup", cfg, host, port, gpu=gpu, timeout_s=placement.collective_timeout_s, threads=n, seed=cfg.seed
+            )
             learner._nodes = await learner._all("node")
         except BaseException:
             await learner.close()
@@ -164,17 +184,21 @@ class RayLearner(Learner):
             marker.unlink(missing_ok=True)
         if not all(seen):
             blind = [n for n, ok in zip(await self._all("node"), seen, strict=True) if not ok]
-            raise RuntimeError(f"the run folder {run_dir} is not visible from the learner ranks on node(s) {blind}: "
-                               "every rank writes its checkpoint shards there; put it on a filesystem every node "
-                               "mounts at the same path (--set out=...)")  # fmt: skip
+            raise RuntimeError(
+                f"the run folder {run_dir} is not visible from the learner ranks on node(s) {blind}: "
+                "every rank writes its checkpoint shards there; put it on a filesystem every node "
+                "mounts at the same path (--set out=...)"
+            )
 
     async def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`method` on every rank at once (their collectives need each other); a dead rank ends the run."""
         try:
             return await asyncio.gather(*(getattr(r, method).remote(*args, **kwargs) for r in self.ranks))
         except ray.exceptions.RayActorError as e:
-            raise LearnerDown(f"a learner rank died during {method}: {e}. Resume the run from its last checkpoint "
-                              "(agentrl train --resume RUN_DIR)") from e  # fmt: skip
+            raise LearnerDown(
+                f"a learner rank died during {method}: {e}. Resume the run from its last checkpoint "
+                "(agentrl train --resume RUN_DIR)"
+            ) from e
         finally:
             self._last_call = time.monotonic()
 

@@ -35,8 +35,10 @@ def gate_normalises(config: PretrainedConfig) -> bool:
         return bool(config.norm_topk_prob)
     if config.model_type == "mixtral":
         return True
-    raise ValueError(f"routing replay knows the gates of {', '.join(SUPPORTED)}, not {config.model_type!r} (a dense "
-                     f"model has no routing to replay): set algo.routing_replay to 'none'")  # fmt: skip
+    raise ValueError(
+        f"routing replay knows the gates of {', '.join(SUPPORTED)}, not {config.model_type!r} (a dense "
+        f"model has no routing to replay): set algo.routing_replay to 'none'"
+    )
 
 
 def replay_gate(logits: torch.Tensor, indices: torch.Tensor, normalize: bool) -> torch.Tensor:
@@ -91,8 +93,10 @@ class RoutingReplay:
     def check(self, routing: torch.Tensor) -> None:
         """A routing (B, L, layers, k) must have a column per MoE layer, of the routers' k."""
         if routing.shape[2:] != (self.layers, self.top_k):
-            raise ValueError(f"a routing record of {routing.shape[2]} layers × {routing.shape[3]} experts; the "
-                             f"policy routes {self.layers} MoE layers to {self.top_k} experts each")  # fmt: skip
+            raise ValueError(
+                f"a routing record of {routing.shape[2]} layers × {routing.shape[3]} experts; the "
+                f"policy routes {self.layers} MoE layers to {self.top_k} experts each"
+            )
 
     def _take(self, j: int) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict]]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

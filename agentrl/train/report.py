@@ -13,16 +13,30 @@ from agentrl.runs import RunDir, read_jsonl
 
 # (file, title, y label, [(source, key, label)])
 PLOTS = [
-    ("reward.png", "Training reward", "per episode",
-     [("metrics", "rollout/reward", "reward"), ("metrics", "rollout/success_rate", "success rate")]),
+    (
+        "reward.png",
+        "Training reward",
+        "per episode",
+        [("metrics", "rollout/reward", "reward"), ("metrics", "rollout/success_rate", "success rate")],
+    ),
     ("heldout.png", "Held-out success (greedy)", "success rate", [("eval", "success_rate", "held-out success")]),
     ("clip.png", "Clip fraction", "fraction", [("metrics", "train/clip_fraction", "clipped")]),
-    ("mismatch.png", "Engine / trainer mismatch", "before the first step",
-     [("metrics", "train/mismatch_abs_logprob_diff", "mean |lp_θ − lp_b|"),
-      ("metrics", "train/mismatch_seq_kl", "sequence KL")]),
-    ("flips.png", "Expert flip rate", "fraction of top-k sets changed",
-     [("metrics", "train/expert_flip_rate", "flip rate")]),
-]  # fmt: skip
+    (
+        "mismatch.png",
+        "Engine / trainer mismatch",
+        "before the first step",
+        [
+            ("metrics", "train/mismatch_abs_logprob_diff", "mean |lp_θ − lp_b|"),
+            ("metrics", "train/mismatch_seq_kl", "sequence KL"),
+        ],
+    ),
+    (
+        "flips.png",
+        "Expert flip rate",
+        "fraction of top-k sets changed",
+        [("metrics", "train/expert_flip_rate", "flip rate")],
+    ),
+]
 
 
 def report(run_dir: str | Path) -> tuple[Path, str]:
@@ -73,15 +87,23 @@ def _summary(run: RunDir, rows: dict[str, list[dict]]) -> str:
     lines = [f"# {run.path.name}", "", "| | start | end |", "|---|---|---|"]
     if ev:
         a, b = ev[0], ev[-1]
-        lines.append(f"| held-out success (greedy, {a['scored']} tasks) | {a['success_rate']:.1%} (iteration "
-                     f"{a['iteration']}) | {b['success_rate']:.1%} (iteration {b['iteration']}) |")  # fmt: skip
-    for key, label in (("rollout/reward", "training reward"), ("rollout/success_rate", "training success"),
-                       ("train/clip_fraction", "clip fraction")):  # fmt: skip
+        lines.append(
+            f"| held-out success (greedy, {a['scored']} tasks) | {a['success_rate']:.1%} (iteration "
+            f"{a['iteration']}) | {b['success_rate']:.1%} (iteration {b['iteration']}) |"
+        )
+    for key, label in (
+        ("rollout/reward", "training reward"),
+        ("rollout/success_rate", "training success"),
+        ("train/clip_fraction", "clip fraction"),
+    ):
         lines.append(f"| {label} (mean of first / last {k} iterations) | {mean(key, m[:k])} | {mean(key, m[-k:])} |")
     failed = sum(r.get("rollout/failed", 0) for r in m)
     retried = sum(r.get("rollout/retried", 0) for r in m)
     partial = sum(r.get("rollout/partial_trained", 0) for r in m)
     elapsed = m[-1].get("time/elapsed_s", 0.0) if m else 0.0
-    lines += ["", f"{len(m)} iterations in {elapsed / 60:.1f} min; {partial} partial rollouts trained; "
-              f"infrastructure failures: {failed} masked, {retried} retried."]  # fmt: skip
+    lines += [
+        "",
+        f"{len(m)} iterations in {elapsed / 60:.1f} min; {partial} partial rollouts trained; "
+        f"infrastructure failures: {failed} masked, {retried} retried.",
+    ]
     return "\n".join(lines) + "\n"

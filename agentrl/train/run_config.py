@@ -68,26 +68,34 @@ class RunConfig(_Strict):
         if "seed" not in self.rollout.model_fields_set:
             self.rollout.seed = self.seed
         if self.rollout.sampling.temperature == 0:
-            raise ValueError("rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
-                             "set a temperature > 0 (evaluation is greedy on its own)")  # fmt: skip
+            raise ValueError(
+                "rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
+                "set a temperature > 0 (evaluation is greedy on its own)"
+            )
         # On a cluster, `build` joins it before any part starts, and every part's actors go there: the address is said
         # once (not copied into the saved sections, so that a resume may name the cluster anew)
         if (address := self.cluster.address) is not None:
             for section, cfg in (("rollout", self.rollout), ("engine", self.engine)):
                 if cfg.ray_address is not None:
-                    raise ValueError(f"{section}.ray_address={cfg.ray_address!r} and cluster.address={address!r}: "
-                                     "on a cluster set only cluster.address")  # fmt: skip
+                    raise ValueError(
+                        f"{section}.ray_address={cfg.ray_address!r} and cluster.address={address!r}: "
+                        "on a cluster set only cluster.address"
+                    )
             self.engine.place(self.cluster.inference)
         if self.engine.replicas is not None and self.engine.ray_address is None:
             self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
         if self.algo.routing_replay == "R3" and not self.engine.record_routing:
-            raise ValueError("algo.routing_replay=R3 forces the engine's recorded experts in the learner's forward: "
-                             "set engine.record_routing=true (an hf engine; openai and vllm engines return no "
-                             "routing)")  # fmt: skip
+            raise ValueError(
+                "algo.routing_replay=R3 forces the engine's recorded experts in the learner's forward: "
+                "set engine.record_routing=true (an hf engine; openai and vllm engines return no "
+                "routing)"
+            )
         if self.algo.async_level > self.rollout.max_staleness:
-            raise ValueError(f"algo.async_level={self.algo.async_level} lets tokens be that many versions old when "
-                             f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "
-                             "or lower the level")  # fmt: skip
+            raise ValueError(
+                f"algo.async_level={self.algo.async_level} lets tokens be that many versions old when "
+                f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "
+                "or lower the level"
+            )
         return self
 
     @property

@@ -38,16 +38,25 @@ class Scorer(nn.Module):
     router logits; the router logits returned are the router's own.
     """
 
-    def __init__(self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384,
-                 replay: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384, replay: bool = False
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.min_shared_prefix = min_shared_prefix
         self.chunk_tokens = chunk_tokens
         self.replay = RoutingReplay(policy) if replay else None
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
-                entropy: bool = False, router: bool = False, routing: torch.Tensor | None = None):  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        *,
+        entropy: bool = False,
+        router: bool = False,
+        routing: torch.Tensor | None = None,
+    ):
         """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None)."""
         if routing is not None:
             if self.replay is None:
@@ -76,9 +85,15 @@ class Scorer(nn.Module):
             routed = tuple(merge([p[2][k] for p in parts]).reshape(B * L, -1) for k in range(len(parts[0][2])))
         return lp, ent, routed
 
-    def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, entropy: bool,
-               router: bool, routing: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
+    def _score(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        entropy: bool,
+        router: bool,
+        routing: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         """One chunk: lp and entropy (B, L), router logits per layer (B, L, E)."""
         lm = causal_lm(self.policy)
         decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
@@ -94,29 +109,42 @@ class Scorer(nn.Module):
             lp, ent = target_logprobs(out.last_hidden_state[:, :-1], head, input_ids[:, 1:], params, entropy=entropy)
             routed = tuple(r.view(B, L, -1) for r in out.router_logits) if router else None
         else:
-            pre = decoder(input_ids=input_ids[:1, :P], use_cache=True, **kwargs,
-                          **replay(None if routing is None else routing[:1, :P]))  # fmt: skip
+            pre = decoder(
+                input_ids=input_ids[:1, :P],
+                use_cache=True,
+                **kwargs,
+                **replay(None if routing is None else routing[:1, :P]),
+            )
             for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
                 layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
-            suf = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                          past_key_values=pre.past_key_values, use_cache=True, **kwargs,
-                          **replay(None if routing is None else routing[:, P:]))  # fmt: skip
+            suf = decoder(
+                input_ids=input_ids[:, P:],
+                attention_mask=attention_mask,
+                past_key_values=pre.past_key_values,
+                use_cache=True,
+                **kwargs,
+                **replay(None if routing is None else routing[:, P:]),
+            )
             # tokens 1..P-1 from the shared row; tokens P..L-1 from h at P-1 (shared) and the suffixes
-            lp0, ent0 = target_logprobs(pre.last_hidden_state[:, :-1], head, input_ids[:1, 1:P], params,
-                                        entropy=entropy)  # fmt: skip
+            lp0, ent0 = target_logprobs(
+                pre.last_hidden_state[:, :-1], head, input_ids[:1, 1:P], params, entropy=entropy
+            )
             h = torch.cat([pre.last_hidden_state[:, -1:].expand(B, 1, -1), suf.last_hidden_state[:, :-1]], 1)
             lp1, ent1 = target_logprobs(h, head, input_ids[:, P:], params, entropy=entropy)
             lp = torch.cat([lp0.expand(B, -1), lp1], 1)
             ent = torch.cat([ent0.expand(B, -1), ent1], 1) if entropy else None
             routed = None
             if router:
-                routed = tuple(torch.cat([a.view(1, P, -1).expand(B, P, -1), b.view(B, L - P, -1)], 1)
-                               for a, b in zip(pre.router_logits, suf.router_logits, strict=True))  # fmt: skip
+                routed = tuple(
+                    torch.cat([a.view(1, P, -1).expand(B, P, -1), b.view(B, L - P, -1)], 1)
+                    for a, b in zip(pre.router_logits, suf.router_logits, strict=True)
+                )
         pad = lp.new_zeros(B, 1)
         return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1) if entropy else None, routed
 
-    def _shared_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       routing: torch.Tensor | None = None) -> int:  # fmt: skip
+    def _shared_prefix(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routing: torch.Tensor | None = None
+    ) -> int:
         """P: the tokens every row starts with (routed alike, with a routing to replay), kept below every row's
         length; 0 when not worth sharing."""
         lm = causal_lm(self.policy)

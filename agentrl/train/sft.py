@@ -92,8 +92,11 @@ class _Run:
 
 def _resumable(out: Path) -> Path | None:
     """The latest finished resume folder in `out` (one without state.json was cut off while being written)."""
-    done = {int(n): p for p in out.glob("resume-*")
-            if (n := p.name.removeprefix("resume-")).isdigit() and (p / "state.json").exists()}  # fmt: skip
+    done = {
+        int(n): p
+        for p in out.glob("resume-*")
+        if (n := p.name.removeprefix("resume-")).isdigit() and (p / "state.json").exists()
+    }
     return done[max(done)] if done else None
 
 
@@ -183,8 +186,10 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         scorer.eval()
         total = sum(sum(e.mask) for e in held_out)
         with torch.no_grad():
-            nll = sum(loss_of(held_out[i : i + cfg.batch_size], train=False)[1]
-                      for i in range(0, len(held_out), cfg.batch_size))  # fmt: skip
+            nll = sum(
+                loss_of(held_out[i : i + cfg.batch_size], train=False)[1]
+                for i in range(0, len(held_out), cfg.batch_size)
+            )
         scorer.train()
         return _all_sum(nll, device) / max(total, 1)
 
@@ -225,8 +230,12 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         optimizer.step()
         schedule.step()
         n_tokens = sum(sum(e.mask) for e in batch)
-        metrics = {"step": step + 1, "loss": _all_sum(nll, device) / n_tokens, "lr": schedule.get_last_lr()[0],
-                   "grad_norm": grad_norm}  # fmt: skip
+        metrics = {
+            "step": step + 1,
+            "loss": _all_sum(nll, device) / n_tokens,
+            "lr": schedule.get_last_lr()[0],
+            "grad_norm": grad_norm,
+        }
         if held_out and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
             metrics["eval_loss"] = evaluate()
         if rank == 0:

@@ -28,8 +28,14 @@ class Tracker:
         if cfg.wandb == "on" or (cfg.wandb == "auto" and _wandb_configured()):
             import wandb
 
-            self.wandb = wandb.init(project=cfg.wandb_project, dir=str(run.path), name=run.path.name, config=config,
-                                    resume="allow", id=run.path.name)  # fmt: skip
+            self.wandb = wandb.init(
+                project=cfg.wandb_project,
+                dir=str(run.path),
+                name=run.path.name,
+                config=config,
+                resume="allow",
+                id=run.path.name,
+            )
 
     def log(self, metrics: dict[str, Any]) -> None:
         append_jsonl(self.run.metrics, metrics)

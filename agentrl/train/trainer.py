@@ -97,13 +97,19 @@ class Trainer:
         self.scorer = Scorer(policy, replay=cfg.algo.routing_replay != "none")  # refuses a policy it cannot replay
         self.device = train_device()
         if cfg.algo.kl_coef and not self.lora and reference is None:
-            raise ValueError("algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
-                             "starting weights); with LoRA the base model is the reference")  # fmt: skip
+            raise ValueError(
+                "algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
+                "starting weights); with LoRA the base model is the reference"
+            )
         self.reference = Scorer(reference.requires_grad_(False).eval()) if cfg.algo.kl_coef and not self.lora else None
         prepare(policy, cfg.model, self.device, root=self.scorer)
         if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
-            prepare(reference, cfg.model.model_copy(update={"activation_checkpointing": False}), self.device,
-                    root=self.reference)  # fmt: skip
+            prepare(
+                reference,
+                cfg.model.model_copy(update={"activation_checkpointing": False}),
+                self.device,
+                root=self.reference,
+            )
         config = causal_lm(policy).config
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
@@ -191,8 +197,9 @@ class Trainer:
             with torch.no_grad():
                 for m, s in enumerate(shares[1:], 1):
                     b = s.batch
-                    lp, _, router = self.scorer(b.input_ids, b.attention_mask, b.sampling, router=r2,
-                                                routing=routing[m])  # fmt: skip
+                    lp, _, router = self.scorer(
+                        b.input_ids, b.attention_mask, b.sampling, router=r2, routing=routing[m]
+                    )
                     if decoupled:
                         proximal[m] = lp
                     if r2:
@@ -200,18 +207,31 @@ class Trainer:
         self.scorer.train()
         for m, s in enumerate(shares):
             mb = s.batch
-            lp, entropy, router = self.scorer(mb.input_ids, mb.attention_mask, mb.sampling, entropy=True,
-                                              router=self.moe, routing=routing[m])  # fmt: skip
+            lp, entropy, router = self.scorer(
+                mb.input_ids, mb.attention_mask, mb.sampling, entropy=True, router=self.moe, routing=routing[m]
+            )
             old, extra = mb.old_logprobs, {}
             if decoupled:
                 old = lp.detach() if m == 0 else proximal[m]
-                extra = {"behaviour_logprobs": mb.old_logprobs, "behaviour_weight": algo.behaviour_weight,
-                         "behaviour_cap": algo.behaviour_cap, "behaviour_level": algo.behaviour_level}  # fmt: skip
+                extra = {
+                    "behaviour_logprobs": mb.old_logprobs,
+                    "behaviour_weight": algo.behaviour_weight,
+                    "behaviour_cap": algo.behaviour_cap,
+                    "behaviour_level": algo.behaviour_level,
+                }
             if algo.kl_coef:
                 extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
             if s.n_local:
-                loss, mm = policy_loss(lp, old, mb.advantages, mb.loss_mask, mode=algo.loss, clip_low=algo.clip_low,
-                                       clip_high=algo.clip_high, **extra)  # fmt: skip
+                loss, mm = policy_loss(
+                    lp,
+                    old,
+                    mb.advantages,
+                    mb.loss_mask,
+                    mode=algo.loss,
+                    clip_low=algo.clip_low,
+                    clip_high=algo.clip_high,
+                    **extra,
+                )
                 for k, v in mm.items():
                     if k != "sequences":
                         metrics.log(k, v, s.n_local)
@@ -246,8 +266,10 @@ class Trainer:
         if self.cfg.algo.routing_replay != "R3":
             return [None] * len(shares)
         if shares[0].batch.routed_experts is None:
-            raise ValueError("algo.routing_replay R3 replays the engine's recorded routing, and this batch has none: "
-                             "the engine must record it (engine.record_routing: true, an hf engine)")  # fmt: skip
+            raise ValueError(
+                "algo.routing_replay R3 replays the engine's recorded routing, and this batch has none: "
+                "the engine must record it (engine.record_routing: true, an hf engine)"
+            )
         return [position_routing(s.batch.routed_experts) for s in shares]
 
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:

@@ -22,8 +22,12 @@ import torch
 from agentrl.engine.base import InferenceEngine
 from agentrl.train.learner import Learner, broadcast
 
-WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "bfloat16_weights": torch.bfloat16}  # fmt: skip
+WIRE_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "bfloat16_weights": torch.bfloat16,
+}
 """an engine's declared dtype (`Capabilities.dtype`) -> what its weights are sent in (bfloat16_weights: the
 engine rounds its weights to bfloat16, so bfloat16 carries them exactly)"""
 
@@ -75,12 +79,16 @@ def weight_sync(learner: Learner, engine: InferenceEngine | None) -> WeightSync:
     chooses alike: an engine shares the module only in a single process, and LoRA is the learner's."""
     if engine is not None and engine.capabilities.shares_module:
         if not engine.capabilities.pausable:
-            raise ValueError(f"the {engine.name} engine shares the learner's module but cannot pause: an update "
-                             "would change weights under a decode step")  # fmt: skip
+            raise ValueError(
+                f"the {engine.name} engine shares the learner's module but cannot pause: an update "
+                "would change weights under a decode step"
+            )
         return SharedModule(learner, engine)
     kind = "lora" if learner.lora else "full"
     if engine is not None and kind not in engine.capabilities.weight_updates:
         takes = ", ".join(sorted(engine.capabilities.weight_updates)) or "no tensors"
-        raise ValueError(f"the {engine.name} engine takes {takes} as weight updates, and this run sends "
-                         f"{'LoRA adapters' if kind == 'lora' else 'full state dicts'}")  # fmt: skip
+        raise ValueError(
+            f"the {engine.name} engine takes {takes} as weight updates, and this run sends "
+            f"{'LoRA adapters' if kind == 'lora' else 'full state dicts'}"
+        )
     return LoraAdapter(learner, engine) if kind == "lora" else FullState(learner, engine)

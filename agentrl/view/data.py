@@ -71,8 +71,10 @@ class Folder:
             raise FileNotFoundError(f"{self.path} is not a folder")
         self.run = RunDir(self.path)
         if not (self.run.metrics.exists() or self.run.config.exists() or (self.path / "results.jsonl").exists()):
-            raise FileNotFoundError(f"{self.path} is neither a run folder (config.yaml, metrics.jsonl) nor an "
-                                    "evaluation folder (results.jsonl)")  # fmt: skip
+            raise FileNotFoundError(
+                f"{self.path} is neither a run folder (config.yaml, metrics.jsonl) nor an "
+                "evaluation folder (results.jsonl)"
+            )
 
     @property
     def kind(self) -> str:
@@ -87,8 +89,12 @@ class Folder:
     def overview(self) -> dict[str, Any]:
         config = self.run.config.read_text() if self.run.config.exists() else None
         summary_path = self.path / "summary.json"
-        out = {"path": str(self.path), "kind": self.kind, "config": config,
-               "summary": json.loads(summary_path.read_text()) if summary_path.exists() else None}  # fmt: skip
+        out = {
+            "path": str(self.path),
+            "kind": self.kind,
+            "config": config,
+            "summary": json.loads(summary_path.read_text()) if summary_path.exists() else None,
+        }
         if config is not None:
             try:
                 out["settings"] = yaml.safe_load(config)
@@ -98,8 +104,11 @@ class Folder:
         return out
 
     def metrics(self) -> dict[str, Any]:
-        tails = {"metrics": self._tail(self.run.metrics), "eval": self._tail(self.run.eval),
-                 "bench": self._tail(self.run.bench)}  # fmt: skip
+        tails = {
+            "metrics": self._tail(self.run.metrics),
+            "eval": self._tail(self.run.eval),
+            "bench": self._tail(self.run.bench),
+        }
         return {k: t.rows() for k, t in tails.items()} | {"warnings": [w for t in tails.values() for w in t.warnings]}
 
     # -- trajectories ----------------------------------------------------------------------
@@ -122,8 +131,9 @@ class Folder:
             with open(path, "rb") as f:
                 for n, line in enumerate(f, 1):
                     try:
-                        rows.append(summary(json.loads(line)) | {"file": path.name, "offset": offset,
-                                                                 "length": len(line)})  # fmt: skip
+                        rows.append(
+                            summary(json.loads(line)) | {"file": path.name, "offset": offset, "length": len(line)}
+                        )
                     except (ValueError, KeyError, TypeError):
                         warnings.append(f"{path.name} line {n}: unreadable, skipped")
                     offset += len(line)
@@ -136,14 +146,23 @@ class Folder:
         matching = [r for r in rows if filters.keep(r)]
         matching.reverse()  # the index appends: newest last
         page = matching[offset : offset + limit]
-        return {"total": len(rows), "matching": len(matching), "offset": offset, "limit": limit, "items": page,
-                "warnings": warnings, "verdicts": self._verdicts([r["task_id"] for r in page])}  # fmt: skip
+        return {
+            "total": len(rows),
+            "matching": len(matching),
+            "offset": offset,
+            "limit": limit,
+            "items": page,
+            "warnings": warnings,
+            "verdicts": self._verdicts([r["task_id"] for r in page]),
+        }
 
     def facets(self) -> dict[str, Any]:
         rows, _ = self._index()
-        return {"iterations": sorted({r["iteration"] for r in rows if r["iteration"] is not None}),
-                "failures": sorted({r["failure"] for r in rows} | {r["status"] for r in rows}),
-                "turns": sorted({r["turns"] for r in rows})}  # fmt: skip
+        return {
+            "iterations": sorted({r["iteration"] for r in rows if r["iteration"] is not None}),
+            "failures": sorted({r["failure"] for r in rows} | {r["status"] for r in rows}),
+            "turns": sorted({r["turns"] for r in rows}),
+        }
 
     def _find(self, episode_id: str) -> dict[str, Any]:
         rows, _ = self._index()
@@ -171,8 +190,13 @@ class Folder:
         if passed is not None:
             rows = [r for r in rows if _passed(r) == passed]
         limit = max(1, min(limit, MAX_PAGE))
-        return {"matching": len(rows), "offset": offset, "limit": limit, "items": rows[offset : offset + limit],
-                "warnings": tail.warnings}  # fmt: skip
+        return {
+            "matching": len(rows),
+            "offset": offset,
+            "limit": limit,
+            "items": rows[offset : offset + limit],
+            "warnings": tail.warnings,
+        }
 
     def _verdicts(self, task_ids: list[str]) -> dict[str, Any]:
         if self.kind != "eval":
@@ -205,8 +229,9 @@ def _tokenizer_file(model: str) -> Path:
 
     cached = try_to_load_from_cache(model, "tokenizer.json") if model.count("/") <= 1 else None
     if not isinstance(cached, str):
-        raise FileNotFoundError(f"no tokenizer.json for {model}: neither a folder holding one nor a hub model in "
-                                "the cache")  # fmt: skip
+        raise FileNotFoundError(
+            f"no tokenizer.json for {model}: neither a folder holding one nor a hub model in the cache"
+        )
     return Path(cached)
 
 
@@ -230,19 +255,34 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     for k, turn in enumerate(row["turns"]):
         obs_end = row["turns"][k + 1]["start"] if k + 1 < len(row["turns"]) else len(ids)
         span = range(turn["start"], turn["end"])
-        turns.append({
-            "index": turn["index"], "reward": turn["reward"], "finish_reason": turn["finish_reason"],
-            "info": turn["info"], "tokens": [pieces[j] for j in span], "logprob": [row["logprobs"][j] for j in span],
-            "version": [row["versions"][j] for j in span],
-            "advantage": [trained["advantages"][j] for j in span] if trained else None,
-            "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
-            "router_differs": [routing[j] for j in span] if routing else None,
-            "observation": text(turn["end"], obs_end),
-        })  # fmt: skip
+        turns.append(
+            {
+                "index": turn["index"],
+                "reward": turn["reward"],
+                "finish_reason": turn["finish_reason"],
+                "info": turn["info"],
+                "tokens": [pieces[j] for j in span],
+                "logprob": [row["logprobs"][j] for j in span],
+                "version": [row["versions"][j] for j in span],
+                "advantage": [trained["advantages"][j] for j in span] if trained else None,
+                "trainer_logprob": [trained["trainer_logprobs"][j] for j in span] if trained else None,
+                "router_differs": [routing[j] for j in span] if routing else None,
+                "observation": text(turn["end"], obs_end),
+            }
+        )
     return {
-        "episode_id": row["episode_id"], "group_id": row["group_id"], "task_id": row["task_id"],
-        "iteration": row.get("iteration"), "status": row["status"], "failure": row["failure"], "error": row["error"],
-        "truncation": row["truncation"], "reward": row["outcome_reward"], "sampling": row["sampling"],
-        "versions": policy_versions(row), "prompt": text(0, prompt_end), "turns": turns,
+        "episode_id": row["episode_id"],
+        "group_id": row["group_id"],
+        "task_id": row["task_id"],
+        "iteration": row.get("iteration"),
+        "status": row["status"],
+        "failure": row["failure"],
+        "error": row["error"],
+        "truncation": row["truncation"],
+        "reward": row["outcome_reward"],
+        "sampling": row["sampling"],
+        "versions": policy_versions(row),
+        "prompt": text(0, prompt_end),
+        "turns": turns,
         "trained": {k: trained[k] for k in ("ratio", "clipped", "minibatch")} if trained else None,
-    }  # fmt: skip
+    }

@@ -41,11 +41,17 @@ def create_app(folder: str | Path) -> FastAPI:
 
     @app.get("/api/trajectories")
     def trajectories(
-        iteration: int | None = None, task: str | None = None, group: str | None = None,
-        min_reward: float | None = None, max_reward: float | None = None, failure: str | None = None,
-        turns: int | None = None, partial: bool | None = None,
-        offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    ) -> dict[str, Any]:  # fmt: skip
+        iteration: int | None = None,
+        task: str | None = None,
+        group: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        failure: str | None = None,
+        turns: int | None = None,
+        partial: bool | None = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    ) -> dict[str, Any]:
         f = Filters(iteration, task or None, group or None, min_reward, max_reward, failure or None, turns, partial)
         return data.trajectories(f, offset, limit)
 
@@ -61,8 +67,11 @@ def create_app(folder: str | Path) -> FastAPI:
         return data.group(group_id, iteration)
 
     @app.get("/api/results")
-    def results(offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-                passed: bool | None = None) -> dict[str, Any]:  # fmt: skip
+    def results(
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        passed: bool | None = None,
+    ) -> dict[str, Any]:
         return data.results(offset, limit, passed)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -67,6 +67,7 @@ def test_only_a_group_of_equal_returns_is_degenerate(scale):
     # every turn pays 0.5, but two-turn members' first turns return 1.0: the returns differ
     adv = turn_advantages(torch.full((3, 2), 0.5), torch.tensor([[1, 1], [1, 0], [1, 1]]), one_group, scale=scale)
     assert not adv.degenerate.any()
-    flat = turn_advantages(torch.tensor([[1.0, 0], [1.0, 0], [1.0, 0]]), torch.tensor([[1, 0]] * 3), one_group,
-                           scale=scale)  # fmt: skip
+    flat = turn_advantages(
+        torch.tensor([[1.0, 0], [1.0, 0], [1.0, 0]]), torch.tensor([[1, 0]] * 3), one_group, scale=scale
+    )
     assert flat.degenerate.all() and (flat.values == 0).all()

@@ -182,8 +182,15 @@ def test_bad_calls_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"> 1 for 'band'"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", **behaviour("band", lp_b, cap=1.0))
     with pytest.raises(ValueError, match=r"one term per sequence.*mode 'gspo_token'"):
-        policy_loss(lp, lp_b, A_tok[:, :1].expand(B, T), mask, mode="gspo", **behaviour("truncate", lp_b),
-                    behaviour_level="token")  # fmt: skip
+        policy_loss(
+            lp,
+            lp_b,
+            A_tok[:, :1].expand(B, T),
+            mask,
+            mode="gspo",
+            **behaviour("truncate", lp_b),
+            behaviour_level="token",
+        )
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss(lp, lp_b, A_tok, mask, mode="grpo", clip_low=1.0)
     with pytest.raises(ValueError, match="all zero"):
@@ -202,8 +209,12 @@ def test_kl_penalty_to_a_reference_policy():
     )
 
     def k3_mean(x):  # (1/B') Σ_i (1/|T_i|) Σ_t [exp(ref − lp) − (ref − lp) − 1]
-        per = [sum(math.exp(ref[i, t] - x[i, t]) - (ref[i, t] - x[i, t]) - 1 for t in range(T) if mask[i, t])
-               / int(mask[i].sum()) for i in range(B) if mask[i].any()]  # fmt: skip
+        per = [
+            sum(math.exp(ref[i, t] - x[i, t]) - (ref[i, t] - x[i, t]) - 1 for t in range(T) if mask[i, t])
+            / int(mask[i].sum())
+            for i in range(B)
+            if mask[i].any()
+        ]
         return float(sum(per) / len(per))
 
     assert float(kl - base) == pytest.approx(beta * k3_mean(lp), abs=1e-9)
@@ -218,11 +229,22 @@ def behaviour(kind, lp_b, cap=2.0):
 
 
 KINDS = ["truncate", "mask", "band"]
-CAPPED = {"truncate": "behaviour_truncated_fraction", "mask": "behaviour_masked_fraction",
-          "band": "behaviour_band_masked_fraction"}  # fmt: skip
+CAPPED = {
+    "truncate": "behaviour_truncated_fraction",
+    "mask": "behaviour_masked_fraction",
+    "band": "behaviour_band_masked_fraction",
+}
 # every objective × level allowed: gspo has one term per sequence, so no token-level weight
-LEVELS = [("gspo", "auto"), ("gspo", "sequence"), ("gspo_token", "auto"), ("gspo_token", "sequence"),
-          ("gspo_token", "token"), ("grpo", "auto"), ("grpo", "token"), ("grpo", "sequence")]  # fmt: skip
+LEVELS = [
+    ("gspo", "auto"),
+    ("gspo", "sequence"),
+    ("gspo_token", "auto"),
+    ("gspo_token", "sequence"),
+    ("gspo_token", "token"),
+    ("grpo", "auto"),
+    ("grpo", "token"),
+    ("grpo", "sequence"),
+]
 
 
 def capped_by_reference(raw, kind, cap):
@@ -242,12 +264,13 @@ def test_behaviour_weight_matches_the_equations(mode, level, kind):
     g = torch.Generator().manual_seed(9)
     lp_b = lp_prox - torch.linspace(-1, 1, B, dtype=torch.float64)[:, None] + 0.3 * torch.randn(B, T, generator=g)
     cap = 1.5
-    ours, g_ours, metrics = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                                **behaviour(kind, lp_b, cap), behaviour_level=level),
-                                          lp)  # fmt: skip
+    ours, g_ours, metrics = loss_and_grad(
+        lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_b, cap), behaviour_level=level), lp
+    )
     eps_low, eps_high = OBJECTIVES[mode].default_clip
-    ref, g_ref, _ = loss_and_grad(lambda x: reference(x, lp_prox, A, mask, mode, eps_low, eps_high, lp_b, kind, cap,
-                                                      level), lp)  # fmt: skip
+    ref, g_ref, _ = loss_and_grad(
+        lambda x: reference(x, lp_prox, A, mask, mode, eps_low, eps_high, lp_b, kind, cap, level), lp
+    )
     torch.testing.assert_close(ours, ref, atol=1e-9, rtol=0)
     torch.testing.assert_close(g_ours * mask, g_ref * mask, atol=1e-9, rtol=0)
     plain, _ = policy_loss(lp, lp_prox, A, mask, mode=mode)
@@ -267,9 +290,9 @@ def test_weight_one_is_the_coupled_loss_exactly(mode, level, kind):
     lp, lp_prox, mask, A_tok, A_seq = batch(12, noise=2e-3 if mode != "grpo" else 0.4)
     A = A_seq if mode == "gspo" else A_tok
     plain, g_plain, m_plain = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
-    same, g_same, m_same = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                               **behaviour(kind, lp_prox), behaviour_level=level),
-                                         lp)  # fmt: skip
+    same, g_same, m_same = loss_and_grad(
+        lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_prox), behaviour_level=level), lp
+    )
     assert torch.equal(same, plain) and torch.equal(g_same, g_plain)
     assert m_same.items() >= m_plain.items()
     assert m_same["behaviour_weight_p05"] == m_same["behaviour_weight_p95"] == 1
@@ -287,8 +310,9 @@ def test_auto_is_the_objective_s_own_level_bit_for_bit(mode, kind):
     lp_b = lp_prox - torch.linspace(-1, 1, B, dtype=torch.float64)[:, None] + 0.3 * torch.randn(B, T, generator=g)
 
     def run(**level):
-        return loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_b, 1.5),
-                                                   **level), lp)  # fmt: skip
+        return loss_and_grad(
+            lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_b, 1.5), **level), lp
+        )
 
     auto, own = run(), run(behaviour_level=own_level(mode))
     assert torch.equal(auto[0], own[0]) and torch.equal(auto[1], own[1]) and auto[2] == own[2]
@@ -311,9 +335,9 @@ def test_stale_tokens_are_weighted_not_clipped(mode, level, kind):
     lp_b = torch.where(mask.bool(), lp_prox, 0.0) + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     _, _, coupled = loss_and_grad(lambda x: policy_loss(x, lp_b, A, mask, mode=mode), lp)
     _, g_on, _ = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode), lp)
-    _, g_dec, decoupled = loss_and_grad(lambda x: policy_loss(x, lp_prox, A, mask, mode=mode,
-                                                              **behaviour(kind, lp_b), behaviour_level=level),
-                                        lp)  # fmt: skip
+    _, g_dec, decoupled = loss_and_grad(
+        lambda x: policy_loss(x, lp_prox, A, mask, mode=mode, **behaviour(kind, lp_b), behaviour_level=level), lp
+    )
     assert coupled["clip_fraction"] > 0.2 and decoupled["clip_fraction"] == 0
     on = mask.bool()
     log_w = torch.where(on, lp_prox - lp_b, 0.0)

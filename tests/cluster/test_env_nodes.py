@@ -24,10 +24,17 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 def config(address: str, **kw) -> RolloutConfig:
     base = dict(
-        env="code_sandbox", env_kwargs={"max_turns": 3}, group_size=2, groups_per_iteration=2, num_workers=5,
-        sandboxes_per_worker=2, sampling=SamplingParams(max_tokens=24), max_episode_tokens=2000, partial=False,
+        env="code_sandbox",
+        env_kwargs={"max_turns": 3},
+        group_size=2,
+        groups_per_iteration=2,
+        num_workers=5,
+        sandboxes_per_worker=2,
+        sampling=SamplingParams(max_tokens=24),
+        max_episode_tokens=2000,
+        partial=False,
         ray_address=address,
-    )  # fmt: skip
+    )
     return RolloutConfig(**{**base, **kw})
 
 

@@ -30,9 +30,16 @@ def local_ray(request):
 
 def config(**kw) -> RolloutConfig:
     base = dict(
-        env="code_sandbox", env_kwargs={"max_turns": 8}, group_size=2, groups_per_iteration=2, num_workers=7,
-        sandboxes_per_worker=1, sampling=SamplingParams(max_tokens=24), max_episode_tokens=2000, partial=False,
-    )  # fmt: skip
+        env="code_sandbox",
+        env_kwargs={"max_turns": 8},
+        group_size=2,
+        groups_per_iteration=2,
+        num_workers=7,
+        sandboxes_per_worker=1,
+        sampling=SamplingParams(max_tokens=24),
+        max_episode_tokens=2000,
+        partial=False,
+    )
     return RolloutConfig(**{**base, **kw})
 
 

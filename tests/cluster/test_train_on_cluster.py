@@ -19,12 +19,27 @@ from agentrl.sandbox.reaper import LABEL, PID_LABEL, owner_alive
 
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
 TIMEOUT_S = 3.0  # cluster.learner.collective_timeout_s: shorter than the ranks wait between calls here
-RUN = ["model.path=model", "out=run", "iterations=6", "optim.lr=0.05", "rollout.group_size=2",
-       "rollout.groups_per_iteration=2", "rollout.sandboxes_per_worker=3", "rollout.max_groups_in_flight=6",
-       "rollout.sampling.max_tokens=24",
-       "engine.replicas=2", "cluster.inference.resources={inference: 1}", "cluster.learner.ranks=2",
-       "cluster.learner.resources={learner: 1}", f"cluster.learner.collective_timeout_s={TIMEOUT_S}", "threads=1",
-       "eval.tasks=2", "eval.every=0", "eval.sandboxes_per_worker=1", "checkpoint.export_final=false"]  # fmt: skip
+RUN = [
+    "model.path=model",
+    "out=run",
+    "iterations=6",
+    "optim.lr=0.05",
+    "rollout.group_size=2",
+    "rollout.groups_per_iteration=2",
+    "rollout.sandboxes_per_worker=3",
+    "rollout.max_groups_in_flight=6",
+    "rollout.sampling.max_tokens=24",
+    "engine.replicas=2",
+    "cluster.inference.resources={inference: 1}",
+    "cluster.learner.ranks=2",
+    "cluster.learner.resources={learner: 1}",
+    f"cluster.learner.collective_timeout_s={TIMEOUT_S}",
+    "threads=1",
+    "eval.tasks=2",
+    "eval.every=0",
+    "eval.sandboxes_per_worker=1",
+    "checkpoint.export_final=false",
+]
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -33,9 +48,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def cluster():
     """The head (the driver's node, the machine's Docker daemon) takes the learner ranks; each node may hold one
     engine replica, so a lost replica has somewhere to restart."""
-    c = RayCluster.start({"a": NodeSpec(docker=True, num_cpus=2, resources={"inference": 1}),
-                          "b": NodeSpec(docker=True, num_cpus=2, resources={"inference": 1})},
-                         head=NodeSpec(num_cpus=4, resources={"learner": 2, "inference": 1}))  # fmt: skip
+    c = RayCluster.start(
+        {
+            "a": NodeSpec(docker=True, num_cpus=2, resources={"inference": 1}),
+            "b": NodeSpec(docker=True, num_cpus=2, resources={"inference": 1}),
+        },
+        head=NodeSpec(num_cpus=4, resources={"learner": 2, "inference": 1}),
+    )
     try:
         yield c
     finally:
@@ -44,25 +63,40 @@ def cluster():
 
 def containers(node) -> list[str]:
     """The node daemon's sandbox containers, each with its owner's pid and whether that process still runs."""
-    return [f"{c.name} (owner pid {c.labels.get(PID_LABEL)}, alive: {owner_alive(c.labels)}, {c.status})"
-            for c in node.docker_client().containers.list(all=True, filters={"label": LABEL})]  # fmt: skip
+    return [
+        f"{c.name} (owner pid {c.labels.get(PID_LABEL)}, alive: {owner_alive(c.labels)}, {c.status})"
+        for c in node.docker_client().containers.list(all=True, filters={"label": LABEL})
+    ]
 
 
 def placement(stdout: str) -> dict[str, list[str]]:
     """The node ids the run printed for its learner ranks and engine replicas (lines may wrap)."""
     text = " ".join(stdout.split())
-    spans = {"learner": text[text.index("learner:") : text.index("engine:")],
-             "engine": text[text.index("engine:") : text.index("env workers:")]}  # fmt: skip
-    return {role: [n for n, k in re.findall(r"([0-9a-f]{20,}) \((\d+)\)", span) for _ in range(int(k))]
-            for role, span in spans.items()}  # fmt: skip
+    spans = {
+        "learner": text[text.index("learner:") : text.index("engine:")],
+        "engine": text[text.index("engine:") : text.index("env workers:")],
+    }
+    return {
+        role: [n for n, k in re.findall(r"([0-9a-f]{20,}) \((\d+)\)", span) for _ in range(int(k))]
+        for role, span in spans.items()
+    }
 
 
 def test_a_run_places_its_parts_and_survives_a_lost_node(tmp_path, cluster):
     shutil.copytree(MODEL, tmp_path / "model")
     assert all(not n.docker_client().images.list() for n in cluster.docker_nodes())  # no image there yet
     log = open(tmp_path / "stdout.txt", "w")  # noqa: SIM115 (the child writes it while the test reads it)
-    proc = start_agentrl("train", "--env", "code_sandbox", "--ray-address", cluster.address, *sets(*RUN),
-                         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = start_agentrl(
+        "train",
+        "--env",
+        "code_sandbox",
+        "--ray-address",
+        cluster.address,
+        *sets(*RUN),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 400

@@ -208,8 +208,9 @@ async def test_a_killed_replica_is_retried_elsewhere_and_restarted(fleet):
         expected = await single.generate(PROMPT, params)
     assert gen.token_ids == expected.token_ids and gen.finish_reason == "length"
     assert gen.versions == [version] * params.max_tokens
-    torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(learner, PROMPT, gen, params),
-                               atol=FP32_ATOL, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(gen.logprobs), teacher_forced(learner, PROMPT, gen, params), atol=FP32_ATOL, rtol=0
+    )
     assert fleet.fleet_stats().retried == stats.retried + 1
     deadline = time.monotonic() + 120
     while (now := fleet.fleet_stats().replicas[victim]).restarts == stats.replicas[victim].restarts:

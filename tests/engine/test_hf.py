@@ -131,8 +131,9 @@ async def test_prefix_cache_reuses_earlier_turns_and_keeps_parity(arch):
         assert eng.prefilled_tokens - before == 6 * (1 + len(obs)) + len(fresh)
         assert [g.token_ids for g in gens2] == [g.token_ids for g in await turn(ref, prompts2)]
         for prompt, gen in zip(prompts2, gens2, strict=True):
-            torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, params),
-                                       atol=ATOL, rtol=0)  # fmt: skip
+            torch.testing.assert_close(
+                torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, params), atol=ATOL, rtol=0
+            )
         # a weight update empties the cache: KV of the old weights is never reused
         await eng.update_weights()
         cached = eng.cached_tokens

@@ -168,8 +168,14 @@ async def test_client_disconnect_aborts_the_engine_request(url, stream):
 
 
 async def test_reply_shape_and_stream_chunks(url):
-    body = {"prompt": [[1, 2, 3]], "max_tokens": 5, "temperature": 0, "logprobs": 0, "return_token_ids": True,
-            "return_tokens_as_token_ids": True}  # fmt: skip
+    body = {
+        "prompt": [[1, 2, 3]],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
     async with httpx.AsyncClient(base_url=url) as client:
         reply = (await client.post("/v1/completions", json=body)).json()
         choice = reply["choices"][0]
@@ -235,8 +241,9 @@ async def test_weight_update_mid_request_later_tokens_are_newer_than_their_kv():
         async with OpenAIEngine(url) as learner:
             assert await learner.update_weights(tiny_model("qwen3", seed=5).state_dict()) == 1
             assert client.version == 0
-            running = asyncio.create_task(client.generate([1, 2, 3], SamplingParams(max_tokens=3000, seed=0),
-                                                          request_id="long"))  # fmt: skip
+            running = asyncio.create_task(
+                client.generate([1, 2, 3], SamplingParams(max_tokens=3000, seed=0), request_id="long")
+            )
             await asyncio.sleep(0.3)
             assert await learner.update_weights(tiny_model("qwen3", seed=6).state_dict()) == 2
         await asyncio.sleep(0.2)
@@ -336,9 +343,16 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     ids = torch.randint(1, 2000, (4, 24), generator=g)
     mask = torch.ones_like(ids)
     mask[:, :8] = 0
-    trainer.update(TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
-                              old_logprobs=-5.0 * mask, advantages=torch.randn(4, 24, generator=g) * mask,
-                              sampling=SamplingParams()))  # fmt: skip
+    trainer.update(
+        TrainBatch(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            loss_mask=mask,
+            old_logprobs=-5.0 * mask,
+            advantages=torch.randn(4, 24, generator=g) * mask,
+            sampling=SamplingParams(),
+        )
+    )
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     prompt = ids[0, :8].tolist()
     # its own server: the module's shared one keeps the original weights

@@ -37,7 +37,8 @@ def site(tmp_path_factory) -> Path:
     pkg = tmp_path_factory.mktemp("pkg")
     (pkg / "logged_engine").mkdir()
     (pkg / "logged_engine" / "__init__.py").write_text(ENGINE)
-    (pkg / "pyproject.toml").write_text(textwrap.dedent("""
+    (pkg / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["hatchling"]
         build-backend = "hatchling.build"
@@ -48,10 +49,26 @@ def site(tmp_path_factory) -> Path:
         logged = "logged_engine:LoggedEngine"
         [tool.hatch.build.targets.wheel]
         packages = ["logged_engine"]
-    """))  # fmt: skip
+    """)
+    )
     site = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                    str(site), str(pkg)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(pkg),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return site
 
 
@@ -61,17 +78,56 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_path):
     mark = tmp_path / "mark"
     env = {"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)}
-    r = agentrl("eval", "--env", "humaneval", "--model", MODEL, "--engine", "logged", "--tasks", "2",
-                "--set", "max_tokens=16", "--out", tmp_path / "eval", cwd=tmp_path, extra_env=env)  # fmt: skip
+    r = agentrl(
+        "eval",
+        "--env",
+        "humaneval",
+        "--model",
+        MODEL,
+        "--engine",
+        "logged",
+        "--tasks",
+        "2",
+        "--set",
+        "max_tokens=16",
+        "--out",
+        tmp_path / "eval",
+        cwd=tmp_path,
+        extra_env=env,
+    )
     assert mark.read_text() == "logged shared=False note=None\n"
     assert len(read_jsonl(tmp_path / "eval" / "results.jsonl")) == 2 and "pass@1" in r.stdout
-    agentrl("train", "--env", "code_sandbox", "--set", f"model.path={MODEL}", "--set", "engine.kind=logged",
-            "--set", "engine.options.note=hi", "--set", f"out={tmp_path / 'run'}", "--set", "iterations=1",
-            "--set", "rollout.group_size=2", "--set", "rollout.groups_per_iteration=2",
-            "--set", "rollout.num_workers=1", "--set", "rollout.sandboxes_per_worker=2",
-            "--set", "rollout.sampling.max_tokens=24", "--set", "eval.tasks=0",
-            "--set", "checkpoint.export_final=false",
-            cwd=tmp_path, extra_env=env)  # fmt: skip
+    agentrl(
+        "train",
+        "--env",
+        "code_sandbox",
+        "--set",
+        f"model.path={MODEL}",
+        "--set",
+        "engine.kind=logged",
+        "--set",
+        "engine.options.note=hi",
+        "--set",
+        f"out={tmp_path / 'run'}",
+        "--set",
+        "iterations=1",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "rollout.groups_per_iteration=2",
+        "--set",
+        "rollout.num_workers=1",
+        "--set",
+        "rollout.sandboxes_per_worker=2",
+        "--set",
+        "rollout.sampling.max_tokens=24",
+        "--set",
+        "eval.tasks=0",
+        "--set",
+        "checkpoint.export_final=false",
+        cwd=tmp_path,
+        extra_env=env,
+    )
     # one process: the plugin engine was offered the trainer's module to share (it is an hf engine, so it did)
     assert mark.read_text().splitlines()[1] == "logged shared=True note=hi"
     assert [m["policy_version"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
@@ -81,8 +137,11 @@ def test_agentrl_serve_serves_an_engine_from_another_package(site, tmp_path):
     mark = tmp_path / "mark"
     env = {"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)}
     with serving("--model", MODEL, "--engine", "logged", extra_env=env) as url:
-        reply = httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0,
-                                                          "return_token_ids": True}, timeout=60)  # fmt: skip
+        reply = httpx.post(
+            f"{url}/v1/completions",
+            json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True},
+            timeout=60,
+        )
         assert len(reply.json()["choices"][0]["token_ids"]) == 4
         assert mark.read_text() == "logged shared=False note=None\n"
 

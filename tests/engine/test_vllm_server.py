@@ -58,8 +58,7 @@ async def test_lora_update_serves_the_learners_adapter_under_a_new_name(standin,
                             p.normal_(0, 0.3)
                 assert await client.update_weights(lora=get_peft_model_state_dict(learner)) == version
                 gen = await client.generate(PROMPT, GREEDY)
-                torch.testing.assert_close(torch.tensor(gen.logprobs), scored(learner, PROMPT, gen), atol=1e-4,
-                                           rtol=0)  # fmt: skip
+                torch.testing.assert_close(torch.tensor(gen.logprobs), scored(learner, PROMPT, gen), atol=1e-4, rtol=0)
                 assert gen.versions == gen.kv_versions == [version] * len(gen.token_ids)
                 names.append(next(iter(standin.adapters)))
     assert names[0] != names[1] and names[1].endswith("-v2")
@@ -107,8 +106,11 @@ async def test_a_failed_reload_resumes_the_server_and_keeps_the_version(standin,
 )
 async def test_an_endpoint_the_server_lacks_names_the_setting(model_dir, tmp_path, off, update, says):
     standin = VLLMStandIn(model_dir, **{off: False})
-    weights = {"lora": get_peft_model_state_dict(with_lora(tiny_model("qwen3"), LORA))} if update == "lora" else {
-        "state_dict": tiny_model("qwen3", seed=1).state_dict()}  # fmt: skip
+    weights = (
+        {"lora": get_peft_model_state_dict(with_lora(tiny_model("qwen3"), LORA))}
+        if update == "lora"
+        else {"state_dict": tiny_model("qwen3", seed=1).state_dict()}
+    )
     policy = EngineModel(str(model_dir), lora=LORA)
     async with serving(standin.app) as url, OpenAIEngine(url, weights_dir=tmp_path, policy=policy) as client:
         with pytest.raises(RequestRejected, match=says):

@@ -82,8 +82,9 @@ class CompletionRequest(BaseModel):
 class VLLMStandIn:
     """`app` serves the checkpoint folder `path`; `close()` the engines afterwards."""
 
-    def __init__(self, path: str | Path, *, runtime_lora: bool = True, dev_mode: bool = True,
-                 max_lora_rank: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, *, runtime_lora: bool = True, dev_mode: bool = True, max_lora_rank: int = 16
+    ) -> None:
         self.path = str(path)
         self.config = AutoConfig.from_pretrained(self.path)
         self.max_lora_rank = max_lora_rank
@@ -105,10 +106,28 @@ class VLLMStandIn:
 
         @app.get("/v1/models")
         async def models() -> dict:
-            cards = [{"id": self.path, "object": "model", "created": created, "owned_by": "vllm", "root": self.path,
-                      "parent": None, "max_model_len": self.base.max_context}]  # fmt: skip
-            cards += [{"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": path,
-                       "parent": self.path} for name, path in self.adapters.items()]  # fmt: skip
+            cards = [
+                {
+                    "id": self.path,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": self.path,
+                    "parent": None,
+                    "max_model_len": self.base.max_context,
+                }
+            ]
+            cards += [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": path,
+                    "parent": self.path,
+                }
+                for name, path in self.adapters.items()
+            ]
             return {"object": "list", "data": cards}
 
         @app.post("/v1/completions", response_model=None)
@@ -119,9 +138,14 @@ class VLLMStandIn:
             if not req.stream:
                 return _error(400, "the stand-in serves streamed completions only (OpenAIEngine always streams)")
             await self.running.wait()  # a paused server holds new requests
-            params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
-                                    max_tokens=req.max_tokens, stop_token_ids=tuple(req.stop_token_ids),
-                                    seed=req.seed)  # fmt: skip
+            params = SamplingParams(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(req.top_k, 0),
+                max_tokens=req.max_tokens,
+                stop_token_ids=tuple(req.stop_token_ids),
+                seed=req.seed,
+            )
             return StreamingResponse(self._stream(engine, req, params, created), media_type="text/event-stream")
 
         if runtime_lora:
@@ -129,13 +153,18 @@ class VLLMStandIn:
             @app.post("/v1/load_lora_adapter", response_model=None)
             async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:
                 if req.lora_name in self.adapters and not req.load_inplace:
-                    message = (f"The lora adapter '{req.lora_name}' has already been loaded. If you want to load "
-                               "the adapter in place, set 'load_inplace' to True.")  # fmt: skip
+                    message = (
+                        f"The lora adapter '{req.lora_name}' has already been loaded. If you want to load "
+                        "the adapter in place, set 'load_inplace' to True."
+                    )
                     return _error(400, message, "InvalidUserInput")
                 config_file = Path(req.lora_path) / "adapter_config.json"
                 if not config_file.is_file():
-                    return _error(404, f"Loading lora {req.lora_name} failed: No adapter found for {req.lora_path}",
-                                  "NotFoundError")  # fmt: skip
+                    return _error(
+                        404,
+                        f"Loading lora {req.lora_name} failed: No adapter found for {req.lora_path}",
+                        "NotFoundError",
+                    )
                 if problem := self._adapter_problem(json.loads(config_file.read_text())):
                     return _error(400, problem)
                 from peft import PeftModel
@@ -208,21 +237,35 @@ class VLLMStandIn:
             raise ValueError(f"weights not in the model or not in the checkpoint: {info}")
         await self.base.update_weights(model.state_dict())
 
-    async def _stream(self, engine: HFEngine, req: CompletionRequest, params: SamplingParams,
-                      created: int) -> AsyncIterator[str]:  # fmt: skip
+    async def _stream(
+        self, engine: HFEngine, req: CompletionRequest, params: SamplingParams, created: int
+    ) -> AsyncIterator[str]:
         gen = await engine.generate(req.prompt, params)
         n = len(gen.token_ids)
         for i in range(max(n, 1)):  # a request that made no token still gets its finish reason
             ids, lps = gen.token_ids[i : i + 1], gen.logprobs[i : i + 1]
-            choice = {"index": 0, "text": "", "finish_reason": FINISH[gen.finish_reason] if i >= n - 1 else None,
-                      "stop_reason": None,
-                      "logprobs": {"text_offset": [0] * len(ids), "token_logprobs": lps,
-                                   "tokens": [f"token_id:{t}" if req.return_tokens_as_token_ids else "" for t in ids],
-                                   "top_logprobs": [None] * len(ids)}}  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": "",
+                "finish_reason": FINISH[gen.finish_reason] if i >= n - 1 else None,
+                "stop_reason": None,
+                "logprobs": {
+                    "text_offset": [0] * len(ids),
+                    "token_logprobs": lps,
+                    "tokens": [f"token_id:{t}" if req.return_tokens_as_token_ids else "" for t in ids],
+                    "top_logprobs": [None] * len(ids),
+                },
+            }
             if req.return_token_ids:
                 choice |= {"token_ids": ids, "prompt_token_ids": req.prompt if i == 0 else None}
-            chunk = {"id": "cmpl-standin", "object": "text_completion", "created": created,
-                     "model": req.model or self.path, "choices": [choice], "usage": None}  # fmt: skip
+            chunk = {
+                "id": "cmpl-standin",
+                "object": "text_completion",
+                "created": created,
+                "model": req.model or self.path,
+                "choices": [choice],
+                "usage": None,
+            }
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
 

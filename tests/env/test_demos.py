@@ -50,8 +50,9 @@ async def test_a_holdout_keeps_its_share_of_statements_out_of_the_demonstrations
 async def test_the_printing_habit_prints_every_result_and_earns_nothing():
     """An expert with the habit always (prints=1) submits its solution with `return` written `print`:
     the hidden tests then see None and pay nothing, and an example run shows what it printed."""
-    demos = [d async for d in record("code_sandbox", 6, seed=3, concurrency=3, expert=Expert(prints=1.0),
-                                     min_return=None)]  # fmt: skip
+    demos = [
+        d async for d in record("code_sandbox", 6, seed=3, concurrency=3, expert=Expert(prints=1.0), min_return=None)
+    ]
     assert len(demos) == 6
     tasks = agentrl.make("code_sandbox").task_set
     for d in demos:

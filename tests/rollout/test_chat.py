@@ -60,14 +60,20 @@ def test_decoding_and_reencoding_drifts():
     ("template", "match"),
     [
         # renders only the last two messages: earlier turns vanish once a turn is appended
-        ("{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", "not a prefix"),
+        (
+            "{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+            "not a prefix",
+        ),
         # ends a turn with plain text, which could merge with the assistant's last characters
-        ("{% for m in messages %}{{ m.role }}: {{ m.content }}er\n{% endfor %}"
-         "{% if add_generation_prompt %}assistant: {% endif %}", "plain text"),
+        (
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}er\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}",
+            "plain text",
+        ),
     ],
     ids=["rewrites-history", "plain-text-turn-end"],
-)  # fmt: skip
+)
 def test_templates_that_break_the_prefix_property_are_refused(template, match):
     tok = load_tokenizer("qwen3")
     tok.chat_template = template

@@ -44,9 +44,16 @@ class RecordingFleet(Recording, Fleet):
 
 def config(**kw) -> RolloutConfig:
     base = dict(
-        env="code_sandbox", env_kwargs={"max_turns": 3}, group_size=2, groups_per_iteration=2, num_workers=2,
-        sandboxes_per_worker=2, sampling=SamplingParams(max_tokens=24), max_episode_tokens=2000, partial=False,
-    )  # fmt: skip
+        env="code_sandbox",
+        env_kwargs={"max_turns": 3},
+        group_size=2,
+        groups_per_iteration=2,
+        num_workers=2,
+        sandboxes_per_worker=2,
+        sampling=SamplingParams(max_tokens=24),
+        max_episode_tokens=2000,
+        partial=False,
+    )
     return RolloutConfig(**{**base, **kw})
 
 
@@ -215,8 +222,14 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
     model = tiny_model("qwen3_moe", seed=1)
     engine = RecordingEngine(model, shared=True, record_routing=True)  # a learner changes it in place
     # the iteration's token budget ends it mid-flight: all six episodes are parked
-    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, env_kwargs={"max_turns": 4},
-                 sampling=SamplingParams(max_tokens=64), iteration_token_budget=300)  # fmt: skip
+    cfg = config(
+        partial=True,
+        groups_per_iteration=1,
+        max_groups_in_flight=3,
+        env_kwargs={"max_turns": 4},
+        sampling=SamplingParams(max_tokens=64),
+        iteration_token_budget=300,
+    )
     async with engine, RolloutController(cfg, engine, chat()) as ctl:
         first = await ctl.run_iteration()
         assert first.stats.parked == 6 and first.stats.generated_tokens >= 300
@@ -246,9 +259,15 @@ async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local)
 async def test_stale_parked_trajectories_are_dropped_and_counted(ray_local, max_staleness, ahead):
     """One version behind now, and `ahead` more before the batch is trained: beyond the bound, dropped."""
     engine = HFEngine(tiny_model("qwen3_moe", seed=1), shared=True)  # a learner changes it in place
-    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, max_staleness=max_staleness,
-                 iteration_token_budget=300, env_kwargs={"max_turns": 4},
-                 sampling=SamplingParams(max_tokens=64))  # fmt: skip
+    cfg = config(
+        partial=True,
+        groups_per_iteration=1,
+        max_groups_in_flight=3,
+        max_staleness=max_staleness,
+        iteration_token_budget=300,
+        env_kwargs={"max_turns": 4},
+        sampling=SamplingParams(max_tokens=64),
+    )
     async with engine, RolloutController(cfg, engine, chat()) as ctl:
         await ctl.run_iteration()
         waiting = [p.trajectory for eps in ctl.state().groups.values() for p in eps]  # parked, or finished
@@ -267,8 +286,14 @@ async def test_parked_episodes_continue_in_a_new_controller(ray_local):
     restart) rebuilds each parked episode's env by replay and finishes it; a record that the
     replay contradicts is dropped, not continued on a different env state."""
     model = tiny_model("qwen3_moe", seed=1)
-    cfg = config(partial=True, groups_per_iteration=1, max_groups_in_flight=3, env_kwargs={"max_turns": 4},
-                 sampling=SamplingParams(max_tokens=48), iteration_token_budget=400)  # fmt: skip
+    cfg = config(
+        partial=True,
+        groups_per_iteration=1,
+        max_groups_in_flight=3,
+        env_kwargs={"max_turns": 4},
+        sampling=SamplingParams(max_tokens=48),
+        iteration_token_budget=400,
+    )
 
     def answered(state: ControllerState) -> list:  # parked episodes with a turn the env answered
         eps = [p.trajectory for eps in state.groups.values() for p in eps]

@@ -55,8 +55,17 @@ def test_an_old_run_resumes_and_trains_on(old):
     before = RunDir(old / "run")
     parked = json.loads((before.latest_checkpoint() / "state.json").read_text())["controller"]
     # every group in flight must finish this iteration (4 of at most 4), the old run's parked ones included
-    r = agentrl("train", "--resume", "run", "--set", "iterations=2", "--set", "rollout.groups_per_iteration=4",
-                cwd=old, timeout=300)  # fmt: skip
+    r = agentrl(
+        "train",
+        "--resume",
+        "run",
+        "--set",
+        "iterations=2",
+        "--set",
+        "rollout.groups_per_iteration=4",
+        cwd=old,
+        timeout=300,
+    )
     assert "resumed from run/checkpoints/iter-00001: iteration 1, policy version 1" in r.stdout + r.stderr
     # stdout is a pipe here, as a log file: the iteration's progress is one line, however long
     assert re.search(r"^it +1 +reward .+ tok/s .+ left \d+:\d\d:\d\d$", r.stdout, re.M), r.stdout

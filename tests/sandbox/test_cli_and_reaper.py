@@ -134,13 +134,18 @@ asyncio.run(main())
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-                         ids=["SIGKILL", "SIGTERM"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["SIGKILL", "SIGTERM"]
+)
 def test_a_watchdog_removes_its_owners_containers_once_the_owner_is_gone(sandbox_image, docker_client, sig):
     """An owner that cannot run its exit cleanup (SIGKILL; a Ray env worker whose raylet died) leaves its containers
     to its watchdog (`reaper.watch`), which then exits; after a clean exit it has nothing to do and exits too."""
-    owner = subprocess.Popen([sys.executable, "-c", WATCHED_OWNER], stdout=subprocess.PIPE, text=True,
-                             env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", WATCHED_OWNER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
     try:
         watchdog = int(owner.stdout.readline())
         assert len(owned_by(docker_client, owner.pid)) == 2 and reaper.process_start_time(watchdog)

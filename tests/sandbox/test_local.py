@@ -176,9 +176,14 @@ def test_both_walks_find_the_live_descendants_and_no_zombie():
 
     executor = executor_module()
     # a child that starts a sleeping grandchild, and a child that exits at once (a zombie until waited for)
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
-                               "print(subprocess.Popen(['sleep', '30']).pid, flush=True); time.sleep(30)"],
-                              stdout=subprocess.PIPE)  # fmt: skip
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time; print(subprocess.Popen(['sleep', '30']).pid, flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     exited = subprocess.Popen(["true"])
     grandchild = []
     try:

@@ -155,8 +155,10 @@ def test_lcb_release_window_keeps_only_problems_released_in_it(tmp_path):
     from agentrl.tasks.registry import load_tasks
 
     a, b = _records(LCB)
-    path = _write_jsonl(tmp_path / "lcb.jsonl", [a | {"contest_date": "2024-07-31T00:00:00"},
-                                                 b | {"contest_date": "2024-09-15T12:00:00"}])  # fmt: skip
+    path = _write_jsonl(
+        tmp_path / "lcb.jsonl",
+        [a | {"contest_date": "2024-07-31T00:00:00"}, b | {"contest_date": "2024-09-15T12:00:00"}],
+    )
     assert [t.id for t in load_tasks(f"lcb:{path};since=2024-08-01")] == ["lcb/2917"]
     assert [t.id for t in load_tasks(f"lcb:{path};until=2024-07-31")] == ["lcb/abc315_a"]
     assert len(load_tasks(f"lcb:{path};since=2024-07-31;until=2024-09-15")) == 2

@@ -251,8 +251,11 @@ def test_a_solution_is_read_as_the_reference_a_misreading_or_neither(code_tasks:
     from agentrl.tasks.procedural import _program, reading
     from agentrl.tasks.solutions import printing
 
-    misreadable = [t for t in code_tasks if _program(t).misread_bodies and any(
-        len(lines) > 1 for lines in _program(t).misread_bodies)]  # fmt: skip
+    misreadable = [
+        t
+        for t in code_tasks
+        if _program(t).misread_bodies and any(len(lines) > 1 for lines in _program(t).misread_bodies)
+    ]
     assert len(misreadable) > 20
     for i, t in enumerate(misreadable):
         ref, sloppy = CODE.reference_solution(t), CODE.sloppy_solution(t, random.Random(i), 1.0)
@@ -416,9 +419,13 @@ def test_spec_options_restrict_levels_and_families():
     tasks = load_tasks("procedural:levels=1,2;families=lists,numbers").split("test")
     drawn = [tasks.sample(np.random.default_rng(i)) for i in range(20)]
     assert {(t.metadata["family"], t.metadata["level"]) for t in drawn} <= {
-        (f, lv) for f in ("lists", "numbers") for lv in (1, 2)}  # fmt: skip
-    bad_specs = {"procedural:level=1": "not one of levels=..., families=...", "procedural:levels=one": "takes ints",
-                 "procedural:levels=4": "choose among"}  # fmt: skip
+        (f, lv) for f in ("lists", "numbers") for lv in (1, 2)
+    }
+    bad_specs = {
+        "procedural:level=1": "not one of levels=..., families=...",
+        "procedural:levels=one": "takes ints",
+        "procedural:levels=4": "choose among",
+    }
     for bad, match in bad_specs.items():
         with pytest.raises(ValueError, match=match):
             load_tasks(bad)

@@ -111,8 +111,21 @@ def test_a_git_repository_instance_loads_and_validates(tmp_path):
     commit = git_repo(tmp_path / "src" / "mathy", BUGGY)
     # a later commit must not leak into the instance: it is read at base_commit
     (tmp_path / "src" / "mathy" / "mathy" / "ops.py").write_text("BROKEN = True\n")
-    subprocess.run(["git", "-C", str(tmp_path / "src" / "mathy"), "-c", "user.name=t", "-c", "user.email=t@t",
-                    "commit", "-qam", "later"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(tmp_path / "src" / "mathy"),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qam",
+            "later",
+        ],
+        check=True,
+    )
     tasks = load_tasks(f"swebench:{write_jsonl(tmp_path / 'data.jsonl', record('src/mathy', commit))}")
     assert isinstance(tasks, LoadedRepos) and tasks.ids() == ["mathy__clamp-1"]
     inst = tasks.instance("mathy__clamp-1")

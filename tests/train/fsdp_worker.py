@@ -44,10 +44,13 @@ def fixed_batch(B: int = 8, L: int = 64, P: int = 36) -> TrainBatch:
     loss_mask[:, :P] = 0  # the prompt
     loss_mask[:, P + 8 : P + 12] = 0  # an observation
     return TrainBatch(
-        input_ids=ids * attention, attention_mask=attention, loss_mask=loss_mask,
+        input_ids=ids * attention,
+        attention_mask=attention,
+        loss_mask=loss_mask,
         old_logprobs=(-3 - torch.rand(B, L, generator=g)) * loss_mask,
-        advantages=torch.randn(B, L, generator=g) * loss_mask, sampling=SamplingParams(temperature=0.9),
-    )  # fmt: skip
+        advantages=torch.randn(B, L, generator=g) * loss_mask,
+        sampling=SamplingParams(temperature=0.9),
+    )
 
 
 def replayed_batch(P: int = 36) -> TrainBatch:
@@ -78,8 +81,11 @@ async def synced_engine_state(trainer: Trainer) -> tuple[int, dict[str, torch.Te
 
 
 def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
-    model = (ModelConfig(dtype="bfloat16", activation_checkpointing=True, cpu_offload=True) if kind == "bf16"
-             else ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None))  # fmt: skip
+    model = (
+        ModelConfig(dtype="bfloat16", activation_checkpointing=True, cpu_offload=True)
+        if kind == "bf16"
+        else ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None)
+    )
     init_distributed(model)
     torch.manual_seed(0)
     policy = tiny_model("qwen3_moe", seed=0)
@@ -109,13 +115,23 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
     if kind == "replay":  # lp after the update, the record replayed and not (every rank: FSDP's collectives)
         b = replayed_batch()
         with torch.no_grad():
-            replayed = [trainer.scorer(b.input_ids, b.attention_mask, b.sampling, routing=routing)[0]
-                        for routing in (position_routing(b.routed_experts), None)]  # fmt: skip
+            replayed = [
+                trainer.scorer(b.input_ids, b.attention_mask, b.sampling, routing=routing)[0]
+                for routing in (position_routing(b.routed_experts), None)
+            ]
     if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save({"metrics": metrics, "state": {k: v.detach().clone() for k, v in state.items()},
-                    "world": dist.get_world_size() if dist.is_initialized() else 0, "compute": seen,
-                    "checkpointing": [layer.gradient_checkpointing for layer in decoder_layers(policy)],
-                    "engine": engine_state, "replayed": replayed}, out)  # fmt: skip
+        torch.save(
+            {
+                "metrics": metrics,
+                "state": {k: v.detach().clone() for k, v in state.items()},
+                "world": dist.get_world_size() if dist.is_initialized() else 0,
+                "compute": seen,
+                "checkpointing": [layer.gradient_checkpointing for layer in decoder_layers(policy)],
+                "engine": engine_state,
+                "replayed": replayed,
+            },
+            out,
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -130,11 +146,16 @@ def load_cases(out: str, cases: str) -> None:
     rank, records = dist.get_rank(), []
     for case in json.loads(Path(cases).read_text()):
         lora = LoraSettings(**case["lora"]) if case["lora"] else None
-        model = ModelConfig(path=case["path"], lora=lora, dtype=case["dtype"],
-                            activation_checkpointing=case.get("activation_checkpointing", False),
-                            cpu_offload=case.get("cpu_offload", False))  # fmt: skip
-        cfg = TrainerConfig(model=model, algo=AlgoConfig(kl_coef=case["kl_coef"]),
-                            optim=OptimConfig(lr=1e-2, minibatches=1))  # fmt: skip
+        model = ModelConfig(
+            path=case["path"],
+            lora=lora,
+            dtype=case["dtype"],
+            activation_checkpointing=case.get("activation_checkpointing", False),
+            cpu_offload=case.get("cpu_offload", False),
+        )
+        cfg = TrainerConfig(
+            model=model, algo=AlgoConfig(kl_coef=case["kl_coef"]), optim=OptimConfig(lr=1e-2, minibatches=1)
+        )
         trainer = Trainer.build(cfg)
         params = dict(trainer.policy.named_parameters())
         lm = causal_lm(trainer.policy)
@@ -145,14 +166,18 @@ def load_cases(out: str, cases: str) -> None:
         with torch.no_grad():
             lp = trainer.scorer(b.input_ids, b.attention_mask, b.sampling)[0]
         record = {
-            "name": case["name"], "shares": shares, "lp": lp,
+            "name": case["name"],
+            "shares": shares,
+            "lp": lp,
             "base_dtypes": {p.dtype for n, p in params.items() if "lora_" not in n},
             "adapter_dtypes": {p.dtype for n, p in params.items() if "lora_" in n},
-            "reference_dtypes": None if trainer.reference is None else {
-                p.dtype for p in trainer.reference.parameters()},
+            "reference_dtypes": None
+            if trainer.reference is None
+            else {p.dtype for p in trainer.reference.parameters()},
             "tied": lm.get_output_embeddings().weight is lm.get_input_embeddings().weight,
-            "inv_freq": lm.model.rotary_emb.inv_freq.clone(), "loaded": full_state_dict(trainer.scorer),
-        }  # fmt: skip
+            "inv_freq": lm.model.rotary_emb.inv_freq.clone(),
+            "loaded": full_state_dict(trainer.scorer),
+        }
         record["metrics"] = trainer.update(fixed_batch())
         record["after"] = full_state_dict(trainer.scorer)
         with torch.no_grad():

@@ -16,10 +16,22 @@ from ownership import our_pids
 from agentrl.runs import read_jsonl
 
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
-RUN = ["model.path=model", "out=run", "optim.lr=0.05", "algo.async_level=1", "rollout.max_staleness=1",
-       "rollout.group_size=2", "rollout.groups_per_iteration=2", "rollout.num_workers=1",
-       "rollout.sandboxes_per_worker=4", "rollout.sampling.max_tokens=24", "engine.replicas=2", "threads=1",
-       "eval.tasks=0", "checkpoint.export_final=false"]  # fmt: skip
+RUN = [
+    "model.path=model",
+    "out=run",
+    "optim.lr=0.05",
+    "algo.async_level=1",
+    "rollout.max_staleness=1",
+    "rollout.group_size=2",
+    "rollout.groups_per_iteration=2",
+    "rollout.num_workers=1",
+    "rollout.sandboxes_per_worker=4",
+    "rollout.sampling.max_tokens=24",
+    "engine.replicas=2",
+    "threads=1",
+    "eval.tasks=0",
+    "checkpoint.export_final=false",
+]
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,8 +57,15 @@ def test_one_step_ahead_survives_a_killed_replica_trains_nothing_beyond_the_boun
     weights, no episode fails or is retried, and the run finishes. No trained token is more than one version
     behind, and a checkpoint that holds the rollout sampled ahead resumes and trains it."""
     shutil.copytree(MODEL, tmp_path / "model")
-    proc = start_agentrl("train", "--env", "code_sandbox", *sets(*RUN, "iterations=3"), cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = start_agentrl(
+        "train",
+        "--env",
+        "code_sandbox",
+        *sets(*RUN, "iterations=3"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in proc.stdout:  # iteration 0 is logged: the replicas are up and sampling iteration 1 ahead
             if (tmp_path / "run" / "metrics.jsonl").exists():
@@ -83,8 +102,15 @@ def test_one_step_ahead_survives_a_killed_replica_trains_nothing_beyond_the_boun
 
 def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
     shutil.copytree(MODEL, tmp_path / "model")
-    proc = start_agentrl("train", "--env", "code_sandbox", *sets(*RUN, "iterations=50"), cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = start_agentrl(
+        "train",
+        "--env",
+        "code_sandbox",
+        *sets(*RUN, "iterations=50"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     for _ in proc.stdout:  # once an iteration is logged, the next rollout runs ahead of the learner
         if (tmp_path / "run" / "metrics.jsonl").exists():
             break
@@ -94,5 +120,10 @@ def test_ctrl_c_parks_the_rollouts_in_flight_and_saves(tmp_path):
     assert "resume with: agentrl train --resume" in out
     latest = sorted((tmp_path / "run" / "checkpoints").glob("iter-*"))[-1]
     assert json.loads((latest / "state.json").read_text())["controller"]["groups"]  # parked and queued, kept
-    agentrl("train", "--resume", "run", *sets(f"iterations={len(read_jsonl(tmp_path / 'run' / 'metrics.jsonl')) + 1}"),
-            cwd=tmp_path)  # fmt: skip
+    agentrl(
+        "train",
+        "--resume",
+        "run",
+        *sets(f"iterations={len(read_jsonl(tmp_path / 'run' / 'metrics.jsonl')) + 1}"),
+        cwd=tmp_path,
+    )

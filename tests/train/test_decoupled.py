@@ -86,8 +86,14 @@ def test_staleness_of_the_trained_tokens():
     metrics = trainer.update(batch, policy_version=3)
     # a: 2 tokens 0 behind, 3 sampled by version 2 over KV of version 1: 2 behind; b: 4 at 0, 1 at 3
     hist = {k: v for k, v in metrics.items() if k.startswith("staleness_")}
-    assert hist == {"staleness_0": 6, "staleness_1": 0, "staleness_2": 3, "staleness_3": 1,
-                    "staleness_mean": pytest.approx((2 * 3 + 3 * 1) / 10), "staleness_max": 3}  # fmt: skip
+    assert hist == {
+        "staleness_0": 6,
+        "staleness_1": 0,
+        "staleness_2": 3,
+        "staleness_3": 1,
+        "staleness_mean": pytest.approx((2 * 3 + 3 * 1) / 10),
+        "staleness_max": 3,
+    }
     assert not any(k.startswith("staleness") for k in trainer.update(batch))
     with pytest.raises(ValueError, match="version 2"):
         trainer.update(batch, policy_version=2)  # tokens of version 3 cannot be trained by version 2

@@ -18,8 +18,7 @@ ATOL = 1e-5
 def run(out: Path, kind: str, ranks: int, *phase: str) -> dict:
     cmd = [sys.executable, str(WORKER), str(out), kind, *phase]
     if ranks > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone",
-               *cmd[1:]]  # fmt: skip
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", *cmd[1:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=600)
     return torch.load(out)
@@ -44,8 +43,11 @@ def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
     initial = {k: v for k, v in tiny_model("qwen3_moe", seed=0).state_dict().items()}
     changed = [n for n, v in one["state"].items() if n in initial and not torch.equal(v, initial[n])]
     if kind == "lora":  # only the adapters learn; lora_B starts at zero, so it must have moved
-        base = {n.replace("base_model.model.", "", 1).replace(".base_layer", ""): v for n, v in one["state"].items()
-                if "lora_" not in n}  # fmt: skip
+        base = {
+            n.replace("base_model.model.", "", 1).replace(".base_layer", ""): v
+            for n, v in one["state"].items()
+            if "lora_" not in n
+        }
         assert all(torch.equal(base[n], initial[n]) for n in initial if n in base)
         assert any("lora_B" in n and v.abs().sum() > 0 for n, v in one["state"].items())
     else:
@@ -80,8 +82,10 @@ def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
     for key in ("loss", "grad_norm", "router_aux_loss"):
         assert bf16["metrics"][key] == pytest.approx(fp32["metrics"][key], rel=2e-2), key
     initial = tiny_model("qwen3_moe", seed=0).state_dict()
-    step = {k: torch.cat([(r["state"][n] - initial[n]).flatten() for n in initial]) for k, r in
-            (("fp32", fp32), ("bf16", bf16))}  # fmt: skip
+    step = {
+        k: torch.cat([(r["state"][n] - initial[n]).flatten() for n in initial])
+        for k, r in (("fp32", fp32), ("bf16", bf16))
+    }
     assert torch.cosine_similarity(step["fp32"], step["bf16"], dim=0) > 0.9  # the same update, in direction
     version, engine = bf16["engine"]
     assert version == 1 and engine.keys() == bf16["state"].keys()

@@ -31,8 +31,11 @@ def save_fused(path: Path) -> Path:
     """A Qwen3-MoE checkpoint that keeps transformers' in-memory layout (one 3D tensor per layer's experts)."""
     model = tiny_model("qwen3_moe", seed=2)
     model.config.save_pretrained(path)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path / "model.safetensors",
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     return path
 
 
@@ -132,22 +135,51 @@ def test_two_ranks_load_their_shards_like_from_pretrained(folders, tmp_path):
     sends the state dict in the asked dtype, or the adapter alone; checkpoints save, resume and export."""
     lora = {"rank": 4, "experts": True}
     cases = [
-        {"name": "moe fp32 full", "path": "moe_fp32", "lora": None, "dtype": "float32", "kl_coef": 0.0,
-         "checkpoint": str(tmp_path / "full")},
-        {"name": "moe bf16 lora", "path": "moe_bf16", "lora": lora, "dtype": "float32", "kl_coef": 0.0,
-         "checkpoint": str(tmp_path / "lora")},
+        {
+            "name": "moe fp32 full",
+            "path": "moe_fp32",
+            "lora": None,
+            "dtype": "float32",
+            "kl_coef": 0.0,
+            "checkpoint": str(tmp_path / "full"),
+        },
+        {
+            "name": "moe bf16 lora",
+            "path": "moe_bf16",
+            "lora": lora,
+            "dtype": "float32",
+            "kl_coef": 0.0,
+            "checkpoint": str(tmp_path / "lora"),
+        },
         {"name": "tied bf16 full kl", "path": "tied_bf16", "lora": None, "dtype": "float32", "kl_coef": 0.1},
         {"name": "tied bf16 lora", "path": "tied_bf16", "lora": {"rank": 4}, "dtype": "float32", "kl_coef": 0.0},
-        {"name": "moe bf16 lora bf16 compute", "path": "moe_bf16", "lora": lora, "dtype": "bfloat16",
-         "kl_coef": 0.0, "activation_checkpointing": True, "cpu_offload": True},
+        {
+            "name": "moe bf16 lora bf16 compute",
+            "path": "moe_bf16",
+            "lora": lora,
+            "dtype": "bfloat16",
+            "kl_coef": 0.0,
+            "activation_checkpointing": True,
+            "cpu_offload": True,
+        },
         {"name": "moe fused full", "path": "moe_fused", "lora": None, "dtype": "float32", "kl_coef": 0.0},
-    ]  # fmt: skip
+    ]
     for case in cases:
         case["path"] = str(folders[case["path"]])
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     out = tmp_path / "records.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(WORKER),
-           str(out), "load", str(tmp_path / "cases.json")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(WORKER),
+        str(out),
+        "load",
+        str(tmp_path / "cases.json"),
+    ]
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     records = torch.load(out, weights_only=False)
     for case, r in zip(cases, records, strict=True):

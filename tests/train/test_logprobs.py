@@ -50,8 +50,12 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "logprob_bench.py"
 def test_chunked_peak_memory_is_under_a_quarter_of_naive():
     """vocab 152k, 2048 positions: the naive path holds fp32 (T, V) logits, log-softmax and grads.
     Measured by the benchmark itself, each path in its own process."""
-    out = subprocess.run([sys.executable, str(BENCH), "--tokens", "2048", "--hidden", "64", "--vocab", "151936"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--tokens", "2048", "--hidden", "64", "--vocab", "151936"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(out.stdout)["vocab_151936"]
     assert result["same_result"]
     assert result["memory_ratio"] <= 1 / 4, result

@@ -17,9 +17,15 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.usefixtures("sandbox_image")
 async def test_one_iteration_in_process_then_its_report(tmp_path):
-    tiny = ["rollout.group_size=2", "rollout.groups_per_iteration=1", "rollout.max_groups_in_flight=2",
-            "rollout.num_workers=1", "rollout.sandboxes_per_worker=2", "eval.tasks=1",
-            "eval.sandboxes_per_worker=1"]  # fmt: skip
+    tiny = [
+        "rollout.group_size=2",
+        "rollout.groups_per_iteration=1",
+        "rollout.max_groups_in_flight=2",
+        "rollout.num_workers=1",
+        "rollout.sandboxes_per_worker=2",
+        "eval.tasks=1",
+        "eval.sandboxes_per_worker=1",
+    ]
     cfg = resolve_config("code_sandbox", None, ["iterations=1", f"out={tmp_path / 'run'}", *SMALL, *tiny], None)
     run = RunDir(cfg.out)
     run.create(cfg.model_dump(mode="json"))

@@ -28,8 +28,9 @@ def _logged(run: Path) -> list[dict]:
     return read_jsonl(path) if path.exists() else []
 
 
-def _wait_for(proc: subprocess.Popen, run: Path, what: str, done: Callable[[list[dict]], bool],
-              timeout: float = 180) -> None:  # fmt: skip
+def _wait_for(
+    proc: subprocess.Popen, run: Path, what: str, done: Callable[[list[dict]], bool], timeout: float = 180
+) -> None:
     """Poll the running run's metrics until `done(them)`; kill it and fail with its output if it exits first or
     `timeout` passes."""
     deadline = time.monotonic() + timeout
@@ -64,8 +65,14 @@ def test_two_iterations(short_run):
     assert metrics[-1]["policy_version"] == 2
     assert metrics[0]["rollout/parked"] > 0, "the first iteration ended with episodes parked"
     assert sum(m["rollout/partial_trained"] for m in metrics) >= 1, "a trajectory spanning two versions was trained"
-    for key in ("train/loss", "train/clip_fraction", "train/mismatch_abs_logprob_diff", "train/expert_flip_rate",
-                "rollout/reward", "rollout/tokens_per_s"):  # fmt: skip
+    for key in (
+        "train/loss",
+        "train/clip_fraction",
+        "train/mismatch_abs_logprob_diff",
+        "train/expert_flip_rate",
+        "rollout/reward",
+        "rollout/tokens_per_s",
+    ):
         assert all(key in m for m in metrics), key
     assert metrics[0]["train/mismatch_abs_logprob_diff"] < 1e-3  # the engine's lp_b are the trainer's (same weights)
     evals = rows(run / "eval.jsonl")
@@ -83,8 +90,9 @@ def test_a_resume_continues_with_the_parked_episodes(short_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(short_run.folder, run)
     state = json.loads((run / "checkpoints" / "iter-00002" / "state.json").read_text())
-    parked = [p for eps in state["controller"]["groups"].values() for p in eps
-              if p["trajectory"]["status"] == "running"]  # fmt: skip
+    parked = [
+        p for eps in state["controller"]["groups"].values() for p in eps if p["trajectory"]["status"] == "running"
+    ]
     out = agentrl("train", "--resume", run, *sets("iterations=3", "eval.benchmarks=[]"), cwd=tmp_path, timeout=240)
     assert "resumed from" in out.stdout
     metrics = rows(run / "metrics.jsonl")
@@ -130,8 +138,11 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run_and_ctrl_c_stops_it_a
     assert state["iteration"] == done < 20
     assert workers and not still_running(workers, "ray::EnvWorker")
     owned = {str(p) for p in workers}  # the env workers made the sandboxes; the ones listed before and any since
-    left = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
-            if c.name in sandboxes or c.labels.get(reaper.PID_LABEL) in owned]  # fmt: skip
+    left = [
+        c.name
+        for c in docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
+        if c.name in sandboxes or c.labels.get(reaper.PID_LABEL) in owned
+    ]
     assert not left
 
 
@@ -140,14 +151,30 @@ def test_two_ranks_under_torchrun(tmp_path):
     """`torchrun --nproc-per-node 2 -m agentrl train`: FSDP2 over two gloo ranks, rank 0 samples with a
     full copy that each sync refreshes."""
     run = tmp_path / "run"
-    agentrl("train", "--env", "code_sandbox", *sets("iterations=2", f"out={run}", "checkpoint.export_final=false",
-                                                 "rollout.partial=false", *SMALL[:2], *SMALL[3:], "eval.tasks=0"),
-            launcher=["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], cwd=tmp_path,
-            timeout=400, extra_env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    agentrl(
+        "train",
+        "--env",
+        "code_sandbox",
+        *sets(
+            "iterations=2",
+            f"out={run}",
+            "checkpoint.export_final=false",
+            "rollout.partial=false",
+            *SMALL[:2],
+            *SMALL[3:],
+            "eval.tasks=0",
+        ),
+        launcher=["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+        cwd=tmp_path,
+        timeout=400,
+        extra_env={"OMP_NUM_THREADS": "1"},
+    )
     metrics = rows(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1] and metrics[-1]["policy_version"] == 2
     # no partial rollouts here, so iteration 1 was sampled by version 1 alone: the engine got the synced
     # weights if its lp_b match the trainer's before the second update
     assert metrics[-1]["train/mismatch_abs_logprob_diff"] < 1e-3
     assert sorted(p.name for p in (run / "checkpoints" / "iter-00002").iterdir() if p.suffix == ".distcp") == [
-        "__0_0.distcp", "__1_0.distcp"]  # fmt: skip
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]

@@ -10,10 +10,18 @@ from cli import agentrl, sets
 from agentrl.runs import read_jsonl
 
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
-RUN = ["model.cpu_offload=true", "optim.lr=0.05", "rollout.group_size=2", "rollout.groups_per_iteration=2",
-       "rollout.num_workers=1", "rollout.sandboxes_per_worker=2",
-       "rollout.partial=false", "rollout.sampling.max_tokens=24",
-       "eval.tasks=0", "checkpoint.export_final=false"]  # fmt: skip
+RUN = [
+    "model.cpu_offload=true",
+    "optim.lr=0.05",
+    "rollout.group_size=2",
+    "rollout.groups_per_iteration=2",
+    "rollout.num_workers=1",
+    "rollout.sandboxes_per_worker=2",
+    "rollout.partial=false",
+    "rollout.sampling.max_tokens=24",
+    "eval.tasks=0",
+    "checkpoint.export_final=false",
+]
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]  # the fast tier resumes a run too: tests/runs/test_compat.py
 

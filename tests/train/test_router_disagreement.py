@@ -69,8 +69,9 @@ def engine_learner_counts(trainer: Trainer, batch: TrainBatch) -> dict[str, tupl
     """The counts behind the metrics, with the learner's weights as they are."""
     with torch.no_grad():
         _, _, router = trainer.scorer(batch.input_ids, batch.attention_mask, batch.sampling, router=True)
-    return router_disagreement(batch.routed_experts, router, batch.loss_mask, batch.token_turns, batch.token_versions,
-                               policy_version=0)  # fmt: skip
+    return router_disagreement(
+        batch.routed_experts, router, batch.loss_mask, batch.token_turns, batch.token_versions, policy_version=0
+    )
 
 
 def check_layout(groups: list[Group], batch: TrainBatch) -> None:
@@ -100,12 +101,19 @@ async def test_an_fp32_engine_sharing_the_learner_s_weights_disagrees_on_no_rout
     assert counts["router_disagreement_tokens"] == (0, tokens)
     assert counts["router_disagreement_lag0"] == (0, tokens * layers)
     everywhere = (batch.routed_experts[..., 0, 0] >= 0).long()  # prompt and observation positions too
-    counts = router_disagreement(batch.routed_experts, trainer.scorer(batch.input_ids, batch.attention_mask,
-                                 batch.sampling, router=True)[2], everywhere)  # fmt: skip
+    counts = router_disagreement(
+        batch.routed_experts,
+        trainer.scorer(batch.input_ids, batch.attention_mask, batch.sampling, router=True)[2],
+        everywhere,
+    )
     assert counts["router_disagreement"] == (0, int(everywhere.sum()) * layers) and everywhere.sum() > tokens
     metrics = trainer.update(batch)
-    for key in ("router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
-                "router_disagreement_turn1"):  # fmt: skip
+    for key in (
+        "router_disagreement",
+        "router_disagreement_tokens",
+        "router_disagreement_turn0",
+        "router_disagreement_turn1",
+    ):
         assert metrics[key] == 0.0, key
 
 
@@ -123,8 +131,9 @@ async def test_a_bf16_weights_engine_disagrees_on_some_routing():
     assert 0 < metrics["router_disagreement"] <= metrics["router_disagreement_tokens"] <= 1
 
 
-def transcribed(routed: list, logits: list, loss_mask: list, turns: list, versions: list,
-                policy_version: int) -> dict[str, tuple[int, int]]:  # fmt: skip
+def transcribed(
+    routed: list, logits: list, loss_mask: list, turns: list, versions: list, policy_version: int
+) -> dict[str, tuple[int, int]]:
     """The metrics' counts, one token and one layer at a time: token t's recorded set against the learner's
     top-k at position t − 1, as sets."""
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -168,16 +177,24 @@ def test_the_metric_is_its_transcription():
     routed[1, 4:6] = -1  # tokens without a record
 
     counts = router_disagreement(routed, logits, loss_mask, turns, versions, policy_version=6)
-    expected = transcribed(routed.tolist(), [r.tolist() for r in logits], loss_mask.tolist(), turns.tolist(),
-                           versions.tolist(), 6)  # fmt: skip
+    expected = transcribed(
+        routed.tolist(), [r.tolist() for r in logits], loss_mask.tolist(), turns.tolist(), versions.tolist(), 6
+    )
     assert counts == expected
     d, n = counts["router_disagreement"]
     assert 0 < d < n and "router_disagreement_turn_later" in counts and "router_disagreement_lag3" in counts
 
-    batch = TrainBatch(input_ids=torch.ones(B, L, dtype=torch.long), attention_mask=torch.ones(B, L, dtype=torch.long),
-                       loss_mask=loss_mask, old_logprobs=torch.zeros(B, L), advantages=torch.zeros(B, L),
-                       sampling=SamplingParams(), token_versions=versions, token_turns=turns,
-                       routed_experts=routed)  # fmt: skip
+    batch = TrainBatch(
+        input_ids=torch.ones(B, L, dtype=torch.long),
+        attention_mask=torch.ones(B, L, dtype=torch.long),
+        loss_mask=loss_mask,
+        old_logprobs=torch.zeros(B, L),
+        advantages=torch.zeros(B, L),
+        sampling=SamplingParams(),
+        token_versions=versions,
+        token_turns=turns,
+        routed_experts=routed,
+    )
     metrics = Metrics()
     scored = Scored(0, batch, [0, 1, 2], B, torch.zeros(B, L), torch.zeros(B, L), logits, policy_version=6)
     RouterDisagreement(k).minibatch(scored, metrics)
@@ -204,8 +221,12 @@ def test_the_trainer_logs_router_disagreement_only_when_the_batch_carries_routin
     metrics = trainer.update(batch)
     logged = {k: v for k, v in metrics.items() if k.startswith("router_disagreement")}
     assert logged == pytest.approx({key: d / n for key, (d, n) in counts.items()}, rel=1e-12)
-    assert set(logged) == {"router_disagreement", "router_disagreement_tokens", "router_disagreement_turn0",
-                           "router_disagreement_turn1"}  # fmt: skip
+    assert set(logged) == {
+        "router_disagreement",
+        "router_disagreement_tokens",
+        "router_disagreement_turn0",
+        "router_disagreement_turn1",
+    }
     assert 0 < logged["router_disagreement"] < 1  # random records: most sets differ, a few agree
 
     # the rows the run saves carry, per token, the share of layers the learner routed otherwise (viewer colours)
@@ -244,8 +265,7 @@ def test_trajectories_align_each_request_s_routing_with_their_tokens():
     t.append_generation(Generation([10], [-0.5], [0], "aborted", 3, routed_experts=e(3), prompt_routing=e(1, 2)))
     t.append_generation(Generation([11], [-0.5], [0], "stop", 4, routed_experts=e(5), prompt_routing=e(1, 2, 4)))
     t.append_observation([7])
-    t.append_generation(Generation([12], [-0.5], [0], "stop", 6, routed_experts=e(9),
-                                   prompt_routing=e(1, 2, 6, 7, 8)))  # fmt: skip
+    t.append_generation(Generation([12], [-0.5], [0], "stop", 6, routed_experts=e(9), prompt_routing=e(1, 2, 6, 7, 8)))
     assert t.routed_experts == [None, *e(1, 2, 6, 7, 8, 9)]
     t.status = Status.FINISHED
     batch, _ = build_batch([Group("g", "g", [t])], AlgoConfig())
@@ -255,8 +275,9 @@ def test_trajectories_align_each_request_s_routing_with_their_tokens():
 def test_build_batch_leaves_records_it_cannot_align_out():
     """No record anywhere: no field; an old-format record (one entry per generated token, saved before prompt
     routing was recorded) fills the generated tokens; a record of any other length: that row is -1."""
-    recorded, unrecorded, partial = (Trajectory(episode_id=str(i), group_id="g", task_id="g",
-                                                sampling=SamplingParams()) for i in range(3))  # fmt: skip
+    recorded, unrecorded, partial = (
+        Trajectory(episode_id=str(i), group_id="g", task_id="g", sampling=SamplingParams()) for i in range(3)
+    )
     for t in (recorded, unrecorded, partial):
         t.append_prompt([1, 2, 3])
         t.append_generation(Generation([10, 11], [-0.5] * 2, [0] * 2, "stop"))

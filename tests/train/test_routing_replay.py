@@ -30,10 +30,19 @@ def moe(arch: str, *, seed: int = 0, experts: int = 4) -> PreTrainedModel:
     if arch != "qwen2_moe":
         count = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}[arch]
         return tiny_model(arch, seed=seed, **SMALL, **{count: experts}).train()
-    config = AutoConfig.for_model("qwen2_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, num_experts=experts,
-                                  num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                                  **SMALL)  # fmt: skip
+    config = AutoConfig.for_model(
+        "qwen2_moe",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        **SMALL,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
@@ -66,8 +75,9 @@ def other_routing(like: torch.Tensor, experts: int, prefix: int, seed: int = 1) 
     return torch.where(like >= 0, sets, -1)
 
 
-def scored(scorer: Scorer, ids: torch.Tensor, mask: torch.Tensor, routing: torch.Tensor | None = None
-           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def scored(
+    scorer: Scorer, ids: torch.Tensor, mask: torch.Tensor, routing: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """lp (B, L) and each parameter's gradient of Σ lp over the real positions."""
     scorer.policy.zero_grad(set_to_none=True)
     lp = scorer(ids, mask, PARAMS, routing=routing)[0]
@@ -148,8 +158,10 @@ def test_replaying_other_sets_is_the_same_plain_shared_and_checkpointed(arch):
     agrees) too, to the summation order of the prefix's gradients (test_trainer's tolerance). Rows whose prefix
     routing differs are not shared."""
     ids, mask = inputs()
-    plain, shared = Scorer(moe(arch), replay=True, min_shared_prefix=10**9), Scorer(moe(arch), replay=True,
-                                                                                     min_shared_prefix=4)  # fmt: skip
+    plain, shared = (
+        Scorer(moe(arch), replay=True, min_shared_prefix=10**9),
+        Scorer(moe(arch), replay=True, min_shared_prefix=4),
+    )
     routing = other_routing(learners_routing(plain, ids, mask), 4, prefix=10)
     assert shared._shared_prefix(ids, mask, routing) == 10
     expected = scored(plain, ids, mask, routing)
@@ -210,8 +222,9 @@ def test_lora_with_expert_adapters_replays_and_its_adapters_learn():
 
 
 def trainer(replay: str, minibatches: int, *, arch: str = "qwen3_moe", experts: int = 4, **algo) -> Trainer:
-    cfg = TrainerConfig(algo=AlgoConfig(routing_replay=replay, **algo), optim=OptimConfig(lr=1e-2,
-                        minibatches=minibatches))  # fmt: skip
+    cfg = TrainerConfig(
+        algo=AlgoConfig(routing_replay=replay, **algo), optim=OptimConfig(lr=1e-2, minibatches=minibatches)
+    )
     return Trainer(cfg, moe(arch, experts=experts).eval())
 
 
@@ -243,8 +256,9 @@ def test_r3_on_the_learner_s_own_routing_is_the_plain_update():
     and replays every real position but each row's last (it predicts nothing)."""
     batch = fixed_batch()
     plain, r3 = trainer("none", 1), trainer("R3", 1)
-    batch.routed_experts = token_record(learners_routing(r3.scorer, batch.input_ids, batch.attention_mask),
-                                        batch.attention_mask)  # fmt: skip
+    batch.routed_experts = token_record(
+        learners_routing(r3.scorer, batch.input_ids, batch.attention_mask), batch.attention_mask
+    )
     plain.update(batch)
     metrics = r3.update(batch)
     after = params(plain)

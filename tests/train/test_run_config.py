@@ -54,8 +54,12 @@ def test_incompatible_combinations_are_refused(sets, match):
 def test_behaviour_options_load_and_old_keys_keep_their_meaning():
     """band and behaviour_level load (the level unused under 'none'); configs saved before behaviour_weight keep
     loading as the weight at the objective's own level, which is what they were."""
-    algo = load(RunConfig, parse_sets(["algo.loss=grpo", "algo.behaviour_weight=band", "algo.behaviour_cap=3",
-                                       "algo.behaviour_level=sequence"])).algo  # fmt: skip
+    algo = load(
+        RunConfig,
+        parse_sets(
+            ["algo.loss=grpo", "algo.behaviour_weight=band", "algo.behaviour_cap=3", "algo.behaviour_level=sequence"]
+        ),
+    ).algo
     assert (algo.behaviour_weight, algo.behaviour_cap, algo.behaviour_level) == ("band", 3.0, "sequence")
     assert load(RunConfig, parse_sets([*GSPO, "algo.behaviour_level=token"])).algo.behaviour_weight == "none"
     old = load(RunConfig, {"algo": {"loss": "grpo", "old_logprobs": "recompute", "tis_cap": 1.5}}).algo
@@ -63,8 +67,13 @@ def test_behaviour_options_load_and_old_keys_keep_their_meaning():
 
 
 def test_set_parses_dotted_keys_and_yaml_values():
-    sets = ["algo.loss=grpo", "rollout.sampling.temperature=0.7", "rollout.env_kwargs.tasks=humaneval",
-            "iterations=3", "model.lora.target_modules=[q_proj, v_proj]"]  # fmt: skip
+    sets = [
+        "algo.loss=grpo",
+        "rollout.sampling.temperature=0.7",
+        "rollout.env_kwargs.tasks=humaneval",
+        "iterations=3",
+        "model.lora.target_modules=[q_proj, v_proj]",
+    ]
     assert parse_sets(sets) == {
         "algo": {"loss": "grpo"},
         "rollout": {"sampling": {"temperature": 0.7}, "env_kwargs": {"tasks": "humaneval"}},
@@ -89,7 +98,11 @@ def test_every_recipe_loads(recipe):
 def test_default_recipe_and_overrides_resolve():
     cfg = resolve_config("code_sandbox", None, ["algo.loss=grpo", "algo.advantage=outcome"], None)
     assert (cfg.rollout.env, cfg.model.path, cfg.algo.loss, cfg.algo.advantage) == (
-        "code_sandbox", "default", "grpo", "outcome")  # fmt: skip
+        "code_sandbox",
+        "default",
+        "grpo",
+        "outcome",
+    )
     saved = yaml.safe_dump(cfg.model_dump(mode="json"))  # config.yaml of the run folder
     assert load(RunConfig, yaml.safe_load(saved)) == cfg
 
@@ -122,8 +135,10 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
 def test_a_cluster_run_resumes_on_a_cluster_at_another_address():
     """The address is said once (cluster.address) and not copied into the saved sections: the saved config of a
     cluster run loads with a new address (the head moved) or none; naming a second address is refused."""
-    cfg = load(RunConfig, parse_sets(["cluster.address=auto", "engine.replicas=2",
-                                      "cluster.inference.resources={inference: 1}"]))  # fmt: skip
+    cfg = load(
+        RunConfig,
+        parse_sets(["cluster.address=auto", "engine.replicas=2", "cluster.inference.resources={inference: 1}"]),
+    )
     assert (cfg.ray_address, cfg.rollout.ray_address, cfg.engine.ray_address) == ("auto", None, None)
     assert cfg.engine.placement.resources == {"inference": 1}
     saved = yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))

@@ -20,7 +20,7 @@ CONVERSATION = [
     {"role": "tool", "content": "1"},
     {"role": "assistant", "content": "<answer>1</answer>"},
     {"role": "user", "content": "Thanks."},
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("template", ["qwen3", "llama3"])
@@ -80,9 +80,18 @@ def test_sft_learns_demonstrations_recorded_in_sandboxes(tmp_path):
     of the saved model then writes the demonstrated tool call."""
     agentrl("envs", "demos", "code_sandbox", "-n", 4, "--out", tmp_path / "demos.jsonl", cwd=tmp_path, timeout=600)
     agentrl("models", "init", tmp_path / "init", "--preset", "tiny", cwd=tmp_path, timeout=600)
-    r = agentrl("sft", "--data", tmp_path / "demos.jsonl", "--model", tmp_path / "init", "--out", tmp_path / "sft",
-                *sets("steps=150", "lr=1e-2", "batch_size=4", "eval_fraction=0", "warmup_steps=5"), cwd=tmp_path,
-                timeout=600)  # fmt: skip
+    r = agentrl(
+        "sft",
+        "--data",
+        tmp_path / "demos.jsonl",
+        "--model",
+        tmp_path / "init",
+        "--out",
+        tmp_path / "sft",
+        *sets("steps=150", "lr=1e-2", "batch_size=4", "eval_fraction=0", "warmup_steps=5"),
+        cwd=tmp_path,
+        timeout=600,
+    )
     losses = [json.loads(line)["loss"] for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(losses) == 150 and losses[-1] < 0.01 * losses[0], losses[::10]
     tok = AutoTokenizer.from_pretrained(tmp_path / "sft")
@@ -92,8 +101,9 @@ def test_sft_learns_demonstrations_recorded_in_sandboxes(tmp_path):
         demo = json.loads(line)
         prompt = chat.prompt_ids(demo["messages"][:2], tools=demo["tools"])
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=200, do_sample=False,
-                                 eos_token_id=list(chat.stop_token_ids))  # fmt: skip
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=200, do_sample=False, eos_token_id=list(chat.stop_token_ids)
+            )
         # the demonstrated call: its tool (submit, or run_tests first) is the expert's coin flip; its code the task's
         expected = HermesParser().parse(demo["messages"][2]["content"]).calls[0]
         written = HermesParser().parse(chat.decode(out[0, len(prompt) :].tolist())).calls
@@ -128,9 +138,18 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     write_jsonl(data, *({"messages": r} for r in rows))
 
     def config(out: str, **changes) -> SFTConfig:
-        settings = {"data": str(data), "out": str(tmp_path / out), "model": {"path": str(tmp_path / "init")},
-                    "steps": 6, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2, "eval_fraction": 0.2,
-                    "eval_every": 2, "save_every": 2}  # fmt: skip
+        settings = {
+            "data": str(data),
+            "out": str(tmp_path / out),
+            "model": {"path": str(tmp_path / "init")},
+            "steps": 6,
+            "batch_size": 4,
+            "lr": 1e-2,
+            "warmup_steps": 2,
+            "eval_fraction": 0.2,
+            "eval_every": 2,
+            "save_every": 2,
+        }
         return SFTConfig.model_validate(settings | changes)
 
     whole: list[dict] = []

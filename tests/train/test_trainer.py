@@ -32,8 +32,10 @@ def rescored(trainer: Trainer, prompt: list[int], tokens: list[int]) -> torch.Te
 async def test_lora_update_reaches_a_separate_engine():
     """The engine (own model copy, as in another process) samples with the trained adapter after sync."""
     lora = LoraSettings(rank=4)
-    trainer = Trainer(TrainerConfig(model=ModelConfig(lora=lora), optim=OptimConfig(lr=3e-2, minibatches=1)),
-                      with_lora(tiny_model("qwen3_moe", seed=0), lora))  # fmt: skip
+    trainer = Trainer(
+        TrainerConfig(model=ModelConfig(lora=lora), optim=OptimConfig(lr=3e-2, minibatches=1)),
+        with_lora(tiny_model("qwen3_moe", seed=0), lora),
+    )
     prompt = fixed_batch().input_ids[0, :12].tolist()
     async with HFEngine(with_lora(tiny_model("qwen3_moe", seed=0), lora)) as engine:
         before = await engine.generate(prompt, GREEDY)
@@ -43,8 +45,9 @@ async def test_lora_update_reaches_a_separate_engine():
         assert await sync.push() == 1
         after = await engine.generate(prompt, GREEDY)
     assert set(after.versions) == {1}
-    torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
-                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4, rtol=0
+    )
     # the adapter changed the model: an engine that ignored it would still report the old logprobs
     moved = (rescored(trainer, prompt, before.token_ids) - torch.tensor(before.logprobs)).abs().max()
     assert moved > 1e-2
@@ -63,15 +66,20 @@ async def test_shared_module_needs_no_copy():
         assert await sync.push() == 1
         after = await engine.generate(prompt, GREEDY)
     assert engine.model is policy and set(after.versions) == {1}
-    torch.testing.assert_close(torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4,
-                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(after.logprobs), rescored(trainer, prompt, after.token_ids), atol=1e-4, rtol=0
+    )
     assert (rescored(trainer, prompt, before.token_ids) - torch.tensor(before.logprobs)).abs().max() > 1e-3
 
 
 def trajectory(group: str, turns: list[tuple[int, float]], *, status=Status.FINISHED, temperature=1.0) -> Trajectory:
     """A prompt of 3 tokens, then per turn n generated tokens and a 2-token observation."""
-    t = Trajectory(episode_id=f"{group}-{len(turns)}", group_id=group, task_id=group,
-                   sampling=SamplingParams(temperature=temperature))  # fmt: skip
+    t = Trajectory(
+        episode_id=f"{group}-{len(turns)}",
+        group_id=group,
+        task_id=group,
+        sampling=SamplingParams(temperature=temperature),
+    )
     t.append_prompt([1, 2, 3])
     for k, (n, reward) in enumerate(turns):
         t.append_generation(Generation([10 + k] * n, [-0.5] * n, [0] * n, "stop"))
@@ -85,10 +93,17 @@ def trajectory(group: str, turns: list[tuple[int, float]], *, status=Status.FINI
 
 def test_build_batch_gives_each_turn_its_advantage_and_leaves_failures_out():
     groups = [
-        Group("a", "a", [trajectory("a", [(2, 0.0), (3, 1.0)]), trajectory("a", [(4, 0.0)]),
-                         trajectory("a", [(5, 9.0)], status=Status.FAILED)]),
+        Group(
+            "a",
+            "a",
+            [
+                trajectory("a", [(2, 0.0), (3, 1.0)]),
+                trajectory("a", [(4, 0.0)]),
+                trajectory("a", [(5, 9.0)], status=Status.FAILED),
+            ],
+        ),
         Group("b", "b", [trajectory("b", [(2, 0.5)]), trajectory("b", [(3, 0.5)])]),  # equal returns
-    ]  # fmt: skip
+    ]
     batch, info = build_batch(groups, AlgoConfig(advantage="turn"))
     assert len(batch) == 4 and (info.groups, info.degenerate_groups, info.filtered_groups) == (2, 1, 0)
     # group a pools returns-to-go of real turns: 1.0, 1.0 (first member), 0.0 (second)
@@ -102,8 +117,9 @@ def test_build_batch_gives_each_turn_its_advantage_and_leaves_failures_out():
     filtered, info = build_batch(groups, AlgoConfig(advantage="turn", filter_degenerate_groups=True))
     assert len(filtered) == 2 and info.filtered_groups == 1
     with pytest.raises(ValueError, match="one sampling distribution"):
-        build_batch([Group("c", "c", [trajectory("c", [(2, 1.0)]), trajectory("c", [(2, 0.0)], temperature=0.7)])],
-                    AlgoConfig())  # fmt: skip
+        build_batch(
+            [Group("c", "c", [trajectory("c", [(2, 1.0)]), trajectory("c", [(2, 0.0)], temperature=0.7)])], AlgoConfig()
+        )
 
 
 def test_config_refuses_incompatible_settings_before_starting():
@@ -180,8 +196,9 @@ def test_update_on_moe_and_dense_models(tmp_path, arch, weight):
     if weight == "truncate":  # the ratio is against the learner's own lp_prox: it stays near 1; w carries the mismatch
         assert metrics["abs_logprob_diff"] < 0.1 * metrics["mismatch_abs_logprob_diff"]
         # the learner's logprobs lie far below the fake engine's: ŵ = exp(mean(lp_prox − lp_b)) ≪ 1, never capped
-        assert -math.log(metrics["behaviour_weight_p50"]) == pytest.approx(metrics["mismatch_abs_logprob_diff"],
-                                                                           rel=0.2)  # fmt: skip
+        assert -math.log(metrics["behaviour_weight_p50"]) == pytest.approx(
+            metrics["mismatch_abs_logprob_diff"], rel=0.2
+        )
         assert metrics["behaviour_truncated_fraction"] == 0
     else:  # the ratio is against the engine's lp_b: it carries the mismatch
         assert metrics["abs_logprob_diff"] == pytest.approx(metrics["mismatch_abs_logprob_diff"], rel=0.2)
@@ -208,8 +225,9 @@ def test_shared_prefix_and_length_buckets_score_as_plain(arch):
     for min_shared, chunk_tokens in ((L + 1, 10**6), (32, 10**6), (32, 2 * L)):
         scorer = Scorer(model, min_shared_prefix=min_shared, chunk_tokens=chunk_tokens)
         model.zero_grad()
-        lp, entropy, router = scorer(ids, attention, SamplingParams(temperature=0.8, top_p=0.9), entropy=True,
-                                     router=moe)  # fmt: skip
+        lp, entropy, router = scorer(
+            ids, attention, SamplingParams(temperature=0.8, top_p=0.9), entropy=True, router=moe
+        )
         (torch.where(attention.bool(), lp, 0.0) * torch.linspace(0.5, 1.5, L)).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((lp.detach(), entropy, router, grads))
@@ -275,8 +293,7 @@ def test_router_aux_loss_is_transformers_load_balancing_loss():
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_router_logits=True)
     cfg = model.config
     ours = router_aux_loss(out.router_logits, cfg.num_experts_per_tok, batch.attention_mask)
-    theirs = load_balancing_loss_func(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok,
-                                      batch.attention_mask)  # fmt: skip
+    theirs = load_balancing_loss_func(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok, batch.attention_mask)
     torch.testing.assert_close(ours, theirs.float(), atol=1e-6, rtol=1e-6)
     unmasked = router_aux_loss(out.router_logits, cfg.num_experts_per_tok, torch.ones_like(batch.attention_mask))
     assert not torch.isclose(unmasked, ours), "padding should not count"

@@ -29,8 +29,9 @@ print(json.dumps({"heavy": heavy, "trajectory": shown}))
 
 def _folder(tmp_path):
     tok = load_tokenizer("qwen3")
-    text = tok.apply_chat_template([{"role": "user", "content": "Write a function. é ✓"}], tokenize=False,
-                                   add_generation_prompt=True)  # fmt: skip
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a function. é ✓"}], tokenize=False, add_generation_prompt=True
+    )
     prompt = tok.encode(text, add_special_tokens=False)
     t = Trajectory(episode_id="e0", group_id="g0", task_id="t0", sampling=SamplingParams())
     t.append_prompt(list(prompt))

@@ -182,8 +182,11 @@ def test_a_torn_and_a_corrupt_line_still_open_with_a_warning(run, browser, tmp_p
         assert "last line is incomplete" in page.inner_text("#warnings")
         with open(broken / "metrics.jsonl", "a") as f:  # the writer finishes its line: the page follows
             f.write('ard": 0.5}\n')
-        page.wait_for_function("document.querySelector(\".chart[data-title='training reward'] polyline\")"
-                               ".getAttribute('points').split(' ').length === 3", timeout=10_000)  # fmt: skip
+        page.wait_for_function(
+            "document.querySelector(\".chart[data-title='training reward'] polyline\")"
+            ".getAttribute('points').split(' ').length === 3",
+            timeout=10_000,
+        )
         page.goto(v.url + "/#/trajectories")
         page.wait_for_selector("#trajectories tr.row")
         assert page.locator("#trajectories tr.row").count() == len(index) - 1
@@ -201,8 +204,10 @@ def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
     row = saved(run, entry)
     t, view = Trajectory.model_validate(row), TrainedView.model_validate(row["trained"])
     for it in range(100):
-        copies = [t.model_copy(update={"episode_id": f"{it:03d}-{k:03d}", "group_id": f"g{it:03d}-{k // 4}"})
-                  for k in range(100)]  # fmt: skip
+        copies = [
+            t.model_copy(update={"episode_id": f"{it:03d}-{k:03d}", "group_id": f"g{it:03d}-{k // 4}"})
+            for k in range(100)
+        ]
         views = {c.episode_id: view for c in copies}
         write_trajectories(big / "trajectories", f"iter-{it:05d}.jsonl", copies, it, views)
 
@@ -223,8 +228,10 @@ def test_ten_thousand_trajectories_are_paged(run, browser, tmp_path):
         page.wait_for_function("document.querySelector('#count').textContent.startsWith('51–100')")
         page.select_option("select[name=iteration]", "42")
         page.click("form.filters button")
-        page.wait_for_function("document.querySelector('#count') && "
-                               "document.querySelector('#count').textContent.includes('of 100 matching')")  # fmt: skip
+        page.wait_for_function(
+            "document.querySelector('#count') && "
+            "document.querySelector('#count').textContent.includes('of 100 matching')"
+        )
         page.screenshot(path=str(ARTIFACTS / "ten-thousand.png"))
         page.close()
 
@@ -304,8 +311,12 @@ def test_an_evaluation_folder_opens_with_verdicts_and_transcripts(browser, tmp_p
     problems = list(read_problems().values())[:3]
     samples = tmp_path / "samples.jsonl"
     wrong = {"task_id": problems[0]["task_id"], "completion": "    return None\n"}
-    samples.write_text("".join(json.dumps(x) + "\n" for x in [
-        *({"task_id": p["task_id"], "completion": p["canonical_solution"]} for p in problems), wrong]))  # fmt: skip
+    samples.write_text(
+        "".join(
+            json.dumps(x) + "\n"
+            for x in [*({"task_id": p["task_id"], "completion": p["canonical_solution"]} for p in problems), wrong]
+        )
+    )
     scored = tmp_path / "scored"
     agentrl("eval", "--env", "humaneval", "--completions", samples, "--out", scored, timeout=240)
     with Viewer(scored) as v:

@@ -64,9 +64,14 @@ def _c_reduce(r: random.Random, p: _Pred | None) -> _Step:
     if p is not None:
         text, code, make, misreads = r.choice(with_p)
         step = _pred_step(text, code, make, p)
-        return _Step(step.text, step.code, step.fn, step.ablations,
-                     (*step.near_misses, *(m(p.fn) for m, _ in misreads)),
-                     (*step.misreadings, *(c.replace("{p}", p.on("x")) for _, c in misreads)))  # fmt: skip
+        return _Step(
+            step.text,
+            step.code,
+            step.fn,
+            step.ablations,
+            (*step.near_misses, *(m(p.fn) for m, _ in misreads)),
+            (*step.misreadings, *(c.replace("{p}", p.on("x")) for _, c in misreads)),
+        )
     return r.choice(
         [
             _Step(

@@ -98,13 +98,20 @@ class _Program:
     def misread_sources(self) -> list[str]:
         """One source per near miss, in `near_misses` order: one step misread, the rest right."""
         right = [lines[0] for lines in self.misread_bodies]
-        return [self.source([*right[:i], wrong, *right[i + 1 :]])
-                for i, lines in enumerate(self.misread_bodies) for wrong in lines[1:]]  # fmt: skip
+        return [
+            self.source([*right[:i], wrong, *right[i + 1 :]])
+            for i, lines in enumerate(self.misread_bodies)
+            for wrong in lines[1:]
+        ]
 
     def sloppy_source(self, rng: random.Random, misread: float) -> str:
         """As a sloppy reader writes it: each step that can be misread is, with probability `misread`."""
-        return self.source([rng.choice(lines[1:]) if len(lines) > 1 and rng.random() < misread else lines[0]
-                            for lines in self.misread_bodies])  # fmt: skip
+        return self.source(
+            [
+                rng.choice(lines[1:]) if len(lines) > 1 and rng.random() < misread else lines[0]
+                for lines in self.misread_bodies
+            ]
+        )
 
     def starter(self) -> str:
         doc = "\n    ".join(self.statement.splitlines())

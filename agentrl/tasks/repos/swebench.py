@@ -38,8 +38,16 @@ from agentrl.tasks.repos.taskset import LoadedRepos
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS",
-          "PASS_TO_PASS")  # fmt: skip
+FIELDS = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 
 
 def load_swebench(path: str | Path) -> LoadedRepos:

@@ -86,8 +86,15 @@ class GeneratedRepos(RepoTaskSet):
     name = "repos"
     description = "a planted bug in a small generated Python repository, graded by hidden pytest tests"
 
-    def __init__(self, catalogue: RepoTasks | None = None, *, templates: Split = "train", split: Split | None = None,
-                 part: tuple[int, int] | None = None, spellings: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        catalogue: RepoTasks | None = None,
+        *,
+        templates: Split = "train",
+        split: Split | None = None,
+        part: tuple[int, int] | None = None,
+        spellings: int = 1,
+    ):
         if part is not None and not 1 <= part[0] <= part[1]:
             raise ValueError(f"part k of n needs 1 <= k <= n, got {part[0]}/{part[1]}")
         if spellings < 1:
@@ -95,11 +102,15 @@ class GeneratedRepos(RepoTaskSet):
         self.catalogue = catalogue or RepoTasks()
         self.templates, self.side, self.part, self.spellings = templates, split, part, spellings
         sides: tuple[Split, ...] = (split,) if split else ("train", "test")
-        self._ids = _mixed([
-            j for s in sides for i in self.catalogue.ids(s, templates=templates)
-            if part is None or s == "test" or in_part(i, part)
-            for j in (spelling(i, k) for k in range(spellings if s == "train" else 1))
-        ])  # fmt: skip
+        self._ids = _mixed(
+            [
+                j
+                for s in sides
+                for i in self.catalogue.ids(s, templates=templates)
+                if part is None or s == "test" or in_part(i, part)
+                for j in (spelling(i, k) for k in range(spellings if s == "train" else 1))
+            ]
+        )
         if not self._ids:
             raise ValueError(f"no generated repository instances in this cell (templates={templates}, split={split})")
         self._known = frozenset(self._ids)
@@ -114,10 +125,12 @@ class GeneratedRepos(RepoTaskSet):
 
     def split(self, split: Split, *, seed: int = 0, test_fraction: float = 0.2) -> GeneratedRepos:
         c = self.catalogue
-        catalogue = RepoTasks(seed=seed, heldout_templates=c.heldout_templates, heldout=test_fraction, by=c.by,
-                              families=c.families)  # fmt: skip
-        return GeneratedRepos(catalogue, templates=self.templates, split=split, part=self.part,
-                              spellings=self.spellings)  # fmt: skip
+        catalogue = RepoTasks(
+            seed=seed, heldout_templates=c.heldout_templates, heldout=test_fraction, by=c.by, families=c.families
+        )
+        return GeneratedRepos(
+            catalogue, templates=self.templates, split=split, part=self.part, spellings=self.spellings
+        )
 
 
 @functools.lru_cache(maxsize=1024)

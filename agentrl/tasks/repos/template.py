@@ -20,7 +20,7 @@ from typing import Literal, get_args
 
 Family = Literal[
     "off_by_one", "wrong_operator_or_constant", "missing_case", "wrong_cross_module_call", "parsing_or_config"
-]  # fmt: skip
+]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 """off_by_one: a bound or index one off. wrong_operator_or_constant: `<` for `<=`, `-` for `+`, a wrong number.
 missing_case: a branch or edge case removed. wrong_cross_module_call: a call into another module of the package
