@@ -36,6 +36,7 @@ from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import sample, sampling_logprobs
 from agentrl.engine.threaded import Request, ThreadedEngine
+from agentrl.models.cache import CACHE
 from agentrl.models.lora import is_lora
 
 MAX_BATCH_SIZE = 64  # rows decoded together, by default
@@ -244,8 +245,8 @@ class HFEngine(ThreadedEngine):
             input_ids=input_ids,
             attention_mask=self._mask,
             position_ids=positions,
-            past_key_values=self._cache,
             use_cache=True,
+            **{CACHE: self._cache},
         )
         for r in self._rows:
             r.n_ctx += 1
@@ -312,9 +313,7 @@ class HFEngine(ThreadedEngine):
                     for layer in range(n_layers)
                 ]
             )
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
-        )
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1, **{CACHE: cache})
         self.cached_tokens += sum(m)
         self.prefilled_tokens += sum(s)
         routing = None

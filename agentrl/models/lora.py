@@ -7,6 +7,7 @@ Shared by the learner (`agentrl train`) and the engines that must hold the same 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,9 +43,17 @@ def is_lora(model: object) -> bool:
 
 def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
     """A peft model whose only trainable parameters are the adapters."""
+    return peft_model(model, peft_config(lora, model))
+
+
+def peft_model(model: PreTrainedModel, config: LoraConfig) -> nn.Module:
+    """`peft.get_peft_model`. peft (0.21) reads `is_gradient_checkpointing`, which transformers 5.24 deprecates: the
+    warning is about peft's call, not the user's, so it is not shown."""
     from peft import get_peft_model
 
-    return get_peft_model(model, peft_config(lora, model))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        return get_peft_model(model, config)
 
 
 def peft_config(lora: LoraSettings, model: nn.Module) -> LoraConfig:

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from transformers import AutoModelForCausalLM
 
 from agentrl.models.loading import ADAPTER_MARK
-from agentrl.models.lora import is_lora
+from agentrl.models.lora import is_lora, peft_model
 from agentrl.train.policy import causal_lm, gather_state
 from agentrl.train.scoring import Scorer
 
@@ -99,9 +99,7 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(causal_lm(policy).config, dtype=to)
         if lora:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, policy.peft_config["default"])
+            model = peft_model(model, policy.peft_config["default"])
         model.load_state_dict(state, assign=True, strict=not lora or merge_lora)
         if lora and merge_lora:
             model = model.merge_and_unload()

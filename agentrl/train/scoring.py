@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentrl.engine.base import SamplingParams
+from agentrl.models.cache import CACHE
 from agentrl.train.logprobs import target_logprobs
 from agentrl.train.policy import causal_lm
 from agentrl.train.replay import RoutingReplay
@@ -115,13 +116,14 @@ class Scorer(nn.Module):
                 **kwargs,
                 **replay(None if routing is None else routing[:1, :P]),
             )
-            for layer in pre.past_key_values.layers:  # one row's KV, seen by all B rows (gradients sum back)
+            prefix = getattr(pre, CACHE)
+            for layer in prefix.layers:  # one row's KV, seen by all B rows (gradients sum back)
                 layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
             suf = decoder(
                 input_ids=input_ids[:, P:],
                 attention_mask=attention_mask,
-                past_key_values=pre.past_key_values,
                 use_cache=True,
+                **{CACHE: prefix},
                 **kwargs,
                 **replay(None if routing is None else routing[:, P:]),
             )

@@ -4,12 +4,13 @@ import asyncio
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig, get_peft_model_state_dict
 
 from agentrl.engine.base import ContextTooLong, SamplingParams
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.prefix_cache import PrefixCache
 from agentrl.engine.sampling import sampling_logprobs, token_logprobs
+from agentrl.models.lora import peft_model
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 
@@ -214,7 +215,7 @@ async def test_weight_update_bumps_version_mid_request():
 
 async def test_lora_update_and_shared_weights():
     base = tiny_model("qwen3_moe", seed=0)
-    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     prompt = load_tokenizer().encode("print(")
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
     async with HFEngine(model, shared=True) as eng:
