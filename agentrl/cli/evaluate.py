@@ -94,11 +94,11 @@ def _run_agent(
     path = resolve_path(model)  # with --engine openai too: its tokenizer and chat template
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
 
-    async def go() -> BenchResult:
+    async def bench_on_engine() -> BenchResult:
         async with build_engine(engine, EngineModel(path), seed=cfg.seed) as e:  # started: a client has connected
             return await run_bench(cfg, e, chat)
 
-    result = asyncio.run(go())
+    result = asyncio.run(bench_on_engine())
     if out_dir is not None:  # the transcripts, as a run folder keeps them (agentrl view reads both)
         from agentrl.runs import write_trajectories
 

@@ -150,7 +150,7 @@ def demos(
     except ConfigError as e:
         fail(e)
 
-    async def go() -> int:
+    async def write_demonstrations() -> int:
         made = 0
         with open(out_file, "w") as f:
             async for d in record(
@@ -170,7 +170,7 @@ def demos(
         return made
 
     try:
-        made = asyncio.run(go())
+        made = asyncio.run(write_demonstrations())
     except (NotImplementedError, RuntimeError, KeyError, ValueError) as e:
         fail(f"{type(e).__name__}: {e}", 1)
     out.print(f"wrote {made} demonstrations to {out_file}")

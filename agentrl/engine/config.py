@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 VLLM_OWN = {"model", "dtype", "max_batch_size", "max_context", "lora", "seed", "version"}
 """VLLMEngine's own arguments: `engine.vllm` holds only further vllm.LLM ones"""
 
+BUILT_IN = ("hf", "vllm", "openai")
+"""the engines of this package: their settings are keys of this section, never `engine.options`"""
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -28,7 +31,8 @@ class EngineConfig(BaseModel):
     at base_url, or several at base_urls), or one another installed package registers (entry-point group
     agentrl.engines)"""
     max_batch_size: int | None = Field(None, ge=1)
-    """requests decoded together; None: the engine's own default (hf 64, vllm 256)"""
+    """requests decoded together; None: the engine's own default (hf 64, vllm 256). An openai engine's server
+    decides its own"""
     prefix_cache_tokens: int = Field(65536, ge=0)
     """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
     record_routing: bool = False
@@ -82,6 +86,10 @@ class EngineConfig(BaseModel):
     def place(self, placement: InferencePlacement) -> None:
         self._placement = placement
 
+    def _changed(self, name: str) -> bool:
+        """Whether `name` differs from its default (a run's saved config.yaml sets every field)."""
+        return getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)
+
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
@@ -133,6 +141,33 @@ class EngineConfig(BaseModel):
             )
         if self.dtype == "bfloat16_weights" and self.kind != "hf":
             raise ValueError("engine.dtype=bfloat16_weights needs engine.kind=hf")
+        if self.kind == "openai":  # the server decides these; an openai engine is only its client
+            if self.dtype != "auto":
+                raise ValueError(
+                    "engine.dtype does nothing with engine.kind=openai: the server holds the weights in its own "
+                    "dtype (agentrl serve --dtype, vllm serve --dtype); drop engine.dtype"
+                )
+            if self.max_batch_size is not None:
+                raise ValueError(
+                    "engine.max_batch_size does nothing with engine.kind=openai: the server batches the requests "
+                    "(agentrl serve --max-batch-size, vllm serve --max-num-seqs); drop engine.max_batch_size"
+                )
+        if self.kind in ("vllm", "openai") and self._changed("prefix_cache_tokens"):
+            raise ValueError(
+                f"engine.prefix_cache_tokens sizes the hf engine's prefix cache: it does nothing with "
+                f"engine.kind={self.kind} (vLLM and servers cache prefixes themselves); set engine.kind=hf, or drop "
+                "engine.prefix_cache_tokens"
+            )
+        if self._changed("affinity_slack_tokens") and max(self.replicas or 0, len(self.base_urls)) < 2:
+            raise ValueError(
+                "engine.affinity_slack_tokens chooses between replicas: it does nothing without two or more; set "
+                "engine.replicas >= 2 (or list engine.base_urls), or drop engine.affinity_slack_tokens"
+            )
+        if self.options and self.kind in BUILT_IN:
+            raise ValueError(
+                f"engine.options does nothing with engine.kind={self.kind}: it holds the settings of an engine "
+                "from another package; set engine.kind to that engine, or drop engine.options"
+            )
         if self.record_routing and self.kind != "hf":
             raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")
         if self.vllm and self.kind != "vllm":

@@ -1,7 +1,7 @@
 """From rollout groups to the tensors of one update: ids, loss mask, lp_b, advantages, token versions and
 turns, and the engine's routing when it recorded it.
 
-Shapes: B trajectories, L tokens (right-padded), K turns. Every per-token tensor is aligned
+Shapes: B trajectories, T tokens (right-padded), K turns. Every per-token tensor is aligned
 with `input_ids`: position t holds token t's loss mask, its engine logprob lp_b, its
 advantage, its policy version, its turn and (MoE) the experts that sampled it; the trainer scores
 token t from the hidden state at t − 1.
@@ -21,17 +21,17 @@ from agentrl.train.config import AlgoConfig
 
 @dataclass
 class TrainBatch:
-    input_ids: torch.Tensor  # (B, L) long, 0 on padding
-    attention_mask: torch.Tensor  # (B, L) 1 on real tokens
-    loss_mask: torch.Tensor  # (B, L) 1 on generated tokens
-    old_logprobs: torch.Tensor  # (B, L) lp_b: the engine's logprob of each generated token
-    advantages: torch.Tensor  # (B, L) A_{i,t} (constant per sequence for "outcome")
+    input_ids: torch.Tensor  # (B, T) long, 0 on padding
+    attention_mask: torch.Tensor  # (B, T) 1 on real tokens
+    loss_mask: torch.Tensor  # (B, T) 1 on generated tokens
+    old_logprobs: torch.Tensor  # (B, T) lp_b: the engine's logprob of each generated token
+    advantages: torch.Tensor  # (B, T) A_{i,t} (constant per sequence for "outcome")
     sampling: SamplingParams  # the distribution the tokens were drawn from (lp_θ is scored under it)
     episode_ids: list[str] = field(default_factory=list)  # row i's trajectory, for the run's records
-    token_versions: torch.Tensor | None = None  # (B, L) long: Trajectory.token_versions, -1 on padding; None: unknown
-    token_turns: torch.Tensor | None = None  # (B, L) long: Trajectory.turn_index, -1 on padding; None: unknown
+    token_versions: torch.Tensor | None = None  # (B, T) long: Trajectory.token_versions, -1 on padding; None: unknown
+    token_turns: torch.Tensor | None = None  # (B, T) long: Trajectory.turn_index, -1 on padding; None: unknown
     routed_experts: torch.Tensor | None = None
-    """(B, L, layers, k) int16, MoE: at token t, the experts per layer the engine sent position t − 1 to, the
+    """(B, T, layers, k) int16, MoE: at token t, the experts per layer the engine sent position t − 1 to, the
     forward that predicted token t (`Trajectory.routed_experts`, in the order the engine chose them), for prompt,
     observation and generated tokens; -1 where nothing was recorded (token 0, padding, a trajectory without a
     record; an old-format record has generated tokens only). None: no trajectory of the batch has one"""
@@ -48,9 +48,9 @@ class TrainBatch:
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         """The given trajectories, trimmed to their longest."""
         rows = torch.as_tensor(rows, dtype=torch.long)
-        L = max(int(self.attention_mask[rows].sum(-1).max()), 1) if len(rows) else 1
+        T = max(int(self.attention_mask[rows].sum(-1).max()), 1) if len(rows) else 1
         ids = [self.episode_ids[r] for r in rows.tolist()] if self.episode_ids else []
-        return replace(self, **{k: v[rows, :L] for k, v in self._tensors().items()}, episode_ids=ids)
+        return replace(self, **{k: v[rows, :T] for k, v in self._tensors().items()}, episode_ids=ids)
 
 
 @dataclass
@@ -63,14 +63,14 @@ class BatchInfo:
     """degenerate groups left out (filter_degenerate_groups)"""
 
 
-def routed_experts(trajs: list[Trajectory], L: int) -> torch.Tensor | None:
-    """(B, L, layers, k) int16: each trajectory's recorded experts at its tokens, -1 where it has none; None when
+def routed_experts(trajs: list[Trajectory], T: int) -> torch.Tensor | None:
+    """(B, T, layers, k) int16: each trajectory's recorded experts at its tokens, -1 where it has none; None when
     no trajectory has a record. A record aligned with the tokens fills every token it holds; an old-format one
     (one entry per generated token) fills the generated tokens; any other length cannot be aligned: -1."""
     shape = next((torch.tensor(e).shape for t in trajs for e in t.routed_experts or () if e is not None), None)
     if shape is None:
         return None
-    out = torch.full((len(trajs), L, *shape), -1, dtype=torch.int16)
+    out = torch.full((len(trajs), T, *shape), -1, dtype=torch.int16)
     for i, t in enumerate(trajs):
         record = t.routed_experts or []
         if len(record) == len(t.token_ids):
@@ -97,10 +97,10 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         raise ValueError(f"one batch must share one sampling distribution; found {sorted(settings)}")
     index = {gi: k for k, gi in enumerate(dict.fromkeys(group_of))}
     gids = torch.tensor([index[gi] for gi in group_of])  # (B,) dense group index
-    B, L = len(trajs), max(len(t.token_ids) for t in trajs)
+    B, T = len(trajs), max(len(t.token_ids) for t in trajs)
 
     def padded(values: list[list], dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
-        out = torch.full((B, L), fill, dtype=dtype)
+        out = torch.full((B, T), fill, dtype=dtype)
         for i, v in enumerate(values):
             out[i, : len(v)] = torch.tensor(v, dtype=dtype)
         return out
@@ -130,7 +130,7 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         episode_ids=[t.episode_id for t in trajs],
         token_versions=padded([t.token_versions for t in trajs], torch.long, fill=-1),
         token_turns=padded([t.turn_index for t in trajs], torch.long, fill=-1),
-        routed_experts=routed_experts(trajs, L),
+        routed_experts=routed_experts(trajs, T),
     )
     degenerate = int(torch.unique(gids[adv.degenerate]).numel())
     info = BatchInfo(groups=len(index), trajectories=B, degenerate_groups=degenerate, filtered_groups=0)

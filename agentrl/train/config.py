@@ -14,6 +14,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def changed(section: BaseModel, *names: str) -> list[str]:
+    """Those of `names` that `section` sets to other than their defaults: the settings a check of an inert
+    combination may refuse. Being set is not enough: a run's saved config.yaml sets every field."""
+    fields = type(section).model_fields
+    return [
+        n
+        for n in names
+        if n in section.model_fields_set and getattr(section, n) != fields[n].get_default(call_default_factory=True)
+    ]
+
+
 def lr_factor(step: int, warmup: int, decay: int, floor: float) -> float:
     """The learning-rate multiplier at optimizer step `step`: linear warmup from 1/(warmup + 1) over
     `warmup` steps, then cosine decay to `floor` by step `decay` (constant after; decay <= warmup: none)."""
@@ -31,7 +42,7 @@ class AlgoConfig(_Strict):
     advantage: Literal["outcome", "turn"] = "turn"
     """'outcome': one group-normalised A_i per episode; 'turn': group-normalised return-to-go per turn"""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
-    """discount of later turns' rewards in the per-turn return-to-go"""
+    """discount of later turns' rewards in the per-turn return-to-go (advantage 'turn' only)"""
     scale_advantages: bool = True
     """divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)"""
     clip_low: float | None = None
@@ -47,11 +58,11 @@ class AlgoConfig(_Strict):
     weighted by ŵ = exp(lp_prox − lp_b): 'truncate' at behaviour_cap C, 'mask' zeroed above C, 'band' zeroed
     outside [1/C, C] (IcePop)"""
     behaviour_level: Literal["auto", "token", "sequence"] = "auto"
-    """the unit ŵ is taken over (unused under 'none'): 'sequence', the geometric mean of a sequence's token
+    """the unit ŵ is taken over (not under 'none'): 'sequence', the geometric mean of a sequence's token
     ratios, weighing all its tokens; 'token', each token's own (not for loss 'gspo', one term per sequence);
     'auto', the loss's own level: sequence for gspo and gspo_token, token for grpo"""
     behaviour_cap: float = Field(2.0, gt=0.0, allow_inf_nan=False)
-    """C of behaviour_weight (unused under 'none'; > 1 for 'band'). 2, as truncated importance sampling (Yao et
+    """C of behaviour_weight (not under 'none'; > 1 for 'band'). 2, as truncated importance sampling (Yao et
     al., 2025) uses: w is about 1 where the engine sampled as the learner would, and a stale or mismatched unit
     weighs at most twice that. Below 1 it would cut the learner's own samples (w = 1) too"""
     routing_replay: Literal["none", "R2", "R3"] = "none"
@@ -59,8 +70,8 @@ class AlgoConfig(_Strict):
     weights over each set recomputed from its own router logits, so the router still learns (docs/design.md §3).
     'R3' (arXiv:2510.11370): the engine's recorded sets at every position that conditions a generated token
     (prompt, observations, prefix-cache hits); the engine must record them (engine.record_routing, an hf engine).
-    'R2': the learner's own sets from before the update, in every minibatch after the first: a no-op at
-    optim.minibatches = 1. 'none': the learner routes as it would"""
+    'R2': the learner's own sets from before the update, in every minibatch after the first (a no-op at
+    optim.minibatches = 1, so a run refuses it there). 'none': the learner routes as it would"""
     async_level: int = Field(0, ge=0)
     """k: how many policy versions generation may run ahead of the learner. 0: rollout, update and sync in
     turn; k >= 1: the fleet samples the next batch while the learner trains (needs rollout.max_staleness >= k)"""
@@ -104,6 +115,18 @@ class AlgoConfig(_Strict):
                 f"behaviour_weight 'band' keeps the units whose ŵ lies in [1/behaviour_cap, "
                 f"behaviour_cap]: it needs behaviour_cap > 1, got {self.behaviour_cap}"
             )
+        if self.advantage == "outcome" and changed(self, "gamma"):
+            raise ValueError(
+                "algo.gamma discounts later turns' rewards in the per-turn return-to-go: it does nothing with "
+                "algo.advantage=outcome; set algo.advantage=turn, or drop algo.gamma"
+            )
+        if self.behaviour_weight == "none" and (unused := changed(self, "behaviour_level", "behaviour_cap")):
+            one = len(unused) == 1
+            raise ValueError(
+                f"{' and '.join(f'algo.{n}' for n in unused)} {'does' if one else 'do'} nothing with "
+                "algo.behaviour_weight=none (the ratio against lp_b, unweighted): set algo.behaviour_weight=truncate, "
+                f"mask or band, or drop {'it' if one else 'them'}"
+            )
         if self.behaviour_weight != "none" and self.loss == "gspo" and self.behaviour_level == "token":
             raise ValueError(
                 "loss 'gspo' has one term per sequence: behaviour_level 'token' has no token term to "
@@ -138,10 +161,28 @@ class OptimConfig(_Strict):
     """cosine decay of the learning rate to min_lr_ratio · lr, ending at this optimizer step
     (counting warmup; iterations × minibatches decays over the whole run); 0: constant after warmup"""
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """where the cosine decay ends, as a share of lr (with decay_steps only)"""
     max_grad_norm: float = Field(1.0, gt=0.0)
     """gradients are clipped to this global norm before every step"""
     minibatches: int = Field(4, ge=1)
     """M: the rollout batch is split into M minibatches, one optimizer step each (the GSPO paper used 4)"""
+
+    @model_validator(mode="after")
+    def _check(self) -> OptimConfig:
+        # lr_factor decays only from warmup_steps to decay_steps
+        if 0 < self.decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"optim.decay_steps={self.decay_steps} ends the cosine decay no later than the warmup "
+                f"(optim.warmup_steps={self.warmup_steps}): it does nothing; set optim.decay_steps > "
+                "optim.warmup_steps, or drop it"
+            )
+        if self.decay_steps <= self.warmup_steps and changed(self, "min_lr_ratio"):
+            raise ValueError(
+                "optim.min_lr_ratio is where the cosine decay ends: it does nothing without optim.decay_steps; "
+                "set optim.decay_steps > optim.warmup_steps (iterations x minibatches decays over the whole run), "
+                "or drop optim.min_lr_ratio"
+            )
+        return self
 
 
 class TrainerConfig(_Strict):

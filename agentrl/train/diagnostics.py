@@ -47,7 +47,7 @@ class Metrics:
 
 
 @dataclass
-class Scored:
+class ScoredMinibatch:
     """One minibatch as the step scored it, before its optimizer step."""
 
     index: int
@@ -72,7 +72,7 @@ class Scored:
 class UpdateObserver:
     """Override either hook; both do nothing by default."""
 
-    def minibatch(self, s: Scored, metrics: Metrics) -> None: ...
+    def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None: ...
 
     def finished(self, scorer: Scorer, metrics: Metrics) -> None: ...
 
@@ -81,7 +81,7 @@ class Mismatch(UpdateObserver):
     """Engine against trainer on the same tokens, before any step (minibatch 0, the same weights that sampled
     it when the run is on-policy): mean |lp_θ − lp_b| and the k3 estimate of the sequence KL, per sequence."""
 
-    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+    def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None:
         if s.index or not s.n_local:
             return
         on = s.batch.loss_mask.bool()
@@ -133,7 +133,7 @@ class ExpertFlips(UpdateObserver):
         self.top_k = top_k
         self._before: tuple[torch.Tensor, TrainBatch] | None = None
 
-    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+    def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None:
         if s.index or s.router_logits is None:
             return
         k = min(FLIP_RATE_ROWS, len(s.batch))
@@ -234,7 +234,7 @@ class RouterDisagreement(UpdateObserver):
     def __init__(self, top_k: int) -> None:
         self.top_k = top_k
 
-    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+    def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None:
         b = s.batch
         if s.index or s.router_logits is None or b.routed_experts is None or not s.n_local:
             return
@@ -276,7 +276,7 @@ class RowRecorder(UpdateObserver):
     algo: AlgoConfig
     stats: dict[int, RowStats] = field(default_factory=dict)
 
-    def minibatch(self, s: Scored, metrics: Metrics) -> None:
+    def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None:
         local = [i for i, row in enumerate(s.rows) if row in self.rows]  # only these leave the device
         if not local or not s.n_local:
             return

@@ -16,7 +16,7 @@ from agentrl.cluster import ClusterConfig
 from agentrl.engine.config import EngineConfig
 from agentrl.eval import EvalConfig
 from agentrl.rollout import RolloutConfig
-from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig, _Strict
+from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig, _Strict, changed
 
 
 class CheckpointConfig(_Strict):
@@ -35,10 +35,24 @@ class LogConfig(_Strict):
     wandb: Literal["auto", "on", "off"] = "auto"
     """Weights & Biases: auto logs when wandb is installed and configured (WANDB_API_KEY or WANDB_MODE set)"""
     wandb_project: str = "agentrl"
+    """the W&B project the run logs to (not with wandb off)"""
     trajectories_per_iteration: int = Field(16, ge=0)
     """trajectories saved per iteration (whole groups, for `agentrl view`); 0: none"""
     max_trajectory_mb: float = Field(500.0, ge=0)
     """saved trajectories stop once their files reach this size, so a long run stays bounded on disk"""
+
+    @model_validator(mode="after")
+    def _check(self) -> LogConfig:
+        if self.wandb == "off" and changed(self, "wandb_project"):
+            raise ValueError(
+                "log.wandb_project does nothing with log.wandb=off: set log.wandb=auto or on, or drop log.wandb_project"
+            )
+        if not self.trajectories_per_iteration and changed(self, "max_trajectory_mb"):
+            raise ValueError(
+                "log.max_trajectory_mb bounds the saved trajectories: it does nothing with "
+                "log.trajectories_per_iteration=0; save some, or drop log.max_trajectory_mb"
+            )
+        return self
 
 
 class RunConfig(_Strict):
@@ -96,7 +110,53 @@ class RunConfig(_Strict):
                 f"trained, beyond rollout.max_staleness={self.rollout.max_staleness}: raise the bound "
                 "or lower the level"
             )
+        self._refuse_inert()
         return self
+
+    def _refuse_inert(self) -> None:
+        """Settings that another setting makes inert are refused, never ignored: those spanning sections, and
+        those within the rollout section (its own checks belong to agentrl/rollout/config.py)."""
+        r, sampling = self.rollout, self.rollout.sampling
+        # every request's sampling seed and stop tokens are the controller's (agentrl.rollout.controller)
+        if changed(sampling, "seed"):
+            raise ValueError(
+                "rollout.sampling.seed does nothing: each request's seed is drawn from rollout.seed (so that its "
+                "tokens do not depend on batching); set rollout.seed, or drop rollout.sampling.seed"
+            )
+        if changed(sampling, "stop_token_ids"):
+            raise ValueError(
+                "rollout.sampling.stop_token_ids does nothing: a turn stops at the chat template's end-of-turn "
+                "tokens; drop rollout.sampling.stop_token_ids"
+            )
+        if r.on_infra_failure == "mask" and changed(r, "max_retries"):
+            raise ValueError(
+                "rollout.max_retries does nothing with rollout.on_infra_failure=mask (a failed episode is masked "
+                "out, never retried); set rollout.on_infra_failure=retry, or drop rollout.max_retries"
+            )
+        # without partial rollouts nothing waits between iterations, and at async_level 0 nothing runs ahead
+        if not r.partial and not self.algo.async_level and changed(r, "max_staleness"):
+            raise ValueError(
+                "rollout.max_staleness does nothing with rollout.partial=false and algo.async_level=0: every "
+                "trained token is of the current policy version; set rollout.partial=true or algo.async_level "
+                ">= 1, or drop rollout.max_staleness"
+            )
+        if self.algo.routing_replay == "R2" and self.optim.minibatches == 1:
+            raise ValueError(
+                "algo.routing_replay=R2 routes minibatches after the first as the weights before the update did: "
+                "it does nothing at optim.minibatches=1; set optim.minibatches >= 2, or drop algo.routing_replay"
+            )
+        if self.engine.replicas is None and changed(self.cluster, "inference"):
+            raise ValueError(
+                "cluster.inference places engine replicas: it does nothing without engine.replicas; set "
+                "engine.replicas, or drop cluster.inference"
+            )
+        engine_at, rollout_at = self.engine.ray_address, r.ray_address
+        if engine_at is not None and rollout_at is not None and engine_at != rollout_at:
+            raise ValueError(
+                f"engine.ray_address={engine_at!r} and rollout.ray_address={rollout_at!r}: a process joins one "
+                "Ray cluster, so one of them would do nothing; set only rollout.ray_address (the engine replicas "
+                "start there too)"
+            )
 
     @property
     def ray_address(self) -> str | None:

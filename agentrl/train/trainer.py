@@ -41,7 +41,7 @@ from agentrl.train.diagnostics import (
     Metrics,
     Mismatch,
     RouterDisagreement,
-    Scored,
+    ScoredMinibatch,
     UpdateObserver,
     staleness,
 )
@@ -77,7 +77,9 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
 
 
 @dataclass
-class _Share:
+class _MinibatchShare:
+    """This rank's share of one minibatch."""
+
     batch: TrainBatch
     n_local: int  # sequences with generated tokens on this rank
     n_global: int
@@ -113,6 +115,11 @@ class Trainer:
         config = causal_lm(policy).config
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.moe = bool(self.top_k) and bool(getattr(config, "num_experts", getattr(config, "num_local_experts", 0)))
+        if not self.moe and not cfg.model.router_aux_loss:
+            raise ValueError(
+                "model.router_aux_loss=false does nothing on a dense model (it has no router to balance): drop "
+                "model.router_aux_loss"
+            )
         self.aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0)) if cfg.model.router_aux_loss else 0.0
         self.diagnostics: list[UpdateObserver] = [Mismatch()]
         """observers of every update"""
@@ -155,7 +162,7 @@ class Trainer:
 
     # -- data split --------------------------------------------------------------------
 
-    def _minibatches(self, batch: TrainBatch) -> list[_Share]:
+    def _minibatches(self, batch: TrainBatch) -> list[_MinibatchShare]:
         M = min(self.cfg.optim.minibatches, len(batch))
         order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.cfg.seed))
         shares = []
@@ -166,10 +173,10 @@ class Trainer:
             if len(mine) == 0:  # every rank runs forward and backward (FSDP's collectives): a row that counts nothing
                 mb = batch.select(rows[:1])
                 mb.loss_mask = torch.zeros_like(mb.loss_mask)
-                shares.append(_Share(mb, 0, n_global, []))
+                shares.append(_MinibatchShare(mb, 0, n_global, []))
             else:
                 mb = batch.select(mine)
-                shares.append(_Share(mb, int(mb.loss_mask.any(-1).sum()), n_global, mine.tolist()))
+                shares.append(_MinibatchShare(mb, int(mb.loss_mask.any(-1).sum()), n_global, mine.tolist()))
         return shares
 
     # -- the update --------------------------------------------------------------------
@@ -222,7 +229,7 @@ class Trainer:
             if algo.kl_coef:
                 extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
             if s.n_local:
-                loss, mm = policy_loss(
+                loss, loss_metrics = policy_loss(
                     lp,
                     old,
                     mb.advantages,
@@ -232,7 +239,7 @@ class Trainer:
                     clip_high=algo.clip_high,
                     **extra,
                 )
-                for k, v in mm.items():
+                for k, v in loss_metrics.items():
                     if k != "sequences":
                         metrics.log(k, v, s.n_local)
                 metrics.log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
@@ -247,7 +254,7 @@ class Trainer:
                 aux = router_aux_loss(router, self.top_k, mb.attention_mask)
                 loss = loss + self.aux_coef * aux
                 metrics.log("router_aux_loss", float(aux.detach()))
-            scored = Scored(m, mb, s.rows, s.n_local, lp, old, router, policy_version)
+            scored = ScoredMinibatch(m, mb, s.rows, s.n_local, lp, old, router, policy_version)
             for o in watching:
                 o.minibatch(scored, metrics)
             self.optimizer.zero_grad(set_to_none=True)
@@ -261,7 +268,7 @@ class Trainer:
             o.finished(self.scorer, metrics)
         return metrics.reduce(self.world)
 
-    def _recorded_routing(self, shares: list[_Share]) -> list[torch.Tensor | None]:
+    def _recorded_routing(self, shares: list[_MinibatchShare]) -> list[torch.Tensor | None]:
         """Per minibatch, R3's replayed routing: the position view of the engine's record; None otherwise."""
         if self.cfg.algo.routing_replay != "R3":
             return [None] * len(shares)

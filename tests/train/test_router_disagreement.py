@@ -21,7 +21,7 @@ from agentrl.train.diagnostics import (
     Metrics,
     RouterDisagreement,
     RowRecorder,
-    Scored,
+    ScoredMinibatch,
     router_disagreement,
     routing_differs,
 )
@@ -196,7 +196,7 @@ def test_the_metric_is_its_transcription():
         routed_experts=routed,
     )
     metrics = Metrics()
-    scored = Scored(0, batch, [0, 1, 2], B, torch.zeros(B, L), torch.zeros(B, L), logits, policy_version=6)
+    scored = ScoredMinibatch(0, batch, [0, 1, 2], B, torch.zeros(B, L), torch.zeros(B, L), logits, policy_version=6)
     RouterDisagreement(k).minibatch(scored, metrics)
     logged = metrics.reduce(1)
     assert logged == pytest.approx({key: d / n for key, (d, n) in expected.items()}, rel=1e-12)

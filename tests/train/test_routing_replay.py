@@ -12,7 +12,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
-from agentrl.train.diagnostics import Scored, UpdateObserver
+from agentrl.train.diagnostics import ScoredMinibatch, UpdateObserver
 from agentrl.train.policy import causal_lm, checkpoint_activations
 from agentrl.train.replay import SUPPORTED, gate_normalises, own_routing, position_routing, replay_gate
 from agentrl.train.scoring import Scorer
@@ -245,7 +245,7 @@ class AtMinibatch(UpdateObserver):
     def __init__(self, m: int, check) -> None:
         self.m, self.check, self.calls = m, check, 0
 
-    def minibatch(self, s: Scored, metrics) -> None:
+    def minibatch(self, s: ScoredMinibatch, metrics) -> None:
         if s.index == self.m:
             self.check(s)
             self.calls += 1
@@ -278,7 +278,7 @@ def test_r3_replays_the_engine_s_routing_in_the_proximal_pass_too():
     batch.routed_experts = token_record(other_routing(own, 4, prefix=36), batch.attention_mask)
     positions = position_routing(batch.routed_experts)
 
-    def check(s: Scored) -> None:
+    def check(s: ScoredMinibatch) -> None:
         mb = batch.select(s.rows)
         mine = positions[s.rows, : mb.input_ids.shape[1]]
         with torch.no_grad():
@@ -310,7 +310,7 @@ def test_r2_routes_later_minibatches_as_the_learner_did_before_the_update():
     t = trainer("R2", 2, experts=8)
     before = learners_routing(t.scorer, batch.input_ids, batch.attention_mask)
 
-    def check(s: Scored) -> None:
+    def check(s: ScoredMinibatch) -> None:
         mb = batch.select(s.rows)
         L = mb.input_ids.shape[1]
         now = learners_routing(t.scorer, mb.input_ids, mb.attention_mask)

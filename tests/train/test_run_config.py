@@ -51,9 +51,88 @@ def test_incompatible_combinations_are_refused(sets, match):
         load(RunConfig, parse_sets(sets))
 
 
+OPENAI = ["engine.kind=openai", "engine.base_url=http://x"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        ([*OPENAI, "engine.dtype=bfloat16"], "engine.dtype does nothing with engine.kind=openai"),
+        ([*OPENAI, "engine.max_batch_size=8"], "engine.max_batch_size does nothing with engine.kind=openai"),
+        (["engine.kind=vllm", "engine.prefix_cache_tokens=0"], "does nothing with engine.kind=vllm"),
+        ([*OPENAI, "engine.prefix_cache_tokens=0"], "does nothing with engine.kind=openai"),
+        (["engine.affinity_slack_tokens=100"], "affinity_slack_tokens chooses between replicas"),
+        (["engine.replicas=1", "engine.affinity_slack_tokens=100"], "it does nothing without two or more"),
+        (["engine.options.note=hi"], "engine.options does nothing with engine.kind=hf"),
+        (["algo.advantage=outcome", "algo.gamma=0.9"], "algo.gamma .* does nothing with algo.advantage=outcome"),
+        (["algo.behaviour_cap=3"], "algo.behaviour_cap does nothing with algo.behaviour_weight=none"),
+        (["algo.behaviour_level=token", "algo.behaviour_cap=3"], "behaviour_level and algo.behaviour_cap do nothing"),
+        (["optim.warmup_steps=10", "optim.decay_steps=10"], "decay_steps=10 ends the cosine decay no later"),
+        (["optim.min_lr_ratio=0"], "optim.min_lr_ratio .* does nothing without optim.decay_steps"),
+        (["optim.warmup_steps=10", "optim.decay_steps=0", "optim.min_lr_ratio=0"], "set optim.decay_steps >"),
+        (["log.wandb='off'", "log.wandb_project=mine"], "log.wandb_project does nothing with log.wandb=off"),
+        (["log.trajectories_per_iteration=0", "log.max_trajectory_mb=9"], "max_trajectory_mb .* does nothing"),
+        (["rollout.sampling.seed=3"], "rollout.sampling.seed does nothing: .* set rollout.seed"),
+        (["rollout.sampling.stop_token_ids=[7]"], "rollout.sampling.stop_token_ids does nothing"),
+        (["rollout.on_infra_failure=mask", "rollout.max_retries=3"], "max_retries does nothing with .*=mask"),
+        (["rollout.partial=false", "rollout.max_staleness=2"], "max_staleness does nothing with rollout.partial"),
+        (["algo.routing_replay=R2", "optim.minibatches=1"], "R2 .* does nothing at optim.minibatches=1"),
+        (["cluster.inference.resources={inference: 1}"], "cluster.inference .* does nothing without engine.repl"),
+        (
+            ["cluster.address=auto", "cluster.inference.gpus_per_replica=1"],
+            "cluster.inference .* does nothing without engine.replicas",
+        ),
+        (
+            ["engine.replicas=1", "engine.ray_address=10.0.0.1:6379", "rollout.ray_address=10.0.0.2:6379"],
+            "one of them would do nothing",
+        ),
+    ],
+)
+def test_settings_that_cannot_apply_are_refused(sets, match):
+    with pytest.raises(ConfigError, match=match):
+        load(RunConfig, parse_sets(sets))
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["engine.kind=vllm", "engine.dtype=bfloat16", "engine.max_batch_size=8"],
+        ["engine.prefix_cache_tokens=0", "engine.options={}"],
+        ["engine.replicas=2", "engine.affinity_slack_tokens=100", "cluster.inference.resources={inference: 1}"],
+        [*OPENAI[:1], "engine.base_urls=[http://a, http://b]", "engine.affinity_slack_tokens=100"],
+        ["algo.gamma=0.9", "algo.behaviour_weight=truncate", "algo.behaviour_cap=3", "algo.behaviour_level=token"],
+        ["optim.warmup_steps=5", "optim.decay_steps=20", "optim.min_lr_ratio=0"],
+        ["log.wandb_project=mine", "log.max_trajectory_mb=9", "rollout.seed=3", "rollout.max_retries=3"],
+        ["rollout.max_staleness=2", "algo.routing_replay=R2", "optim.minibatches=2"],
+        ["rollout.partial=false", "algo.async_level=1", "rollout.max_staleness=2"],
+        ["engine.replicas=1", "engine.ray_address=10.0.0.1:6379", "rollout.ray_address=10.0.0.1:6379"],
+    ],
+)
+def test_the_same_settings_load_where_they_apply(sets):
+    load(RunConfig, parse_sets(sets))
+
+
+def test_settings_left_at_their_defaults_never_count_as_set():
+    """A run's saved config.yaml sets every field, most at their defaults: with every switch that makes some
+    setting inert turned, it loads back as it was."""
+    switches = [
+        *OPENAI,
+        "algo.advantage=outcome",
+        "optim.warmup_steps=3",
+        "log.wandb='off'",
+        "log.trajectories_per_iteration=0",
+        "rollout.on_infra_failure=mask",
+        "rollout.partial=false",
+    ]
+    cfg = load(RunConfig, parse_sets(switches))
+    saved = yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert load(RunConfig, saved) == cfg
+    assert load(RunConfig, parse_sets([*switches, "algo.gamma=1.0", "rollout.max_retries=1"])) == cfg
+
+
 def test_behaviour_options_load_and_old_keys_keep_their_meaning():
-    """band and behaviour_level load (the level unused under 'none'); configs saved before behaviour_weight keep
-    loading as the weight at the objective's own level, which is what they were."""
+    """band and behaviour_level load; configs saved before behaviour_weight keep loading as the weight at the
+    objective's own level, which is what they were."""
     algo = load(
         RunConfig,
         parse_sets(
@@ -61,7 +140,6 @@ def test_behaviour_options_load_and_old_keys_keep_their_meaning():
         ),
     ).algo
     assert (algo.behaviour_weight, algo.behaviour_cap, algo.behaviour_level) == ("band", 3.0, "sequence")
-    assert load(RunConfig, parse_sets([*GSPO, "algo.behaviour_level=token"])).algo.behaviour_weight == "none"
     old = load(RunConfig, {"algo": {"loss": "grpo", "old_logprobs": "recompute", "tis_cap": 1.5}}).algo
     assert (old.behaviour_weight, old.behaviour_cap, old.behaviour_level) == ("truncate", 1.5, "auto")
 

@@ -137,6 +137,15 @@ def test_config_refuses_incompatible_settings_before_starting():
         Trainer(TrainerConfig(algo=AlgoConfig(kl_coef=0.1)), tiny_model("qwen3", seed=0))
 
 
+def test_turning_off_the_router_aux_loss_is_refused_on_a_dense_model():
+    """A dense model has no router to balance: model.router_aux_loss=false would do nothing there."""
+    off = TrainerConfig(model=ModelConfig(router_aux_loss=False), optim=OptimConfig(minibatches=1))
+    with pytest.raises(ValueError, match="router_aux_loss=false does nothing on a dense model"):
+        Trainer(off, tiny_model("qwen3", seed=0))
+    metrics = Trainer(off, tiny_model("qwen3_moe", seed=0)).update(fixed_batch())
+    assert "router_aux_loss" not in metrics and "expert_flip_rate" in metrics
+
+
 def test_kl_to_the_starting_weights_holds_full_fine_tuning_back():
     """Full fine-tuning with a KL penalty: the frozen reference is the starting weights (KL 0 before the
     first step, then > 0), stays untouched, and the penalty keeps the policy closer to it."""
