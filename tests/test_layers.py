@@ -2,6 +2,7 @@
 in pyproject.toml), the engine contract respected outside the engine package, what the wheel installs,
 and no file pointing outside the repository."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -40,6 +41,48 @@ def test_nothing_outside_the_engine_package_probes_an_engine():
     ]
     assert not found, "\n".join(found)
     assert probe.search("if hasattr(self.engine, 'paused'):") and probe.search("isinstance(eng, HFEngine)")
+
+
+DRIVER = [
+    "agentrl/train/loop.py",
+    "agentrl/train/build.py",
+    "agentrl/train/driver.py",
+    "agentrl/train/pipeline.py",
+    "agentrl/train/weight_sync.py",
+    "agentrl/cli",
+    "agentrl/eval",
+    "agentrl/rollout",
+]
+"""the one process that runs the loop: its modules know no rank (docs/design.md §3)"""
+
+
+def uses_torch_distributed(path: Path) -> list[int]:
+    """The lines of `path` that import torch.distributed or name it."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            hit = any(a.name.startswith("torch.distributed") for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            hit = module.startswith("torch.distributed") or (
+                module == "torch" and any(a.name == "distributed" for a in node.names)
+            )
+        else:
+            hit = isinstance(node, ast.Attribute) and node.attr == "distributed"
+        if hit:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_driver_never_calls_torch_distributed():
+    """The loop, its setup, the pipeline, weight sync, the command line, evaluation and rollouts leave ranks to the
+    learner (agentrl/train/learner.py and the learners beside it), which alone use torch.distributed."""
+    driver = [p for d in DRIVER for p in ((ROOT / d).rglob("*.py") if (ROOT / d).is_dir() else [ROOT / d])]
+    assert len(driver) > 20
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in driver for n in uses_torch_distributed(p)]
+    assert not found, found
+    learners = ["learner.py", "torchrun_learner.py", "ray_learner.py", "trainer.py", "checkpoint.py", "policy.py"]
+    assert all(uses_torch_distributed(ROOT / "agentrl" / "train" / name) for name in learners)
 
 
 def test_the_wheel_installs_only_the_agentrl_package(tmp_path):

@@ -20,7 +20,7 @@ from agentrl.cli.console import err, error, fail, out
 if TYPE_CHECKING:
     from agentrl.eval import EvalResult
     from agentrl.runs import RunDir
-    from agentrl.train.build import LoopState
+    from agentrl.train.driver import LoopState
     from agentrl.train.run_config import RunConfig
 
 
@@ -90,44 +90,51 @@ def train(
         fail(e)
     if cfg.cluster.address is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         fail("cluster.address places the learner ranks as Ray actors: start one `agentrl train`, not torchrun")
-    # Before any process group or Ray actor: what this machine cannot run. Every rank (torchrun's RANK)
-    # checks the env, the model and the engine, and says what it finds wrong (a check may fail on one rank
-    # only: another node); rank 0 alone checks Docker and the image, and builds it if asked. On a Ray cluster the
-    # sandboxes run on the Docker nodes, each checked (and given the image) when the run starts.
+    # Under torchrun (its RANK), rank 0 is the driver and ranks 1..N-1 are learner ranks alone: they build their
+    # shards of the trainer, then follow the driver's calls (agentrl/train/torchrun_learner.py).
     rank = int(os.environ.get("RANK", "0"))
-    problems = preflight(cfg, docker=rank == 0 and cfg.cluster.address is None, build_image=build_image)
+    # Before any process group or Ray actor: what this machine cannot run, each problem with what to do. The driver
+    # checks the env, the model, the engine and (on this machine) Docker and the image, which it builds if asked; a
+    # learner rank checks the model it loads (it may be on another node). On a Ray cluster the sandboxes run on the
+    # Docker nodes, each checked (and given the image) when the run starts.
+    if rank == 0:
+        problems = preflight(cfg, docker=cfg.cluster.address is None, build_image=build_image)
+    else:
+        problems = check_model(cfg.model.path)
     for p in problems:
         error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:
         raise typer.Exit(2)
     # torch and the trainer only now: a bad config or a missing part is told in a second, not after their import
+    _quiet_libraries()
+    if rank > 0:
+        from agentrl.train.torchrun_learner import follow
+
+        return follow(cfg.trainer(), threads=cfg.threads)
     from agentrl.runs import RunDir
-    from agentrl.train.learner import broadcast
-    from agentrl.train.policy import init_distributed, shutdown_distributed
 
-    # on a cluster this process is the driver: the learner ranks join their own process group
-    lead = init_distributed(cfg.model) if cfg.cluster.address is None else True
-    try:
-        ready = _create_run_folder(cfg, resume) if lead else True
-        ready, cfg.out = broadcast((ready, cfg.out))
-        if not ready:
-            raise typer.Exit(2)
-        run = RunDir(cfg.out)
-        state = asyncio.run(_run(cfg, run, resume is not None, lead))
-        if state.iteration < cfg.iterations:  # stopped early (Ctrl-C), checkpointed: 130, as an interrupted command
-            raise typer.Exit(130)
-        if lead:
-            from agentrl.train.report import report as make_report
+    if not _create_run_folder(cfg, resume):
+        raise typer.Exit(2)
+    run = RunDir(cfg.out)
+    state = asyncio.run(_run(cfg, run, resume is not None))
+    if state.iteration < cfg.iterations:  # stopped early (Ctrl-C), checkpointed: 130, as an interrupted command
+        raise typer.Exit(130)
+    from agentrl.train.report import report as make_report
 
-            plots, summary = make_report(run.path)
-            out.print(summary)
-            out.print(f"plots: {plots}")
-    finally:
-        shutdown_distributed()
+    plots, summary = make_report(run.path)
+    out.print(summary)
+    out.print(f"plots: {plots}")
+
+
+def _quiet_libraries() -> None:
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    transformers_logging.disable_progress_bar()  # weight loading and saving: our own display says what runs
 
 
 def _create_run_folder(cfg: RunConfig, resume: Path | None) -> bool:
-    """Rank 0: the run folder (runs/ENV-DATE-TIME unless `out` is set), with the resolved config."""
+    """The run folder (runs/ENV-DATE-TIME unless `out` is set), with the resolved config."""
     from agentrl.runs import RunDir
 
     run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
@@ -152,17 +159,12 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder.", exists=
     out.print(f"plots: {plots}")
 
 
-async def _run(cfg: RunConfig, run: RunDir, resume: bool, lead: bool) -> LoopState:
-    from transformers.utils import logging as transformers_logging
-
-    from agentrl.train.build import Quiet
+async def _run(cfg: RunConfig, run: RunDir, resume: bool) -> LoopState:
     from agentrl.train.loop import train as train_loop
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    transformers_logging.disable_progress_bar()  # weight loading and saving: our own display says what runs
     stop = asyncio.Event()
     task = asyncio.current_task()
-    display = RichDisplay(cfg.iterations) if lead else Quiet()
+    display = RichDisplay(cfg.iterations)
 
     def interrupt() -> None:
         if stop.is_set():

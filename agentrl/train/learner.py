@@ -1,11 +1,15 @@
-"""The learner as the training loop drives it: `Learner`, and `LocalLearner`, the trainer in this process.
+"""The learner as the training loop's driver sees it: `Learner`, and `LocalLearner`, the trainer in this process.
 
-Two placements share one interface, so the loop (agentrl/train/build.py, loop.py) never asks where the ranks are:
-- `LocalLearner`: this process is a learner rank (one process, or every `torchrun` rank running the loop; rank 0
-  rolls out while the others wait for its broadcast);
-- `RayLearner` (agentrl/train/ray_learner.py): the ranks are Ray actors running torch.distributed, and this
-  process, the driver, rolls out and hands them each batch through the object store: no rank waits in a
-  collective while episodes run.
+The driver (the one process that runs the loop: rollouts, logging, checkpoints, the engine) hands batches out
+and gets metrics and weights back through `Learner` alone, wherever the ranks are:
+- `LocalLearner`: the trainer in this process (a plain module, or FSDP2 over a group of one for bf16 mixed
+  precision or CPU offload);
+- `TorchrunLearner` (agentrl/train/torchrun_learner.py): under `torchrun`, this process is learner rank 0 of N
+  and the other ranks wait for its calls;
+- `RayLearner` (agentrl/train/ray_learner.py): the ranks are Ray actors.
+
+Each call is made by the driver once; a learner of several ranks runs it on every rank at once (their
+collectives need each other) and answers with rank 0's result.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import functools
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,21 +26,21 @@ from torch import nn
 
 from agentrl.train import checkpoint
 from agentrl.train.batch import TrainBatch
+from agentrl.train.config import TrainerConfig
 from agentrl.train.diagnostics import RowRecorder
+from agentrl.train.policy import init_distributed, needs_fsdp, shutdown_distributed
 from agentrl.train.trainer import Trainer
-
-T = TypeVar("T")
 
 
 class Learner(ABC):
     lora: bool
     """the policy trains LoRA adapters (a weight sync sends only them)"""
     engine_device: str
-    """where an engine in this process puts a copy of the weights it loads"""
+    """where an engine in the driver's process puts a copy of the weights it loads"""
 
     @property
     def shared_module(self) -> nn.Module | None:
-        """The live policy an engine in this process may sample with (one unsharded process only)."""
+        """The live policy an engine in the driver's process may sample with (one unsharded process only)."""
         return None
 
     @abstractmethod
@@ -47,7 +51,8 @@ class Learner(ABC):
 
     @abstractmethod
     async def engine_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
-        """What a weight sync sends (`Trainer.engine_weights`), here on the lead (None elsewhere)."""
+        """What a weight sync sends (`Trainer.engine_weights`): the whole state, or the LoRA adapter (None on a
+        rank other than 0 of several)."""
 
     @abstractmethod
     async def save(self, path: Path, state: dict[str, Any]) -> None:
@@ -61,7 +66,7 @@ class Learner(ABC):
     async def export(self, path: Path) -> None:
         """The policy as a plain Hugging Face folder (LoRA merged)."""
 
-    async def close(self) -> None:  # noqa: B027 (a learner in this process holds nothing to release)
+    async def close(self) -> None:  # noqa: B027 (a plain module in this process holds nothing to release)
         """Release the ranks."""
 
     def placement(self) -> list[str]:
@@ -74,15 +79,30 @@ class Learner(ABC):
 
 
 class LocalLearner(Learner):
-    """This process's trainer (under torchrun, every rank runs the loop and calls the same methods)."""
+    """This process's trainer: the whole learner, or one rank of several (`TorchrunLearner`, a Ray actor's)."""
 
-    def __init__(self, trainer: Trainer, *, in_thread: bool) -> None:
+    def __init__(self, trainer: Trainer, *, in_thread: bool, group: bool = False) -> None:
         self.trainer = trainer
         self.lora = trainer.lora
         self.engine_device = str(trainer.device)
         self.in_thread = in_thread
         """update in a thread (asynchronous runs): the event loop goes on driving the next rollouts meanwhile
         (torch releases the GIL in its kernels)"""
+        self._group = group  # the process group of one that `start` joined, left on `close`
+
+    @classmethod
+    def start(cls, cfg: TrainerConfig, *, in_thread: bool) -> LocalLearner:
+        """The trainer in this process; FSDP2's policies (bf16 mixed precision, CPU offload) shard it over a
+        process group of one, joined here."""
+        group = needs_fsdp(cfg.model)
+        if group:
+            init_distributed(cfg.model)
+        try:
+            return cls(Trainer.build(cfg), in_thread=in_thread, group=group)
+        except BaseException:
+            if group:
+                shutdown_distributed()
+            raise
 
     @property
     def shared_module(self) -> nn.Module | None:
@@ -110,11 +130,7 @@ class LocalLearner(Learner):
     async def export(self, path: Path) -> None:
         checkpoint.export_hf(self.trainer.scorer, path)
 
-
-def broadcast(obj: T) -> T:
-    """Rank 0's `obj` on every rank (itself when not distributed)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    async def close(self) -> None:
+        if self._group:
+            shutdown_distributed()
+            self._group = False

@@ -1,8 +1,8 @@
 """One `agentrl train` run, top to bottom (docs/design.md, "One iteration").
 
-`build` (agentrl/train/build.py) makes the parts: the trainer, the engine, the rollout controller
-over env worker actors, the held-out evaluator, the tracker and the weight sync. Then every
-iteration, on every rank (rank 0 rolls out, evaluates and logs; `Run` broadcasts what the others need):
+This process is the driver: it runs the loop, and its learner takes the batches wherever its ranks are.
+`build` (agentrl/train/build.py) makes the parts: the learner, the engine, the rollout controller over env
+worker actors, the held-out evaluator, the tracker and the weight sync. Then every iteration:
 
     rollout    groups of episodes until enough are complete; unfinished ones stay parked (partial
                rollouts) and continue next iteration; their advantages, group-normalised, per turn.
@@ -20,7 +20,9 @@ import asyncio
 import time
 
 from agentrl.runs import RunDir
-from agentrl.train.build import Display, LoopState, Quiet, build
+from agentrl.train.build import build
+from agentrl.train.driver import Display, LoopState
+from agentrl.train.learner import Learner
 from agentrl.train.run_config import RunConfig
 
 
@@ -31,11 +33,13 @@ async def train(
     resume: bool = False,
     display: Display | None = None,
     stop: asyncio.Event | None = None,
+    learner: Learner | None = None,
 ) -> LoopState:
     """Run (with `resume`, continue) to `cfg.iterations`. Setting `stop` ends it gracefully: the
-    rollouts in flight are parked, what finished is trained on, and a checkpoint is saved."""
-    display, stop = display or Quiet(), stop or asyncio.Event()
-    async with build(cfg, folder, resume=resume, display=display, stop=stop) as run:
+    rollouts in flight are parked, what finished is trained on, and a checkpoint is saved.
+    `learner`: one the caller started (and closes); None: the one `cfg` and the launcher say."""
+    display, stop = display or Display(), stop or asyncio.Event()
+    async with build(cfg, folder, resume=resume, display=display, stop=stop, learner=learner) as run:
         state = run.state
         for it in range(state.iteration, cfg.iterations):
             if it % cfg.eval.every == 0 if cfg.eval.every else it == 0:
@@ -46,7 +50,7 @@ async def train(
             if rollout.batch is not None:
                 update = await run.update(rollout)  # 2. M minibatch steps of GSPO-token
                 sync_s = await run.push_weights()  # 3. weight sync: policy version + 1
-            stopping, state.iteration = run.stopping(), it + 1
+            stopping, state.iteration = stop.is_set(), it + 1
             times = {"wait_s": t1 - t0, "update_s": time.perf_counter() - t1 - sync_s, "sync_s": sync_s}
             run.log(rollout, update, times)  # 4. metrics, trajectories
             if state.iteration == cfg.iterations:

@@ -6,8 +6,7 @@ is built, from what the engine declares (`InferenceEngine.capabilities`) and whe
 - `LoraAdapter`: only the adapter's tensors are sent;
 - `FullState`: the full state dict, gathered from the shards.
 
-Every rank calls `updating()` and `push()` (gathering shards is collective); only the lead (rank 0, or a
-`RayLearner`'s driver) holds an engine, and only there does `push` return the new policy version.
+The driver makes it and calls it; the learner gathers what it sends from its ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from agentrl.engine.base import InferenceEngine
-from agentrl.train.learner import Learner, broadcast
+from agentrl.train.learner import Learner
 
 WIRE_DTYPES = {
     "float32": torch.float32,
@@ -36,11 +35,10 @@ class WeightSync(ABC):
     in_place: ClassVar[bool] = False
     """the engine samples the learner's own module: it never holds weights of its own to refresh"""
 
-    def __init__(self, learner: Learner, engine: InferenceEngine | None) -> None:
+    def __init__(self, learner: Learner, engine: InferenceEngine) -> None:
         self.learner = learner
         self.engine = engine
-        """None on ranks > 0"""
-        self.dtype = broadcast(WIRE_DTYPES.get(engine.capabilities.dtype) if engine is not None else None)
+        self.dtype = WIRE_DTYPES.get(engine.capabilities.dtype)
         """what the tensors travel in: the engine's own dtype (it would cast them on arrival); None: as trained"""
 
     def updating(self) -> AbstractContextManager[None]:
@@ -48,20 +46,18 @@ class WeightSync(ABC):
         return contextlib.nullcontext()
 
     @abstractmethod
-    async def push(self) -> int | None:
-        """Hand the updated weights to the engine; its new policy version on rank 0 (None elsewhere)."""
+    async def push(self) -> int:
+        """Hand the updated weights to the engine; returns its new policy version."""
 
 
 class FullState(WeightSync):
-    async def push(self) -> int | None:
-        state = await self.learner.engine_weights(self.dtype)
-        return None if self.engine is None else await self.engine.update_weights(state)
+    async def push(self) -> int:
+        return await self.engine.update_weights(await self.learner.engine_weights(self.dtype))
 
 
 class LoraAdapter(WeightSync):
-    async def push(self) -> int | None:
-        adapter = await self.learner.engine_weights(self.dtype)
-        return None if self.engine is None else await self.engine.update_weights(lora=adapter)
+    async def push(self) -> int:
+        return await self.engine.update_weights(lora=await self.learner.engine_weights(self.dtype))
 
 
 class SharedModule(WeightSync):
@@ -70,14 +66,13 @@ class SharedModule(WeightSync):
     def updating(self) -> AbstractContextManager[None]:
         return self.engine.paused()  # no decode step reads the weights while the optimizer writes them
 
-    async def push(self) -> int | None:
+    async def push(self) -> int:
         return await self.engine.update_weights()
 
 
-def weight_sync(learner: Learner, engine: InferenceEngine | None) -> WeightSync:
-    """The sync for this learner and engine (a started one: its capabilities are known). Every rank
-    chooses alike: an engine shares the module only in a single process, and LoRA is the learner's."""
-    if engine is not None and engine.capabilities.shares_module:
+def weight_sync(learner: Learner, engine: InferenceEngine) -> WeightSync:
+    """The sync for this learner and engine (a started one: its capabilities are known)."""
+    if engine.capabilities.shares_module:
         if not engine.capabilities.pausable:
             raise ValueError(
                 f"the {engine.name} engine shares the learner's module but cannot pause: an update "
@@ -85,7 +80,7 @@ def weight_sync(learner: Learner, engine: InferenceEngine | None) -> WeightSync:
             )
         return SharedModule(learner, engine)
     kind = "lora" if learner.lora else "full"
-    if engine is not None and kind not in engine.capabilities.weight_updates:
+    if kind not in engine.capabilities.weight_updates:
         takes = ", ".join(sorted(engine.capabilities.weight_updates)) or "no tensors"
         raise ValueError(
             f"the {engine.name} engine takes {takes} as weight updates, and this run sends "
