@@ -25,6 +25,8 @@ async def test_one_iteration_in_process_then_its_report(tmp_path):
         "rollout.sandboxes_per_worker=2",
         "eval.tasks=1",
         "eval.sandboxes_per_worker=1",
+        # an engine in another dtype than the learner's gets its own copy in it, never the learner's module
+        "engine.dtype=bfloat16",
     ]
     cfg = resolve_config("code_sandbox", None, ["iterations=1", f"out={tmp_path / 'run'}", *SMALL, *tiny], None)
     run = RunDir(cfg.out)
@@ -35,7 +37,8 @@ async def test_one_iteration_in_process_then_its_report(tmp_path):
     assert not ray.is_initialized(), "the run stops the Ray it started"
     metrics = read_jsonl(run.metrics)
     assert [m["iteration"] for m in metrics] == [0] and metrics[0]["policy_version"] == 1
-    assert "train/loss" in metrics[0] and metrics[0]["train/mismatch_abs_logprob_diff"] < 1e-3
+    # the bf16 engine's lp_b differ from the float32 learner's: a shared module would log exactly 0
+    assert "train/loss" in metrics[0] and 0 < metrics[0]["train/mismatch_abs_logprob_diff"] < 0.2
     assert [e["iteration"] for e in read_jsonl(run.eval)] == [0, 1]
     assert [p.name for p in run.checkpoints.iterdir()] == ["iter-00001"] and (run.final / "config.json").exists()
     assert list((run.path / "tensorboard").iterdir()) and list(run.trajectories.glob("iter-*.jsonl"))
