@@ -23,13 +23,11 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 
 from agentrl.runs import read_jsonl
@@ -40,23 +38,8 @@ EVAL = ["eval.tasks=8", "eval.every=0"]  # evaluations are left out of the timin
 def train(out: Path, sets: list[str], *, again: bool = True) -> list[dict]:
     """One `agentrl train` of the default recipe with `sets` (again=False: read the run made earlier); its
     metrics rows."""
-    if not again:
-        return read_jsonl(out / "metrics.jsonl")
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl",
-        "train",
-        "--env",
-        "code_sandbox",
-        "--set",
-        f"out={out}",
-        *(a for s in sets for a in ("--set", s)),
-    ]
-    with open(f"{out}.log", "w") as log:
-        subprocess.run(
-            cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env=os.environ | {"RAY_AUTH_MODE": "disabled"}
-        )
+    if again:
+        harness.train(out, sets)
     return read_jsonl(out / "metrics.jsonl")
 
 
@@ -151,9 +134,8 @@ def learning(out: Path, seeds: list[int], setup: str, extra: list[str]) -> dict:
         for seed in seeds:
             async_sets = [] if k == 0 else [*setup_sets(setup), "algo.behaviour_weight=truncate"]
             d = out / f"learn_k{k}_s{seed}"
-            train(d, [f"seed={seed}", *async_sets, *extra])
-            evals = read_jsonl(d / "eval.jsonl")
-            runs[f"k{k}_s{seed}"] = round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1)
+            harness.train(d, [f"seed={seed}", *async_sets, *extra])
+            runs[f"k{k}_s{seed}"] = harness.held_out(read_jsonl(d / "eval.jsonl"))["gain_pp"]
     gain = {k: statistics.mean(runs[f"k{k}_s{s}"] for s in seeds) for k in (0, 1)}
     return {"gain_pp": runs, "mean_gain_pp": gain, "k1_minus_k0_pp": round(gain[1] - gain[0], 1)}
 
@@ -179,7 +161,7 @@ def main() -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], help="a further setting of every run")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}}
+    result = {"machine": harness.machine("torch")}
     if not args.skip_throughput:
         result["throughput"] = throughput(args.out, args.iterations, args.setups, args.sets, not args.summarize_only)
         if not args.summarize_only:

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import torch
-from gpu_check import Ctx, generate_all, model_folder, prompts
 from profiling import profiled
 
 from agentrl.engine import EngineConfig, EngineModel, build_engine
@@ -33,24 +33,24 @@ async def timed_and_profiled(engine, requests: list[list[int]], params: Sampling
     a GPU a profiled run (its summary, profiling.py's)."""
 
     async with engine:
-        await generate_all(engine, requests, params)  # kernels chosen, caches allocated
+        await harness.generate_all(engine, requests, params)  # kernels chosen, caches allocated
         t0 = time.perf_counter()
-        gens = await generate_all(engine, requests, params)
+        gens = await harness.generate_all(engine, requests, params)
         seconds = time.perf_counter() - t0
         if not cuda:
             return gens, seconds, None
         with profiled(cuda, top) as summary:
-            await generate_all(engine, requests, params)
+            await harness.generate_all(engine, requests, params)
     return gens, seconds, summary
 
 
 def decode(args: argparse.Namespace, workdir: Path) -> dict:
     """Each engine dtype's figures, on a model folder kept in `workdir`."""
     cuda = args.device == "cuda"
-    path = model_folder(Ctx(dry=not cuda, workdir=workdir), args.size)
+    path = harness.model_folder(workdir, args.size, args.device)
     n, T = (16, 128) if cuda else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
-    requests = prompts(n)
+    requests = harness.prompts(n)
     result: dict = {"size": args.size, "device": args.device, "requests": n, "max_tokens": T, "engines": {}}
     for dtype in args.dtypes:
         engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=args.device))
@@ -72,7 +72,7 @@ def decode(args: argparse.Namespace, workdir: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--size", choices=("tiny", "small", "1b"), default="tiny")
+    p.add_argument("--size", choices=harness.SIZES, default="tiny")
     p.add_argument("--dtypes", nargs="+", default=["auto", "bfloat16"], help="engine.dtype values to compare")
     p.add_argument("--top", type=int, default=12, help="kernels listed per dtype")
     p.add_argument("--workdir", type=Path, help="keep the model folder here (default: a temporary folder)")

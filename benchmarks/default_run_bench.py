@@ -16,59 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import harness
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from agentrl.runs import read_jsonl
-
-
-def run(out: Path, loss: str, seed: int, sets: list[str]) -> float:
-    """One default run; returns its wall time (the sandbox image is built beforehand, not timed)."""
-    t0 = time.monotonic()
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl",
-        "train",
-        "--env",
-        "code_sandbox",
-        "--set",
-        f"seed={seed}",
-        "--set",
-        f"algo.loss={loss}",
-        "--set",
-        f"out={out}",
-        *(a for s in sets for a in ("--set", s)),
-    ]
-    with open(f"{out}.log", "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
-    return time.monotonic() - t0
-
-
-def summarize(out: Path, loss: str, seed: int, wall_s: float | None) -> dict:
-    evals = read_jsonl(out / "eval.jsonl")
-    metrics = read_jsonl(out / "metrics.jsonl")
-    start, final = evals[0], evals[-1]
-    return {
-        "loss": loss,
-        "seed": seed,
-        "iterations": len(metrics),
-        "tasks": final["tasks"],
-        "start": start["success_rate"],
-        "final": final["success_rate"],
-        "gain_pp": round(100 * (final["success_rate"] - start["success_rate"]), 1),
-        "curve": {e["iteration"]: e["success_rate"] for e in evals},
-        "wall_s": round(wall_s) if wall_s is not None else round(metrics[-1]["time/elapsed_s"]),
-    }
 
 
 def main() -> None:
@@ -84,8 +40,11 @@ def main() -> None:
     for loss in args.losses:
         for seed in args.seeds:
             out = args.out / f"{loss}_s{seed}"
-            wall = None if args.summarize_only else run(out, loss, seed, args.sets)
-            results.append(summarize(out, loss, seed, wall))
+            wall = (
+                None if args.summarize_only else harness.train(out, [f"seed={seed}", f"algo.loss={loss}", *args.sets])
+            )
+            summary = harness.run_summary(read_jsonl(out / "eval.jsonl"), read_jsonl(out / "metrics.jsonl"), wall)
+            results.append({"loss": loss, "seed": seed, **summary})
 
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = {loss: f"C{i}" for i, loss in enumerate(args.losses)}
@@ -117,7 +76,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "machine": harness.machine(),
                 "runs": results,
                 "by_loss": by_loss,
                 "plot": str(args.out / "heldout_by_seed.png"),

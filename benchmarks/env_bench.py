@@ -22,10 +22,11 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import statistics
 import time
+
+import harness
 
 import agentrl
 from agentrl.env import SandboxSource
@@ -151,7 +152,7 @@ async def main() -> None:
         raise SystemExit(f"no image {image_tag()}: run `agentrl sandbox build` first")
     load = os.getloadavg()
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load},
+        "machine": harness.machine() | {"load_before": load},
         "image": image_tag(),
         "env": args.env,
         "serial": await serial(args.env, args.steps),

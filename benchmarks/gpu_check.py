@@ -10,8 +10,8 @@ one leaves the others running; the exit status is 1 if any failed):
 1. fsdp_bf16: a few `Trainer.update` steps of a small random-init Qwen3-MoE, bf16 mixed precision by FSDP2
    over a process group of one (as `agentrl train` shards a single GPU): finite losses, weights changed,
    float32 master weights, decoder layers computing in bf16.
-2. hf_engine: the `hf` engine loading a random-init Qwen3-MoE folder (the "1b" shapes of
-   benchmarks/train_step_bench.py) onto CUDA, float32 (its default) and bfloat16, and decoding a batch of
+2. hf_engine: the `hf` engine loading a random-init Qwen3-MoE folder (benchmarks/harness.py's "1b" shapes, which
+   `train_step_bench.py --size 1b` times) onto CUDA, float32 (its default) and bfloat16, and decoding a batch of
    sampled requests: tokens per second, every logprob finite.
 3. logprob_parity: the engine's logprob of each token it sampled against the learner's score of the same
    tokens (`Trainer.scorer`, the forward pass the update uses), max and mean |difference|: float32 engine
@@ -34,24 +34,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import copy
 import datetime
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "train_step_bench.py"
@@ -105,12 +104,12 @@ class Ctx:
 
     @property
     def small(self) -> str:
-        """The small model of fsdp_bf16: the benchmark's "small" Qwen3-MoE on GPU."""
+        """The small model of fsdp_bf16: harness.SIZES' "small" Qwen3-MoE on GPU."""
         return "tiny" if self.dry else "small"
 
     @property
     def big(self) -> str:
-        """The model of hf_engine, logprob_parity and agentrl_train: the benchmark's "1b" on GPU."""
+        """The model of hf_engine, logprob_parity and agentrl_train: harness.SIZES' "1b" on GPU."""
         return "tiny" if self.dry else "1b"
 
 
@@ -127,78 +126,6 @@ def need_cuda(ctx: Ctx) -> None:
         )
 
 
-def model_config(size: str):
-    """A Qwen3-MoE config with the project tokenizer's special tokens: tiny_config's defaults ("tiny") or the
-    shapes of benchmarks/train_step_bench.py's SIZES."""
-    from train_step_bench import SIZES
-
-    from agentrl.models.tiny import tiny_config
-
-    return tiny_config("qwen3_moe", **({} if size == "tiny" else SIZES[size]))
-
-
-def describe(cfg) -> str:
-    from train_step_bench import active_params
-
-    return f"qwen3_moe: {n_params(cfg) / 1e6:.1f}M parameters, {active_params(cfg) / 1e6:.1f}M active"
-
-
-def n_params(cfg) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
-
-
-def random_model(size: str, device: str = "cpu"):
-    """A random-init float32 Qwen3-MoE (the same weights for the same size), initialised on `device`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(model_config(size), dtype=torch.float32)
-
-
-def model_folder(ctx: Ctx, size: str) -> Path:
-    """A Hugging Face folder of `random_model(size)` with the project tokenizer, in the work folder: made by the
-    first check that needs it, reused by the next ones."""
-    from agentrl.models.tokenizer import load_tokenizer
-
-    path = ctx.workdir / f"model-{size}"
-    if not (path / "complete").exists():
-        shutil.rmtree(path, ignore_errors=True)
-        random_model(size, ctx.device).save_pretrained(path)
-        load_tokenizer().save_pretrained(path)
-        (path / "complete").touch()
-    return path
-
-
-def prompts(n: int) -> list[list[int]]:
-    from agentrl.models.tokenizer import load_tokenizer
-
-    tok = load_tokenizer()
-    texts = [
-        "def add(a, b):",
-        "What is 12 * 34? Use the calculator.",
-        "hello " * 9,
-        "x",
-        "<tool_call>",
-        "The quick brown fox jumps over the lazy dog. " * 3,
-        "import numpy as np\n",
-        "Answer:",
-    ]
-    return [tok.encode(f"{texts[i % len(texts)]} #{i}") for i in range(n)]
-
-
-async def generate_all(engine, requests: list[list[int]], params) -> list:
-    """Every request at once on the open `engine`, request i with seed i."""
-    return await asyncio.gather(
-        *(engine.generate(p, params.model_copy(update={"seed": i})) for i, p in enumerate(requests))
-    )
-
-
 def generate(engine, requests: list[list[int]], params, *, warm_up: bool = False) -> tuple[list, float]:
     """Every request at once through `engine` (started and closed here); the generations and the seconds they
     took (`warm_up`: after the same requests once untimed, so that start-up and the choice of kernels for each
@@ -207,19 +134,17 @@ def generate(engine, requests: list[list[int]], params, *, warm_up: bool = False
     async def go():
         async with engine:
             if warm_up:
-                await generate_all(engine, requests, params)
+                await harness.generate_all(engine, requests, params)
             t0 = time.perf_counter()
-            gens = await generate_all(engine, requests, params)
+            gens = await harness.generate_all(engine, requests, params)
             return gens, time.perf_counter() - t0
 
     return asyncio.run(go())
 
 
 def gpu_memory(figures: dict[str, Any]) -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        figures["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if (peak := harness.gpu_peak_gib()) is not None:
+        figures["peak_gpu_memory_gib"] = peak
 
 
 def free_memory() -> None:
@@ -249,7 +174,6 @@ def full_params(module) -> dict[str, Any]:
 def check_fsdp_bf16(ctx: Ctx, figures: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
-    from train_step_bench import synthetic_batch
 
     from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import init_distributed, shutdown_distributed
@@ -261,8 +185,8 @@ def check_fsdp_bf16(ctx: Ctx, figures: dict[str, Any]) -> None:
     try:
         expect(dist.is_initialized(), "model.dtype=bfloat16 did not start a process group")
         figures["process_group"] = f"{dist.get_backend()}, world size {dist.get_world_size()}"
-        policy = random_model(ctx.small)
-        figures["model"] = describe(policy.config)
+        policy = harness.random_model(ctx.small)
+        figures["model"] = harness.describe_model(policy.config)
         computed: set[str] = set()  # the dtype the first decoder layer computes in
 
         def note_dtype(_, args, kwargs) -> None:
@@ -273,7 +197,7 @@ def check_fsdp_bf16(ctx: Ctx, figures: dict[str, Any]) -> None:
         figures["trainer_device"] = str(trainer.device)
         expect(trainer.device.type == ctx.device, f"the trainer took {trainer.device}, not {ctx.device}")
         B, L = (8, 128) if not ctx.dry else (4, 32)
-        batch = synthetic_batch(B, L, policy.config.vocab_size, str(trainer.device))
+        batch = harness.synthetic_batch(B, L, policy.config.vocab_size, str(trainer.device))
         figures["batch"] = f"{B} x {L} tokens, 2 minibatches"
         before = full_params(trainer.scorer)
         figures["master_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.scorer.parameters()})
@@ -304,11 +228,11 @@ def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
     from agentrl.engine.base import SamplingParams
 
     need_cuda(ctx)
-    path = model_folder(ctx, ctx.big)
-    figures["model"] = describe(model_config(ctx.big))
+    path = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
+    figures["model"] = harness.describe_model(harness.model_config(ctx.big))
     n, T = (16, 128) if not ctx.dry else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
-    requests = prompts(n)
+    requests = harness.prompts(n)
     engines = figures["engines"] = {}  # by engine.dtype
     for dtype in ("auto", "bfloat16"):
         t0 = time.perf_counter()
@@ -349,12 +273,12 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
     from agentrl.train.trainer import Trainer
 
     need_cuda(ctx)
-    figures["model"] = describe(model_config(ctx.big))
-    folder = model_folder(ctx, ctx.big)
+    figures["model"] = harness.describe_model(harness.model_config(ctx.big))
+    folder = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     n, T = (16, 64) if not ctx.dry else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
-    requests = prompts(n)
+    requests = harness.prompts(n)
     figures["tokens_per_pair"] = n * T
     figures["sampling"] = "temperature 1.0, no top-k / top-p"
     if torch.cuda.is_available():
@@ -451,8 +375,8 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     if not sandbox_image.image_exists(client, tag):
         raise Skip(f"the sandbox image {tag} is missing: build it with `agentrl sandbox build` (offline if need be)")
     need_cuda(ctx)
-    path = model_folder(ctx, ctx.big)
-    figures["model"] = describe(model_config(ctx.big))
+    path = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
+    figures["model"] = harness.describe_model(harness.model_config(ctx.big))
     run = ctx.workdir / "train-run"
     shutil.rmtree(run, ignore_errors=True)
     G, groups, T, tasks = (4, 2, 64, 4) if not ctx.dry else (2, 2, 16, 2)
@@ -477,22 +401,21 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
         "checkpoint.keep=1",
         "checkpoint.export_final=false",
     ]
-    cmd = [sys.executable, "-m", "agentrl", "train", "--env", "tool_use", *(a for s in settings for a in ("--set", s))]
-    figures["command"] = " ".join(["agentrl", *cmd[3:]])
-    t0 = time.perf_counter()
-    with GpuMemorySampler() as sampler:  # no nvidia-smi (the dry run): no figure
-        r = subprocess.run(
-            cmd,
-            cwd=ctx.workdir,
-            capture_output=True,
-            text=True,
-            env=child_env(ctx),
-            timeout=max(ctx.limit("agentrl_train") - 60, 1),
-        )
-    figures["wall_s"] = time.perf_counter() - t0
-    if sampler.peak_mib is not None:
-        figures["gpu_memory_used_peak_mib"] = sampler.peak_mib
-    expect(r.returncode == 0, f"agentrl train exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    args = ["train", "--env", "tool_use", *harness.sets(settings)]
+    figures["command"] = " ".join(["agentrl", *args])
+    log = ctx.workdir / "train-run.log"
+    # every process's GPU memory: the run's engine and learner are outside this process's allocator
+    sampler = harness.PeakSampler(harness.gpu_used_mib, every=1.0)  # no nvidia-smi (the dry run): no figure
+    try:
+        with sampler:
+            figures["wall_s"] = harness.agentrl(
+                *args, log=log, cwd=ctx.workdir, env=child_env(ctx), timeout=max(ctx.limit("agentrl_train") - 60, 1)
+            )
+    except subprocess.CalledProcessError as e:
+        raise CheckFailed(f"agentrl train exited {e.returncode}:\n{log.read_text(errors='replace')[-6000:]}") from None
+    finally:
+        if sampler.peak is not None:
+            figures["gpu_memory_used_peak_mib"] = sampler.peak
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     keys = ("loss", "grad_norm", "mismatch_abs_logprob_diff", "entropy")
     figures["iterations"] = [
@@ -565,49 +488,12 @@ CHECK_FUNCTIONS = {
 }
 
 
-class GpuMemorySampler:
-    """The GPU's used memory (all processes, nvidia-smi) every second while the block runs: its peak."""
-
-    def __init__(self) -> None:
-        self.peak_mib: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                ).stdout
-                used = max(float(x) for x in out.split())
-            except (OSError, ValueError, subprocess.SubprocessError):
-                return  # no nvidia-smi: no figure
-            self.peak_mib = max(self.peak_mib or 0.0, used)
-
-    def __enter__(self) -> GpuMemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 # -- the check's process --------------------------------------------------------------------------------
 
 
 def child_env(ctx: Ctx) -> dict[str, str]:
-    """The environment of a check's process and of what it starts: this checkout importable (installed or not),
-    Ray without auth; the dry run sees no GPU."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("RAY_AUTH_MODE", "disabled")
-    if ctx.dry:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+    """The environment of a check's process and of what it starts: harness.child_env's; the dry run sees no GPU."""
+    return harness.child_env(**({"CUDA_VISIBLE_DEVICES": ""} if ctx.dry else {}))
 
 
 def run_check(name: str, ctx: Ctx, result: Path) -> None:
@@ -642,46 +528,6 @@ def finite(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [finite(v) for v in x]
     return x
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
-
-        info |= {
-            "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda,
-            "cuda_available": torch.cuda.is_available(),
-        }
-        if torch.cuda.is_available():
-            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except ImportError as e:
-        info["torch"] = f"not importable: {e}"
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        info["transformers"] = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        if smi.returncode == 0:
-            info["nvidia_smi"] = smi.stdout.strip().splitlines()
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
-        if git.returncode == 0:
-            info["commit"] = git.stdout.strip()
-    return info
 
 
 def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
@@ -781,7 +627,7 @@ def main() -> int:
         "counts": counts,
         "seconds": time.perf_counter() - t0,
         "started": started,
-        "machine": machine(),
+        "machine": harness.machine("torch", "transformers"),
         "checks": checks,
     }
     text = json.dumps(finite(report), indent=2)

@@ -1,6 +1,6 @@
 """Loading a big model for training: the memory each rank needs until its sharded model is ready.
 
-Saves a random-init Qwen3-MoE (train_step_bench's "1b" shapes, 1.56B parameters) as bfloat16 safetensors, then
+Saves a random-init Qwen3-MoE (harness.py's "1b" shapes, 1.56B parameters) as bfloat16 safetensors, then
 builds the trainer on N gloo ranks (torchrun, one fresh set of processes per measurement, one at a time), each
 way in the same run:
 
@@ -30,16 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+import harness
+
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = {  # Qwen3-MoE shapes; "1b" is train_step_bench's
+SIZES = {  # Qwen3-MoE shapes
     "small": dict(
         hidden_size=256,
         num_hidden_layers=4,
@@ -51,50 +51,9 @@ SIZES = {  # Qwen3-MoE shapes; "1b" is train_step_bench's
         moe_intermediate_size=512,
         vocab_size=32_000,
     ),
-    "1b": dict(
-        hidden_size=1024,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=64,
-        num_experts=32,
-        num_experts_per_tok=4,
-        moe_intermediate_size=768,
-        vocab_size=151_936,
-    ),
+    "1b": harness.QWEN3_MOE_1B,
 }
 LORA = {"rank": 32, "alpha": 64.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-
-
-def rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-class AnonPeak(threading.Thread):
-    """The peak RssAnon of this process, sampled every millisecond until `stop`."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.peak = rss_kib("RssAnon")
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(0.001):
-            self.peak = max(self.peak, rss_kib("RssAnon"))
-
-    def read(self) -> int:
-        self.peak = max(self.peak, rss_kib("RssAnon"))
-        return self.peak
-
-    def reset(self) -> None:
-        self.peak = rss_kib("RssAnon")
-
-    def stop(self) -> None:
-        self._stop_event.set()
 
 
 def gib(kib: int) -> float:
@@ -119,65 +78,51 @@ def rank_main(out: Path, folder: Path, loader: str, mode: str, dtype: str, step:
     import torch
     import torch.distributed as dist
 
-    from agentrl.engine.base import SamplingParams
     from agentrl.models.lora import LoraSettings
-    from agentrl.train.batch import TrainBatch
     from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.policy import load_policy, state_bytes
     from agentrl.train.trainer import Trainer
 
-    sampler = AnonPeak()
-    sampler.start()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    baseline = rss_kib("RssAnon")  # torch, transformers and agentrl imported, the process group joined
-    model = ModelConfig(path=str(folder), dtype=dtype, lora=LoraSettings(**LORA) if mode == "lora" else None)
-    cfg = TrainerConfig(model=model, optim=OptimConfig(lr=1e-5, minibatches=1))
-    sampler.reset()
-    t0 = time.perf_counter()
-    trainer = Trainer.build(cfg) if loader == "honest" else Trainer(cfg, load_policy(cfg.model))
-    dist.barrier()
-    result = {
-        "rank": rank,
-        "baseline_anon_gib": gib(baseline),
-        "ready_s": time.perf_counter() - t0,
-        "ready_peak_anon_gib": gib(sampler.read()),
-        "ready_anon_gib": gib(rss_kib("RssAnon")),
-        "ready_vm_hwm_gib": gib(rss_kib("VmHWM")),
-    }
-    result["params"] = sum(p.numel() for p in trainer.policy.parameters())
-    result["trainable"] = sum(p.numel() for p in trainer.policy.parameters() if p.requires_grad)
-    result["held_bytes"] = sum(p.to_local().numel() * p.element_size() for p in trainer.policy.parameters())
-    if step:
-        g = torch.Generator().manual_seed(0)
-        B, L = 2 * world, 64
-        mask = torch.ones(B, L, dtype=torch.long)
-        mask[:, :16] = 0
-        batch = TrainBatch(
-            input_ids=torch.randint(1, trainer.policy.config.vocab_size, (B, L), generator=g),
-            attention_mask=torch.ones(B, L, dtype=torch.long),
-            loss_mask=mask,
-            old_logprobs=-torch.rand(B, L, generator=g) * mask,
-            advantages=torch.randn(B, L, generator=g) * mask,
-            sampling=SamplingParams(),
-        )
-        trainer.update(batch)
+    # the kernel keeps the peak of VmRSS alone (VmHWM), which counts the file pages read through mmap: RssAnon's is
+    # sampled every millisecond
+    with harness.PeakSampler(lambda: harness.proc_kib("RssAnon"), every=0.001) as sampler:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        baseline = harness.proc_kib("RssAnon")  # torch, transformers and agentrl imported, the process group joined
+        model = ModelConfig(path=str(folder), dtype=dtype, lora=LoraSettings(**LORA) if mode == "lora" else None)
+        cfg = TrainerConfig(model=model, optim=OptimConfig(lr=1e-5, minibatches=1))
+        sampler.reset()
+        t0 = time.perf_counter()
+        trainer = Trainer.build(cfg) if loader == "honest" else Trainer(cfg, load_policy(cfg.model))
         dist.barrier()
-        result["first_step_s"] = time.perf_counter() - t0
-        result["step_peak_anon_gib"] = gib(sampler.read())
-    if loader == "honest":
-        for name, sync_dtype in (("bfloat16", torch.bfloat16), ("as_trained", None)):
-            s0 = time.perf_counter()
-            state = trainer.engine_weights(sync_dtype)
-            if rank == 0:
-                result[f"sync_{name}"] = {
-                    "bytes": state_bytes(state),
-                    "tensors": len(state),
-                    "s": time.perf_counter() - s0,
-                }
-            del state
-    sampler.stop()
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+        result = {
+            "rank": rank,
+            "baseline_anon_gib": gib(baseline),
+            "ready_s": time.perf_counter() - t0,
+            "ready_peak_anon_gib": gib(sampler.sample()),
+            "ready_anon_gib": gib(harness.proc_kib("RssAnon")),
+            "ready_vm_hwm_gib": gib(harness.proc_kib("VmHWM")),
+        }
+        result["params"] = sum(p.numel() for p in trainer.policy.parameters())
+        result["trainable"] = sum(p.numel() for p in trainer.policy.parameters() if p.requires_grad)
+        result["held_bytes"] = sum(p.to_local().numel() * p.element_size() for p in trainer.policy.parameters())
+        if step:
+            trainer.update(harness.synthetic_batch(2 * world, 64, trainer.policy.config.vocab_size, "cpu"))
+            dist.barrier()
+            result["first_step_s"] = time.perf_counter() - t0
+            result["step_peak_anon_gib"] = gib(sampler.sample())
+        if loader == "honest":
+            for name, sync_dtype in (("bfloat16", torch.bfloat16), ("as_trained", None)):
+                s0 = time.perf_counter()
+                state = trainer.engine_weights(sync_dtype)
+                if rank == 0:
+                    result[f"sync_{name}"] = {
+                        "bytes": state_bytes(state),
+                        "tensors": len(state),
+                        "s": time.perf_counter() - s0,
+                    }
+                del state
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
@@ -254,7 +199,7 @@ def main() -> None:
     world = args.world
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     result = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {ram:.0f} GiB, torch {torch.__version__}",
+        "machine": harness.machine("torch") | {"memory_gib": round(ram)},
         "model": f"qwen3_moe {args.size}: {n_params / 1e9:.3f}B parameters, stored {str(stored).split('.')[-1]}",
         "setup": f"{world} gloo ranks (torchrun), compute {args.dtype}; peak RssAnon sampled every 1 ms per rank, "
         "from after imports and the process group to the model ready",

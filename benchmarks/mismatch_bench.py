@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import time
 
+import harness
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,7 +114,7 @@ def main() -> None:
         "model": args.model,
         "requests": args.requests,
         "tokens": args.tokens,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": harness.machine("torch") | {"threads": torch.get_num_threads()},
         "modes": {},
     }
     for mode in MODES:

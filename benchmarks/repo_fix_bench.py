@@ -33,14 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import harness
 
 from agentrl.runs import read_jsonl
 from agentrl.tasks.registry import load_tasks
@@ -48,15 +46,6 @@ from agentrl.tasks.repos.instance import apply_patch
 
 RECIPE = "configs/repo_fix.yaml"
 MODES = ("resolved", "wrong_file", "edit_failed", "wrong_edit", "no_change", "malformed")
-
-
-def agentrl(*args: object, log: Path) -> float:
-    t0 = time.monotonic()
-    with open(log, "w") as f:
-        subprocess.run(
-            [sys.executable, "-m", "agentrl", *map(str, args)], stdout=f, stderr=subprocess.STDOUT, check=True
-        )
-    return time.monotonic() - t0
 
 
 def resolved(transcript: dict) -> bool:
@@ -99,7 +88,7 @@ def gold_files(tasks) -> dict[str, set[str]]:
 
 
 def evaluate(model: Path | str, out: Path, tasks: int, *more: object) -> float:
-    return agentrl(
+    return harness.agentrl(
         "eval",
         "--env",
         "repo_fix",
@@ -107,10 +96,7 @@ def evaluate(model: Path | str, out: Path, tasks: int, *more: object) -> float:
         model,
         "--tasks",
         tasks,
-        "--set",
-        "env_kwargs.max_turns=8",
-        "--set",
-        "max_tokens=384",
+        *harness.sets(["env_kwargs.max_turns=8", "max_tokens=384"]),
         *more,
         "--out",
         out,
@@ -252,10 +238,7 @@ def main() -> None:
         out = args.out / f"seed{seed}"
         wall = None
         if not args.summarize_only:
-            sets = [f"seed={seed}", f"out={out}", f"model.path={args.policy}", *args.sets]
-            wall = agentrl(
-                "train", "--config", RECIPE, *(a for s in sets for a in ("--set", s)), log=out.with_suffix(".log")
-            )
+            wall = harness.train(out, [f"seed={seed}", f"model.path={args.policy}", *args.sets], ("--config", RECIPE))
             evaluate(out / "final", args.out / f"after{seed}", args.eval_tasks)
         evals = read_jsonl(out / "eval.jsonl")
         bench = read_jsonl(out / "bench.jsonl") if (out / "bench.jsonl").exists() else []  # eval.benchmarks=[]
@@ -265,11 +248,12 @@ def main() -> None:
         total = wall if wall is not None else metrics[-1]["time/elapsed_s"]
         last = metrics[-1]["iteration"] if wall is None else float("inf")
         eval_s = sum(e["wall_s"] for e in (*evals, *bench) if e["iteration"] <= last)
+        heldout = harness.held_out(evals)
         runs.append(
             {
                 "seed": seed,
-                "heldout_curve": {e["iteration"]: e["success_rate"] for e in evals},
-                "heldout_gain_pp": round(100 * (evals[-1]["success_rate"] - evals[0]["success_rate"]), 1),
+                "heldout_curve": heldout["curve"],
+                "heldout_gain_pp": heldout["gain_pp"],
                 "heldout_templates_curve": {b["iteration"]: b["pass@1"] for b in bench},
                 "wall_s": round(total),
                 "wall_s_without_evaluations": round(total - eval_s),
@@ -280,7 +264,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "machine": harness.machine(),
                 "recipe": RECIPE,
                 "policy": args.policy,
                 "failure_modes_before": modes(before, golds),

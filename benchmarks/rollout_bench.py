@@ -20,7 +20,6 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import time
 import zlib
 from pathlib import Path
@@ -131,6 +130,10 @@ async def naive_run(model, episodes: int, env_kwargs: dict, max_tokens: int) -> 
 
 
 async def main(args) -> dict:
+    # imported here, not at the top: Ray's env workers import this module as benchmarks.rollout_bench (the
+    # longtail env), and there benchmarks/ is not on sys.path
+    import harness
+
     model = tiny_model("qwen3_moe", seed=0)
     sampling = SamplingParams(max_tokens=args.max_tokens)
     env_kwargs = {"max_turns": args.turns}
@@ -159,7 +162,7 @@ async def main(args) -> dict:
     off = await controller_run(model, RolloutConfig(partial=False, **tail), args.tail_iterations, bump=True)
     on = await controller_run(model, RolloutConfig(partial=True, **tail), args.tail_iterations, bump=True)
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "machine": harness.machine("torch"),
         "model": "tiny qwen3_moe (random init), fp32 CPU",
         "throughput": {
             "controller": ctl,

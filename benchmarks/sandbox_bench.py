@@ -26,11 +26,12 @@ import asyncio
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
 import uuid
+
+import harness
 
 from agentrl.sandbox import reaper
 from agentrl.sandbox.base import ExecResult
@@ -204,13 +205,10 @@ def machine_info(image: str) -> dict:
     client = docker_client()
     # Containers not ours (e.g. a concurrent test run) compete for the same cores.
     others = [c for c in client.containers.list() if c.labels.get(reaper.SESSION_LABEL) != reaper.SESSION_ID]
-    return {
-        "nproc": os.cpu_count(),
+    return harness.machine() | {
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "other_containers_running": len(others),
         "docker_server_version": client.version()["Version"],
-        "python": platform.python_version(),
-        "platform": platform.platform(),
         "image": image,
     }
 

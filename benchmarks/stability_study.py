@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from pathlib import Path
 from statistics import mean
 
+import harness
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from default_run_bench import run  # benchmarks/ is this script's folder: on sys.path
 
 from agentrl.runs import read_jsonl
 
@@ -91,25 +89,21 @@ def collapse(curve: list[tuple[int, float]]) -> int | None:
 
 def summarize(out: Path, policy: str, arm: str, seed: int, wall_s: float | None) -> dict:
     evals, metrics = read_jsonl(out / "eval.jsonl"), read_jsonl(out / "metrics.jsonl")
-    curve = [(e["iteration"], e["success_rate"]) for e in evals]
+    run = harness.run_summary(evals, metrics, wall_s)
+    curve = list(run["curve"].items())
     per_iteration = {name: [m.get(key) for m in metrics] for name, key in WATCHED.items()}
     return {
         "policy": policy,
         "arm": arm,
         "seed": seed,
-        "iterations": len(metrics),
-        "curve": {i: v for i, v in curve},
-        "start": curve[0][1],
+        **run,
         "peak": max(v for _, v in curve),
-        "final": curve[-1][1],
-        "gain_pp": round(100 * (curve[-1][1] - curve[0][1]), 1),
         "collapsed_at": collapse(curve),
         "per_iteration": per_iteration,
         "means": {
             name: round(mean(xs), 6) if (xs := [x for x in v if x is not None]) else None
             for name, v in per_iteration.items()
         },
-        "wall_s": round(wall_s) if wall_s is not None else round(metrics[-1]["time/elapsed_s"]),
     }
 
 
@@ -176,8 +170,7 @@ def main() -> None:
                 out.parent.mkdir(exist_ok=True)
                 wall = None
                 if not args.summarize_only:
-                    loss, *sets = ARMS[arm]
-                    wall = run(out, loss.removeprefix("algo.loss="), seed, [*SETUP, f"model.path={path}", *sets])
+                    wall = harness.train(out, [f"seed={seed}", *SETUP, f"model.path={path}", *ARMS[arm]])
                 if (out / "eval.jsonl").exists():
                     results.append(summarize(out, policy, arm, seed, wall))
     by_arm = {
@@ -196,7 +189,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "machine": harness.machine(),
                 "setup": SETUP,
                 "by_arm": by_arm,
                 "runs": results,

@@ -20,70 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
-from typing import TYPE_CHECKING
 
+import harness
 import torch
 import torch.distributed as dist
 from profiling import profiled
 
-from agentrl.models.default import ARCHITECTURE, SMALL_ARCHITECTURE
-from agentrl.models.tiny import tiny_config
-
-if TYPE_CHECKING:
-    from agentrl.train.batch import TrainBatch
-
-SIZES = {  # Qwen3-MoE shapes
-    "default": ARCHITECTURE,  # the embedded default policy's, repo_fix's start (tiny_config adds the vocabulary)
-    "small": SMALL_ARCHITECTURE,  # `agentrl models init --preset small`
-    "1b": dict(
-        hidden_size=1024,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=64,
-        num_experts=32,
-        num_experts_per_tok=4,
-        moe_intermediate_size=768,
-        vocab_size=151_936,
-    ),
-}
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense bf16, per GPU
-
-
-def synthetic_batch(B: int, L: int, vocab: int, device: str) -> TrainBatch:
-    # the learner's modules are imported where used: benchmarks/gpu_check.py reads SIZES on machines without Ray
-    from agentrl.engine.base import SamplingParams
-    from agentrl.train.batch import TrainBatch
-
-    g = torch.Generator().manual_seed(0)
-    mask = torch.ones(B, L, dtype=torch.long)
-    mask[:, : L // 4] = 0  # prompt
-    mask[:, L // 2 : L // 2 + L // 16] = 0  # an observation
-    return TrainBatch(
-        input_ids=torch.randint(1, vocab, (B, L), generator=g).to(device),
-        attention_mask=torch.ones_like(mask).to(device),
-        loss_mask=mask.to(device),
-        old_logprobs=(-torch.rand(B, L, generator=g) * 5 * mask).to(device),
-        advantages=(torch.randn(B, L, generator=g) * mask).to(device),
-        sampling=SamplingParams(),
-    )
-
-
-def active_params(cfg) -> float:
-    """Parameters each token uses: attention, the router, top-k experts, embeddings and head."""
-    h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    attn = h * cfg.head_dim * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
-    experts = cfg.num_experts_per_tok * 3 * h * cfg.moe_intermediate_size
-    return layers * (attn + experts + h * cfg.num_experts) + 2 * cfg.vocab_size * h
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=SIZES, default="small")
+    p.add_argument("--size", choices=harness.SIZES, default="small")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=16)
@@ -116,18 +66,17 @@ def main() -> None:
     model_cfg = ModelConfig(dtype=args.dtype or ("bfloat16" if cuda else "float32"))
     lead = init_distributed(model_cfg)  # bfloat16: FSDP2 over a group of one (or torchrun's ranks)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    cfg = tiny_config("qwen3_moe", **SIZES[args.size])
+    cfg = harness.model_config(args.size)
 
     def fresh_model() -> torch.nn.Module:  # fp32 master weights, identical each time
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(cfg)
 
     model = fresh_model()
-    n_params = sum(p.numel() for p in model.parameters())
     trainer = Trainer(TrainerConfig(model=model_cfg, optim=OptimConfig(lr=1e-6, minibatches=args.minibatches)), model)
     plain_model = fresh_model()
     prepare(plain_model, model_cfg, trainer.device)
-    batch = synthetic_batch(args.batch, args.length, cfg.vocab_size, trainer.device)
+    batch = harness.synthetic_batch(args.batch, args.length, cfg.vocab_size, trainer.device)
     tokens = int(batch.attention_mask.sum())  # over all ranks: each scores its share of every minibatch
     rank = dist.get_rank() if dist.is_initialized() else 0
 
@@ -136,7 +85,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def timed(fn) -> tuple[float, float | None]:
-        """Seconds per call, and the GPU's peak memory (GiB) over its calls."""
+        """Seconds per call, and the peak of the GPU memory torch allocated over its calls (GiB)."""
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         fn()  # warm-up
@@ -145,7 +94,7 @@ def main() -> None:
         for _ in range(args.repeats):
             fn()
         sync()
-        return (time.perf_counter() - t0) / args.repeats, torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        return (time.perf_counter() - t0) / args.repeats, harness.gpu_peak_gib()
 
     def plain() -> None:
         for rows in torch.arange(args.batch).chunk(args.minibatches):
@@ -160,9 +109,8 @@ def main() -> None:
     update_gib, plain_gib = rounds[-1][0][1], rounds[-1][1][1]
     fsdp = f"FSDP2 over {world} rank(s)" if dist.is_initialized() else "one plain process"
     result = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-        + (f", {torch.cuda.get_device_name()}" if cuda else ""),
-        "model": f"qwen3_moe {args.size}: {n_params / 1e6:.1f}M parameters, {active_params(cfg) / 1e6:.1f}M active",
+        "machine": harness.machine("torch"),
+        "model": harness.describe_model(cfg, f"qwen3_moe {args.size}"),
         "setup": f"{model_cfg.dtype}, {fsdp}",
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
         "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
@@ -174,7 +122,7 @@ def main() -> None:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
         for key, gib in (("gspo_token_update", update_gib), ("plain_forward_backward", plain_gib)):
             # fwd + bwd, attention scores left out (PaLM's estimate)
-            flops = 6 * active_params(cfg) * result[key]["tokens_per_s_per_device"]
+            flops = 6 * harness.active_params(cfg) * result[key]["tokens_per_s_per_device"]
             result[key]["mfu"] = flops / peak if peak else None
             result[key]["peak_memory_gib"] = gib  # both models' weights are resident in either path
     if args.profile:

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import httpx
 import yaml
 
@@ -114,8 +115,7 @@ def measure(folder: Path, last_id: str) -> dict:
                 "trajectory_s": round(timed(c, f"/api/trajectory/{last_id}"), 4),
                 "page_html_s": round(timed(c, "/"), 4),
             }
-        rss = Path(f"/proc/{proc.pid}/status").read_text().split("VmRSS:")[1].split()[0]
-        out["server_rss_mb"] = round(int(rss) / 1024, 1)
+        out["server_rss_mb"] = harness.tree_rss_mib(proc.pid)
         out["data_mb"] = round(sum(p.stat().st_size for p in (folder / "trajectories").iterdir()) / 2**20, 1)
         return out
     finally:

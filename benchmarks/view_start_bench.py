@@ -6,7 +6,7 @@ Each repeat launches `python -m agentrl view FOLDER --port P` (from an empty tem
 checkout in PYTHONPATH, or else the installed agentrl, is the one imported) and times, from the launch:
   overview_s      the first HTTP 200 of GET /api/overview (polled every 50 ms)
   trajectories_s  then the first HTTP 200 of GET /api/trajectories (polled the same way)
-then reads the server's resident memory (RSS, children included; psutil, else /proc/PID/status):
+then reads the server's resident memory (RSS, children included; /proc/PID/status):
   rss_mb             after those two answers
   rss_trajectory_mb  after GET /api/trajectory/<the first listed episode> (that one loads the tokenizer)
 Once per checkout it also measures `python -c "import agentrl.view.server"` (its RSS and wall time) and
@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,22 +56,6 @@ def environment(pythonpath: str | None) -> dict[str, str]:
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
     return env
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children."""
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return round(sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20, 1)
-    except ImportError:
-        pids = [pid]
-        for p in pids:  # grows as children are found
-            children = Path(f"/proc/{p}/task/{p}/children")
-            pids += [int(c) for c in children.read_text().split()] if children.exists() else []
-        kb = sum(int(Path(f"/proc/{p}/status").read_text().split("VmRSS:")[1].split()[0]) for p in pids)
-        return round(kb / 1024, 1)
 
 
 def poll(client: httpx.Client, path: str, proc: subprocess.Popen, t0: float, timeout: float) -> float:
@@ -103,13 +88,13 @@ def start_once(folder: Path, pythonpath: str | None, timeout: float) -> dict:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
                 out = {"overview_s": round(poll(c, "/api/overview", proc, t0, timeout), 3)}
                 out["trajectories_s"] = round(poll(c, "/api/trajectories", proc, t0, timeout), 3)
-                out["rss_mb"] = rss_mb(proc.pid)
+                out["rss_mb"] = harness.tree_rss_mib(proc.pid)
                 items = c.get("/api/trajectories").json()["items"]
                 if items:
                     t1 = time.perf_counter()
                     c.get(f"/api/trajectory/{items[0]['episode_id']}").raise_for_status()
                     out["trajectory_s"] = round(time.perf_counter() - t1, 3)
-                    out["rss_trajectory_mb"] = rss_mb(proc.pid)
+                    out["rss_trajectory_mb"] = harness.tree_rss_mib(proc.pid)
             return out
         except Exception:
             proc.kill()
@@ -125,6 +110,7 @@ def start_once(folder: Path, pythonpath: str | None, timeout: float) -> dict:
                     proc.wait()
 
 
+# Its own VmRSS read in place, not through harness.proc_kib: the snippet imports nothing but what it measures.
 IMPORT_SNIPPET = """
 import json, sys, time
 t0 = time.perf_counter()
