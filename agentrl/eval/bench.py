@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.passk import pass_at_k, pass_at_ks
-from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
+from agentrl.rollout import ChatFormat, EnvWorkersConfig, RolloutConfig, RolloutController, Status, Trajectory
 from agentrl.rollout.workers import make_env, task_ids
 
 
@@ -29,9 +29,21 @@ def success(traj: Trajectory) -> bool:
     return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
 
 
-class BenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalWorkersConfig(EnvWorkersConfig):
+    """The env-worker settings of an evaluation (`eval`, each benchmark, `agentrl eval`); where a default differs
+    from training's, the reason is under it."""
 
+    num_workers: int = Field(1, ge=1)
+    """env worker actors. One: an evaluation's episodes wait on sandboxes, which `sandboxes_per_worker` counts,
+    and the held-out evaluator's worker stays up, idle, between evaluations of a run (training's 2 spread a run's
+    many episodes over two processes, so one dying fails only half of them)"""
+    max_retries: int = Field(2, ge=0)
+    """restarts of an episode after an infrastructure failure before it is left out of the score. Two (training:
+    1): an evaluation's tasks are fixed and few, and a task left out changes its rate, where a lost training
+    episode is one of many"""
+
+
+class BenchConfig(EvalWorkersConfig):
     env: str
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     split: Literal["train", "test", "all"] | None = None
@@ -49,10 +61,10 @@ class BenchConfig(BaseModel):
     max_tokens: int = Field(512, ge=1)
     """per-turn token budget"""
     max_episode_tokens: int = Field(4096, ge=1)
-    num_workers: int = Field(1, ge=1)
-    sandboxes_per_worker: int = Field(8, ge=1)
     sandbox_reuse: int = Field(100, ge=0)
-    max_retries: int = Field(2, ge=0)
+    """episodes a sandbox serves after a recycle that proves it clean. 100 (training and held-out evaluation: 0,
+    unless a recipe sets it): a benchmark's episodes are many and short (HumanEval: 164 problems x samples, one
+    program each), and a container start costs a few hundred ms of CPU"""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -112,13 +124,10 @@ async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat)
         groups_per_iteration=len(ids),
         sampling=cfg.sampling,
         max_episode_tokens=cfg.max_episode_tokens,
-        num_workers=cfg.num_workers,
-        sandboxes_per_worker=cfg.sandboxes_per_worker,
-        sandbox_reuse=cfg.sandbox_reuse,
         partial=False,
         on_infra_failure="retry",
-        max_retries=cfg.max_retries,
         seed=cfg.seed,
+        **cfg.env_workers(),
     )
     async with RolloutController(rollout, engine, chat) as ctl:  # every problem in flight at once
         batch = await ctl.run_iteration(ids)

@@ -13,18 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
-from agentrl.eval.bench import BenchConfig, success
+from agentrl.eval.bench import BenchConfig, EvalWorkersConfig, success
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
 from agentrl.rollout.workers import task_ids
 
 
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EvalConfig(EvalWorkersConfig):
     tasks: int = Field(100, ge=0)
     """held-out tasks: the first N of the env's test split, the same at every evaluation; 0: no held-out
     evaluation (and no env workers or sandboxes for it; `benchmarks` still run)"""
@@ -32,13 +30,6 @@ class EvalConfig(BaseModel):
     """iterations between evaluations (also before the first and after the last); 0: only those two"""
     max_tokens: int = Field(256, ge=1)
     """per-turn token budget of the greedy episodes"""
-    num_workers: int = Field(1, ge=1)
-    """env worker actors for evaluation episodes"""
-    sandboxes_per_worker: int = Field(8, ge=1)
-    sandbox_reuse: int = Field(0, ge=0)
-    """as rollout.sandbox_reuse: episodes a sandbox serves after a proven-clean recycle"""
-    max_retries: int = Field(2, ge=0)
-    """restarts of an episode after an infrastructure failure"""
     benchmarks: list[BenchConfig] = Field(default_factory=list)
     """more evaluations at the same iterations, on the training engine, each an `agentrl eval` of its
     own (any registered env's test split, a fixed subset with `tasks`, pass@k with `samples` and
@@ -92,13 +83,10 @@ class HeldOutEval:
             groups_per_iteration=cfg.tasks,
             sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens),
             max_episode_tokens=max_episode_tokens,
-            num_workers=cfg.num_workers,
-            sandboxes_per_worker=cfg.sandboxes_per_worker,
-            sandbox_reuse=cfg.sandbox_reuse,
             partial=False,
             on_infra_failure="retry",
-            max_retries=cfg.max_retries,
             ray_address=ray_address,
+            **cfg.env_workers(),
         )
         self.controller = RolloutController(rollout, engine, chat, placement=placement)
         self.task_ids: list[str] = []

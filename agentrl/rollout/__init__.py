@@ -1,7 +1,7 @@
 """Rollouts: environments plus an inference engine, turned into token-exact trajectories."""
 
 from agentrl.rollout.chat import ChatFormat, TemplatePrefixError
-from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.config import EnvWorkersConfig, RolloutConfig
 from agentrl.rollout.controller import (
     ControllerState,
     Group,
@@ -10,11 +10,15 @@ from agentrl.rollout.controller import (
     RolloutController,
     RolloutStats,
 )
+from agentrl.rollout.pool import EnvWorkerHandle, EnvWorkerPool, WorkerDied, WorkerError
 from agentrl.rollout.trajectory import Segment, Status, Trajectory, TrajectoryError, Turn
 
 __all__ = [
     "ChatFormat",
     "ControllerState",
+    "EnvWorkerHandle",
+    "EnvWorkerPool",
+    "EnvWorkersConfig",
     "Group",
     "ParkedEpisode",
     "RolloutBatch",
@@ -27,4 +31,6 @@ __all__ = [
     "Trajectory",
     "TrajectoryError",
     "Turn",
+    "WorkerDied",
+    "WorkerError",
 ]

@@ -9,8 +9,31 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentrl.engine.base import SamplingParams
 
 
-class RolloutConfig(BaseModel):
+class EnvWorkersConfig(BaseModel):
+    """The env workers that play episodes, their sandboxes, and the retries of an episode they fail: the same
+    keys under `rollout`, `eval` and each benchmark (an evaluation's defaults: `agentrl.eval.bench`)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    num_workers: int = Field(2, ge=1)
+    """env worker actors (on a Ray cluster, cluster.envs.workers_per_node on each Docker node instead)"""
+    sandboxes_per_worker: int = Field(8, ge=1)
+    """warm sandboxes each worker keeps (with sandbox_reuse, the ones in use that come back count)"""
+    sandbox_reuse: int = Field(0, ge=0)
+    """episodes a sandbox may serve after its first, each after a recycle that proves it clean (no process
+    left, every writable place emptied); 0: a fresh container per episode"""
+    max_retries: int = Field(1, ge=0)
+    """restarts of an episode after an infrastructure failure before it is given up (masked out of the loss,
+    left out of an evaluation's score)"""
+
+    def env_workers(self) -> dict[str, Any]:
+        """These settings alone, as keyword arguments: an evaluation's `RolloutConfig` takes its own."""
+        return {name: getattr(self, name) for name in EnvWorkersConfig.model_fields}
+
+
+class RolloutConfig(EnvWorkersConfig):
+    """A rollout controller's settings: its env workers (`EnvWorkersConfig`), then the env, the groups and the
+    iterations, budgets and staleness."""
 
     env: str = "code_sandbox"
     """the environment's registered name, or "module:name" to import the module that registers it"""
@@ -24,13 +47,6 @@ class RolloutConfig(BaseModel):
     """temperature / top_p / top_k / seed; max_tokens is the per-turn token budget"""
     max_episode_tokens: int = Field(4096, ge=2)
     """per-episode budget: prompt, generated and observation tokens together"""
-    num_workers: int = Field(2, ge=1)
-    """env worker actors"""
-    sandboxes_per_worker: int = Field(8, ge=1)
-    """warm sandboxes each worker keeps (with sandbox_reuse, the ones in use that come back count)"""
-    sandbox_reuse: int = Field(0, ge=0)
-    """episodes a sandbox may serve after its first, each after a recycle that proves it clean (no process
-    left, every writable place emptied); 0: a fresh container per episode"""
     partial: bool = True
     """partial rollouts: end the iteration at its target and park unfinished episodes"""
     max_groups_in_flight: int | None = None
@@ -41,8 +57,6 @@ class RolloutConfig(BaseModel):
     """a parked trajectory more policy versions behind than this is dropped (and counted)"""
     on_infra_failure: Literal["retry", "mask"] = "retry"
     """an infrastructure failure restarts the episode (up to max_retries) or masks it out"""
-    max_retries: int = Field(1, ge=0)
-    """restarts per episode slot before it is masked out"""
     seed: int = 0
     """seeds task order and every request's sampling generator"""
     ray_address: str | None = None

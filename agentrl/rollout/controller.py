@@ -17,15 +17,12 @@ not waiting on a sandbox. One iteration (`run_iteration`):
    iteration waits for every episode it started;
 4. returns the complete groups: every member finished, failed or dropped.
 
-An infrastructure failure (the env reports infra_error, or its worker actor dies) never
-becomes a zero reward: the episode is restarted (`on_infra_failure="retry"`) or marked
-failed, left out of the loss, and counted either way.
+An infrastructure failure (the env reports infra_error, or a call to its worker fails:
+`WorkerError`) never becomes a zero reward: the episode is restarted (`on_infra_failure="retry"`)
+or marked failed, left out of the loss, and counted either way.
 
-Where the env workers run: without a placement, `rollout.num_workers` of them wherever Ray
-puts them (a local run: this machine). With one (`cluster.envs` of a run on a Ray cluster),
-`workers_per_node` on every Docker node, prepared first (orphans removed, the sandbox image
-shipped where missing); a dead worker's replacement goes to a surviving Docker node
-(`agentrl.rollout.placement`).
+The env workers, where they run and their replacement are the pool's (`agentrl.rollout.pool`):
+the controller asks it for a worker per episode and knows nothing of Ray.
 """
 
 from __future__ import annotations
@@ -36,12 +33,8 @@ import logging
 import time
 import uuid
 import zlib
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
-import ray
-import ray.exceptions
 from pydantic import BaseModel
 
 from agentrl.cluster import EnvPlacement
@@ -49,9 +42,9 @@ from agentrl.engine.base import InferenceEngine
 from agentrl.env.base import FailureClass
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.placement import EnvPlacer, NodeWorkers, pinned
+from agentrl.rollout.placement import NodeWorkers
+from agentrl.rollout.pool import EnvWorkerHandle, EnvWorkerPool, WorkerError, env_worker_pool
 from agentrl.rollout.trajectory import Status, Trajectory
-from agentrl.rollout.workers import RemoteEnvWorker
 
 log = logging.getLogger(__name__)
 
@@ -60,28 +53,12 @@ class _InfraFailure(Exception):
     pass
 
 
-def _reap_orphans() -> None:
-    """Remove this host's sandbox containers whose owner process died (docker unreachable: left to the reaper)."""
-    import docker.errors
-
-    from agentrl.sandbox import SandboxError, reaper
-    from agentrl.sandbox.docker_sandbox import docker_client
-
-    try:
-        removed = reaper.collect_orphans(docker_client())
-    except (SandboxError, docker.errors.DockerException, OSError) as e:
-        log.warning("could not remove a dead env worker's sandboxes now (%s); `agentrl sandbox gc` will", e)
-        return
-    if removed:
-        log.warning("removed %d sandbox(es) of a dead env worker", len(removed))
-
-
 @dataclass(eq=False)
 class _Episode:
     traj: Trajectory
     seed: int
     attempt: int = 0
-    worker: Any = None  # the EnvWorker actor holding its env
+    worker: EnvWorkerHandle | None = None  # the worker holding its env
     generating: bool = False
 
     @property
@@ -159,17 +136,12 @@ class _Counts:
     complete_groups: set[str] = field(default_factory=set)
 
 
-# A worker is dead for the controller when a call to it raises one of these (a worker pinned to a node that died
-# before it started is unschedulable: a RayError, but no RayActorError).
-_WORKER_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
-
-
 class RolloutController:
-    """Drives episodes on env worker actors with one inference engine. `async with` closes it.
+    """Drives episodes on env workers with one inference engine. `async with` closes it.
 
     `placement` (a run on a Ray cluster): env workers on every alive node advertising
     `placement.node_resource`, `placement.workers_per_node` each (`rollout.num_workers` is then not used);
-    None: `rollout.num_workers` workers wherever Ray puts them."""
+    None: `rollout.num_workers` workers wherever Ray puts them (`agentrl.rollout.pool.env_worker_pool`)."""
 
     def __init__(
         self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat, placement: EnvPlacement | None = None
@@ -178,73 +150,37 @@ class RolloutController:
         self.engine = engine
         self.chat = chat
         self.iteration = 0
-        self.workers: list[Any] = []
+        self.pool: EnvWorkerPool = env_worker_pool(cfg, placement)
         self._groups: dict[str, list[_Episode]] = {}  # live groups, in start order
-        self._next_worker = 0
         self._stopping = asyncio.Event()
         self._counts = _Counts()
         self._partial = cfg.partial
-        self._background: set[asyncio.Task] = set()  # aborts and reaps, referenced until done
-        self._replaced_workers = 0
-        self._started_ray = False
-        self.placement = placement
-        self._placer = EnvPlacer(placement) if placement is not None else None
-        self._worker_nodes: list[str] = []  # with a placement: each worker's node id, parallel to `workers`
-        self._dead: set[int] = set()  # id() of workers known dead, not replaced yet (placement only)
-        self._replace_lock = asyncio.Lock()
-        self._image = ""
+        self._background: set[asyncio.Task] = set()  # aborts, referenced until done
 
     async def start(self) -> RolloutController:
         await self.engine.start()  # a client learns its server's context length (idempotent)
-        if not ray.is_initialized():
-            ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
-            self._started_ray = True
-        if self._placer is None:
-            self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
-            return self
-        from agentrl.sandbox.image import image_tag
-
-        self._image = image_tag()
-        try:
-            self._worker_nodes = await asyncio.to_thread(self._placer.start, self._image)
-        except BaseException:
-            if self._started_ray:  # refused (no Docker node, no image): leave no Ray behind
-                ray.shutdown()
-                self._started_ray = False
-            raise
-        self.workers = [self._new_worker(node) for node in self._worker_nodes]
-        log.info("%s", self.describe_placement())
+        await self.pool.start()
         return self
 
-    def _new_worker(self, node_id: str | None = None) -> Any:
-        cls = RemoteEnvWorker if node_id is None else RemoteEnvWorker.options(scheduling_strategy=pinned(node_id))
-        return cls.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker, self.cfg.sandbox_reuse)
-
     # -- where the workers are ------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[EnvWorkerHandle]:
+        """The pool's env workers, one per slot."""
+        return self.pool.workers
 
     def nodes(self) -> list[NodeWorkers]:
         """With a placement: each Docker node with live env workers (id, IP, workers, how its image got there),
         following replacements; without one: [] (the workers are wherever Ray put them)."""
-        return self._placer.summary(self._worker_nodes) if self._placer is not None else []
+        return self.pool.nodes()
 
     def placement_metrics(self) -> dict[str, float]:
         """`rollout/nodes` (distinct nodes with env workers) and `rollout/env_workers`, with a placement; {} without."""
-        if self._placer is None:
-            return {}
-        return {"rollout/nodes": float(len(self.nodes())), "rollout/env_workers": float(len(self.workers))}
+        return self.pool.placement_metrics()
 
     def describe_placement(self) -> str:
         """What to print at the start of a run: where the env workers are, one line per node."""
-        if self._placer is None:
-            return f"env workers: {len(self.workers) or self.cfg.num_workers}, placed by Ray (no cluster placement)"
-        nodes = self.nodes()
-        p = self.placement
-        lines = [
-            f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
-            f"({p.workers_per_node} per node), sandbox image {self._image}"
-        ]
-        lines += [f"  {n.ip}  node {n.node_id}: {n.workers} worker(s), image {n.image}" for n in nodes]
-        return "\n".join(lines)
+        return self.pool.describe_placement()
 
     async def __aenter__(self) -> RolloutController:
         return await self.start()
@@ -290,11 +226,11 @@ class RolloutController:
         if not traj.token_ids:
             return True  # not started: it resets like a new episode
         closed = traj.turns[:-1] if traj.turn_open else traj.turns  # the turns the env answered
-        ep.worker = self._pick_worker()
+        ep.worker = self.pool.pick()
         actions = [self.chat.decode(traj.generated_ids(t.index)) for t in closed]
         try:
-            obs, info, steps = await ep.worker.replay.remote(traj.episode_id, traj.task_id, ep.seed, actions)
-        except ray.exceptions.RayError as e:
+            obs, info, steps = await ep.worker.replay(traj.episode_id, traj.task_id, ep.seed, actions)
+        except WorkerError as e:
             log.warning("episode %s: replay failed: %s", traj.episode_id, e)
             steps = []
         same = len(steps) == len(closed)
@@ -343,7 +279,7 @@ class RolloutController:
         requested = list(task_ids or [])[:n_new]
         if len(requested) < n_new:
             seed = zlib.crc32(f"{self.cfg.seed}/tasks/{self.iteration}".encode())
-            requested += await self._sample_tasks(n_new - len(requested), seed)
+            requested += await self.pool.sample_tasks(n_new - len(requested), seed)
         for k, task_id in enumerate(requested):
             self._new_group(f"{self.iteration:05d}-{k:03d}", task_id)
         self._note_complete_groups()
@@ -420,9 +356,7 @@ class RolloutController:
         while True:
             try:
                 await self._play(ep)
-            except (ray.exceptions.RayError, _InfraFailure) as e:
-                if isinstance(e, _WORKER_DEAD):
-                    await self._replace_worker(ep.worker)
+            except (WorkerError, _InfraFailure) as e:  # a dead worker is replaced already (WorkerDied)
                 await self._close_env(ep)
                 if self.cfg.on_infra_failure == "retry" and ep.attempt < self.cfg.max_retries:
                     log.warning("episode %s: infrastructure failure, retrying: %s", ep.traj.episode_id, e)
@@ -445,8 +379,8 @@ class RolloutController:
         traj = ep.traj
         limit = min(self.cfg.max_episode_tokens, self.engine.max_context)
         if not traj.token_ids:
-            ep.worker = self._pick_worker()
-            obs, info = await ep.worker.reset.remote(traj.episode_id, traj.task_id, ep.seed)
+            ep.worker = self.pool.pick()
+            obs, info = await ep.worker.reset(traj.episode_id, traj.task_id, ep.seed)
             traj.append_prompt(self.chat.prompt_ids(obs, tools=info.get("tools")))
         while not self._stopping.is_set():
             used = traj.turns[-1].end - traj.turns[-1].start if traj.turn_open else 0
@@ -466,7 +400,7 @@ class RolloutController:
             if gen.finish_reason == "aborted":
                 return  # parked at a token boundary; the turn continues next iteration
             turn = traj.turns[-1]
-            obs, reward, terminated, truncated, info = await ep.worker.step.remote(
+            obs, reward, terminated, truncated, info = await ep.worker.step(
                 traj.episode_id, self.chat.decode(traj.generated_ids(turn.index))
             )
             turn.reward, turn.info = reward, info
@@ -490,122 +424,15 @@ class RolloutController:
         if truncation not in (None, "env"):  # the env did not end it: release its sandbox
             await self._close_env(ep)
 
-    # -- workers ----------------------------------------------------------------------
-
-    def _pick_worker(self) -> Any:
-        for _ in range(len(self.workers)):  # skip a worker known dead while its replacement is being placed
-            w = self.workers[self._next_worker % len(self.workers)]
-            self._next_worker += 1
-            if id(w) not in self._dead:
-                return w
-        return w
-
-    async def _sample_tasks(self, n: int, seed: int) -> list[str]:
-        """Task ids from worker 0's env. A worker that died while idle (no episode of its own to
-        notice) is replaced here, once: the fresh one answers or the error is real."""
-        w = self.workers[0]
-        try:
-            return await w.sample_tasks.remote(n, seed)
-        except _WORKER_DEAD:
-            await self._replace_worker(w)
-            return await self.workers[0].sample_tasks.remote(n, seed)
-
-    async def _replace_worker(self, dead: Any) -> None:
-        """A worker actor died: its episodes fail; a fresh one takes its place, and the dead one's
-        sandboxes (whose owner process is gone) are removed now rather than at the next start."""
-        if self._placer is not None:
-            return await self._replace_placed(dead)
-        for i, w in enumerate(self.workers):
-            if w is dead:
-                log.warning("env worker %d died; starting a replacement", i)
-                self.workers[i] = self._new_worker()
-                self._replaced_workers += 1
-                task = asyncio.ensure_future(asyncio.to_thread(_reap_orphans))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-
-    async def _replace_placed(self, dead: Any) -> None:
-        """`_replace_worker` with a placement: the replacement goes to the alive Docker node with the fewest
-        workers. If the dead worker's node is gone, every worker of that node is replaced now (their episodes
-        fail on their own); if it is alive, the dead worker's sandboxes are removed there. A node's death also
-        kills its workers' sandboxes' owner processes without atexit: their watchdogs remove the containers."""
-        if not any(w is dead for w in self.workers):
-            return  # replaced already
-        self._dead.add(id(dead))
-        async with self._replace_lock:
-            slots = [i for i, w in enumerate(self.workers) if w is dead]
-            if not slots:
-                return
-            node = self._worker_nodes[slots[0]]
-            alive = await asyncio.to_thread(self._placer.alive)
-            if node not in {x.node_id for x in alive}:  # the node is gone: so are its other workers
-                slots = [i for i, n in enumerate(self._worker_nodes) if n == node]
-                log.warning("env node %s is gone: replacing its %d worker(s) on the other nodes", node, len(slots))
-            load = Counter(
-                n
-                for i, (n, w) in enumerate(zip(self._worker_nodes, self.workers, strict=True))
-                if i not in slots and id(w) not in self._dead
-            )
-            targets = await asyncio.to_thread(self._placer.replacements, alive, load, len(slots), self._image)
-            for i, target in zip(slots, targets, strict=True):
-                old = self.workers[i]
-                log.warning("env worker %d (node %s) died; starting a replacement on node %s", i, node, target)
-                with contextlib.suppress(Exception):
-                    ray.kill(old)  # it may be alive but unreachable: its sandboxes must not stay
-                self.workers[i] = self._new_worker(target)
-                self._worker_nodes[i] = target
-                self._dead.discard(id(old))
-                self._replaced_workers += 1
-            if node in {x.node_id for x in alive}:
-                task = asyncio.ensure_future(asyncio.to_thread(self._placer.reap, {node}))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-
     async def _close_env(self, ep: _Episode) -> None:
         if ep.worker is None:
             return
-        with contextlib.suppress(ray.exceptions.RayError):  # a dead worker's sandboxes are reaped by owner pid
-            await ep.worker.close.remote(ep.traj.episode_id)
+        with contextlib.suppress(WorkerError):
+            await ep.worker.close(ep.traj.episode_id)
 
     async def close(self) -> None:
-        """Close parked episodes' envs and stop the workers (their sandbox pools close); with a placement, then
-        remove orphaned sandboxes on every Docker node still alive."""
+        """Close parked episodes' envs, then the pool: its workers stop and their sandboxes are removed."""
         for ep in self._live():
             await self._close_env(ep)
         self._groups.clear()
-        if self._placer is None:
-            for w in self.workers:
-                with contextlib.suppress(ray.exceptions.RayError):
-                    await w.shutdown.remote()
-                ray.kill(w)
-        else:
-            await asyncio.gather(*(self._shutdown(w) for w in self.workers))
-        self.workers = []
-        self._worker_nodes = []
-        if self._placer is not None and self._placer.nodes:
-            await asyncio.gather(*self._background, return_exceptions=True)
-            try:
-                removed = await asyncio.to_thread(self._placer.reap)
-            except Exception as e:  # a node's daemon that fails now: its next start removes them
-                log.warning("could not remove orphaned sandboxes on the env nodes: %s", e)
-            else:
-                if removed:
-                    log.warning("removed %d orphaned sandbox(es) on the env nodes", removed)
-        if self._started_ray:
-            ray.shutdown()
-            self._started_ray = False
-        if self._replaced_workers:
-            # Reap again: the reap at a worker's death can run before its killed process is gone (its
-            # containers still look owned), and that worker's sandboxes must not outlive the run.
-            await asyncio.gather(*self._background, return_exceptions=True)
-            if self._placer is None:
-                await asyncio.to_thread(_reap_orphans)
-
-    @staticmethod
-    async def _shutdown(w: Any, timeout_s: float = 60.0) -> None:
-        """Stop one worker: its pools close its sandboxes; one that does not answer (its node died) is killed,
-        its watchdog removes them."""
-        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-            await asyncio.wait_for(w.shutdown.remote(), timeout_s)
-        with contextlib.suppress(Exception):
-            ray.kill(w)
+        await self.pool.close()

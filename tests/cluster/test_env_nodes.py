@@ -74,8 +74,8 @@ async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluste
         assert ctl.placement_metrics() == {"rollout/nodes": 2.0, "rollout/env_workers": 2.0}
         text = ctl.describe_placement()
         assert a.node_id in text and b.node_id in text and "2 on 2 node(s)" in text, text
-        await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))  # warm pools, as a run starts
-        wheres = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
+        await asyncio.gather(*(w.start_sandboxes() for w in ctl.workers))  # warm pools, as a run starts
+        wheres = await asyncio.gather(*(w.actor.where.remote() for w in ctl.workers))
         assert sorted((w.node_id, w.docker_host) for w in wheres) == sorted(
             [(a.node_id, a.docker_host), (b.node_id, b.docker_host)]
         )
@@ -99,8 +99,8 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
     engine = HFEngine(tiny_model("qwen3_moe", seed=0))
     cfg = config(ray_cluster.address, env_kwargs={"max_turns": 12}, groups_per_iteration=3)
     async with engine, RolloutController(cfg, engine, chat(), EnvPlacement()) as ctl:
-        await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))
-        before = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
+        await asyncio.gather(*(w.start_sandboxes() for w in ctl.workers))
+        before = await asyncio.gather(*(w.actor.where.remote() for w in ctl.workers))
         victim = ctl.workers[[w.node_id for w in before].index(b.node_id)]
         task = asyncio.create_task(ctl.run_iteration())
         # until an episode of b's worker is mid-way (it has a turn; 11 more to go)
@@ -127,7 +127,7 @@ async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbo
         # the replacement is on the surviving Docker node
         assert [(n.node_id, n.workers) for n in ctl.nodes()] == [(a.node_id, 2)]
         assert ctl.placement_metrics()["rollout/nodes"] == 1.0
-        after = await asyncio.gather(*(w.where.remote() for w in ctl.workers))
+        after = await asyncio.gather(*(w.actor.where.remote() for w in ctl.workers))
         assert {w.node_id for w in after} == {a.node_id}
     # the killed worker's containers on b's daemon: gone (its watchdog); the rest: closed or reaped
     await eventually(lambda: nothing_left(ray_cluster, before + after), 30, "containers or watchdogs left")

@@ -84,12 +84,12 @@ async def test_placed_workers_on_a_docker_node(local_ray, sandbox_image):
         assert ctl.placement_metrics() == {"rollout/nodes": 1.0, "rollout/env_workers": 2.0}
         assert "2 on 1 node(s)" in ctl.describe_placement()
         victim = ctl.workers[0]
-        pid = await victim.pid.remote()
+        pid = await victim.actor.pid.remote()
         task = asyncio.create_task(ctl.run_iteration())
         while not any(ep.worker is victim and ep.traj.turns for ep in ctl._live()):
             await asyncio.sleep(0.05)
         with engine.paused():  # nothing moves on (the event loop waits too) until the victim is gone
-            ray.kill(victim)
+            ray.kill(victim.actor)
             while reaper.process_start_time(pid) is not None:
                 time.sleep(0.05)
         batch = await asyncio.wait_for(task, 300)

@@ -334,7 +334,7 @@ async def test_killing_an_env_worker_fails_only_its_episodes(ray_local, mode):
         task = asyncio.create_task(ctl.run_iteration())
         while not any(engine._rows):  # wait until episodes are generating
             await asyncio.sleep(0.05)
-        ray.kill(victim)
+        ray.kill(victim.actor)
         batch = await asyncio.wait_for(task, 300)
         assert victim not in ctl.workers  # replaced
     trajs = batch.trajectories
@@ -358,7 +358,7 @@ async def test_a_worker_killed_between_iterations_is_replaced(ray_local):
     async with engine, RolloutController(config(num_workers=1), engine, chat()) as ctl:
         await ctl.run_iteration()
         victim = ctl.workers[0]
-        ray.kill(victim)
+        ray.kill(victim.actor)
         batch = await asyncio.wait_for(ctl.run_iteration(), 300)
         assert victim not in ctl.workers
     assert batch.stats.groups_finished == config().groups_per_iteration

@@ -1,0 +1,372 @@
+"""The env-worker pool: the workers a rollout controller plays its episodes on, where they run, and who
+replaces one that dies.
+
+The controller owns no worker. It asks its pool for one (`EnvWorkerPool.pick`) and calls it through the
+`EnvWorkerHandle` contract; a failed call raises `WorkerError`, whatever runs the worker. The pools:
+
+- `RayEnvWorkerPool`: `rollout.num_workers` Ray actors (`agentrl.rollout.workers`) wherever Ray puts them
+  (a local run: this machine);
+- `PlacedEnvWorkerPool` (`cluster.envs` of a run on a Ray cluster): `workers_per_node` actors on every Docker
+  node, prepared first (orphans removed, the sandbox image shipped where missing); a dead worker's
+  replacement goes to a surviving Docker node (`agentrl.rollout.placement`).
+
+`env_worker_pool(cfg, placement)` chooses between them, once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from agentrl.cluster import EnvPlacement
+from agentrl.env.base import Message
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.placement import EnvPlacer, NodeWorkers, pinned
+from agentrl.rollout.workers import RemoteEnvWorker
+
+log = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """A call to an env worker failed: the env raised in it, or the worker could not be reached.
+
+    An infrastructure failure, never a verdict on the episode: the controller retries the episode or
+    masks it out. The message is the worker's error."""
+
+
+class WorkerDied(WorkerError):
+    """The worker is gone (its process or its node died), and every env it held with it. By the time a
+    call raises this, its pool has replaced the worker: the next `pick` hands out a live one."""
+
+
+class EnvWorkerHandle(abc.ABC):
+    """One env worker, as its pool hands it out: environments by episode id, sharing one sandbox pool.
+
+    Every method is a coroutine, and many run at once (one per episode). A call that fails raises
+    `WorkerError` (`WorkerDied` when the worker died), never its backend's own exception.
+
+    - `reset(episode_id, task_id, seed) -> (observation, info)` makes the episode's env and resets it on
+      the task; `info["tools"]` are the tool schemas for the prompt.
+    - `step(episode_id, text) -> (observation, reward, terminated, truncated, info)`; an episode that
+      ended has its env closed.
+    - `replay(episode_id, task_id, seed, actions) -> (observation, info, steps)` rebuilds an episode's env
+      after a restart: reset as before, then each action stepped; `steps` holds each step's (observation,
+      reward, terminated, truncated), for the caller to compare with its record.
+    - `close(episode_id)` releases the episode's env and its sandbox. An unknown id, or a worker that died
+      (its envs went with it), is a no-op: it never raises `WorkerDied`.
+    - `sample_tasks(n, seed) -> task ids` drawn from the env's task set, the same for the same seed.
+    - `start_sandboxes()` fills the sandbox pool now, before the first episode needs a sandbox.
+    """
+
+    @abc.abstractmethod
+    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    async def replay(
+        self, episode_id: str, task_id: str, seed: int, actions: list[str]
+    ) -> tuple[list[Message], dict[str, Any], list[tuple]]: ...
+
+    @abc.abstractmethod
+    async def close(self, episode_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def sample_tasks(self, n: int, seed: int) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def start_sandboxes(self) -> None: ...
+
+
+class EnvWorkerPool(abc.ABC):
+    """The env workers of one rollout controller. `start()` before the first `pick`; `close()` stops every
+    worker and removes what they left (sandboxes), and is safe to call twice.
+
+    Subclasses set `workers` and implement `start`, `close`, `describe_placement` and `_replace`; a pool
+    that places workers on nodes also overrides `nodes` and `placement_metrics`."""
+
+    def __init__(self) -> None:
+        self.workers: list[EnvWorkerHandle] = []  # in slots: a replacement takes its dead worker's slot
+        self._dead: set[EnvWorkerHandle] = set()  # known dead, replacement not placed yet: `pick` skips them
+        self._next = 0
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def describe_placement(self) -> str:
+        """What to print at the start of a run: where the env workers are."""
+
+    @abc.abstractmethod
+    async def _replace(self, dead: EnvWorkerHandle) -> None:
+        """A worker died: a fresh one takes its slot, and what it left is removed. Called by every call that
+        finds the worker dead, before it raises `WorkerDied`; a worker replaced already is left as it is."""
+
+    def nodes(self) -> list[NodeWorkers]:
+        """Each node with live env workers (id, IP, workers, how its sandbox image got there); [] when the
+        pool does not choose nodes."""
+        return []
+
+    def placement_metrics(self) -> dict[str, float]:
+        """`rollout/nodes` (distinct nodes with env workers) and `rollout/env_workers`; {} when the pool does
+        not choose nodes."""
+        return {}
+
+    def pick(self) -> EnvWorkerHandle:
+        """The worker for a new episode (or a replay), round robin; one known dead whose replacement is being
+        placed is skipped."""
+        for _ in range(len(self.workers)):
+            w = self.workers[self._next % len(self.workers)]
+            self._next += 1
+            if w not in self._dead:
+                return w
+        return w
+
+    async def sample_tasks(self, n: int, seed: int) -> list[str]:
+        """n task ids from the first worker's env. A worker that died while idle (no episode of its own to
+        notice) is replaced by this call, once: the fresh one answers, or the error is real."""
+        try:
+            return await self.workers[0].sample_tasks(n, seed)
+        except WorkerDied:
+            return await self.workers[0].sample_tasks(n, seed)
+
+
+# -- env workers as Ray actors --------------------------------------------------------------
+
+# A worker is dead when a call to it raises one of these (a worker pinned to a node that died before it
+# started is unschedulable: a RayError, but no RayActorError).
+_WORKER_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
+
+
+def _reap_orphans() -> None:
+    """Remove this host's sandbox containers whose owner process died (docker unreachable: left to the reaper)."""
+    import docker.errors
+
+    from agentrl.sandbox import SandboxError, reaper
+    from agentrl.sandbox.docker_sandbox import docker_client
+
+    try:
+        removed = reaper.collect_orphans(docker_client())
+    except (SandboxError, docker.errors.DockerException, OSError) as e:
+        log.warning("could not remove a dead env worker's sandboxes now (%s); `agentrl sandbox gc` will", e)
+        return
+    if removed:
+        log.warning("removed %d sandbox(es) of a dead env worker", len(removed))
+
+
+class RayEnvWorker(EnvWorkerHandle):
+    """An `agentrl.rollout.workers.EnvWorker` Ray actor (`actor`), pinned to `node_id` when placed."""
+
+    def __init__(self, pool: RayEnvWorkerPool, actor: Any, node_id: str | None = None) -> None:
+        self.actor = actor
+        self.node_id = node_id
+        self._pool = pool
+
+    async def _call(self, method: str, *args: Any, dead_ok: bool = False) -> Any:
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except _WORKER_DEAD as e:
+            if dead_ok:
+                return None
+            await self._pool._replace(self)
+            raise WorkerDied(str(e) or type(e).__name__) from e
+        except ray.exceptions.RayError as e:
+            raise WorkerError(str(e) or type(e).__name__) from e
+
+    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        return await self._call("reset", episode_id, task_id, seed)
+
+    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        return await self._call("step", episode_id, text)
+
+    async def replay(
+        self, episode_id: str, task_id: str, seed: int, actions: list[str]
+    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
+        return await self._call("replay", episode_id, task_id, seed, actions)
+
+    async def close(self, episode_id: str) -> None:
+        # a dead worker's sandboxes are reaped by owner pid; its replacement is for its next call to start
+        await self._call("close", episode_id, dead_ok=True)
+
+    async def sample_tasks(self, n: int, seed: int) -> list[str]:
+        return await self._call("sample_tasks", n, seed)
+
+    async def start_sandboxes(self) -> None:
+        await self._call("start_sandboxes")
+
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the actor: its pools close its sandboxes; one that does not answer (its node died) is killed,
+        and its watchdog removes them."""
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            await asyncio.wait_for(self.actor.shutdown.remote(), timeout_s)
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor)
+
+
+class RayEnvWorkerPool(EnvWorkerPool):
+    """`rollout.num_workers` env worker actors wherever Ray puts them. Starts a local Ray (or joins
+    `rollout.ray_address`) unless one is running, and shuts down only the one it started."""
+
+    def __init__(self, cfg: RolloutConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.workers: list[RayEnvWorker] = []
+        self._started_ray = False
+        self._replaced = 0
+        self._background: set[asyncio.Task] = set()  # reaps, referenced until done
+
+    async def start(self) -> None:
+        self._init_ray()
+        self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
+
+    def describe_placement(self) -> str:
+        return f"env workers: {len(self.workers) or self.cfg.num_workers}, placed by Ray (no cluster placement)"
+
+    def _init_ray(self) -> None:
+        if not ray.is_initialized():
+            ray.init(address=self.cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+            self._started_ray = True
+
+    def _shutdown_ray(self) -> None:
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def _new_worker(self, node_id: str | None = None) -> RayEnvWorker:
+        cls = RemoteEnvWorker if node_id is None else RemoteEnvWorker.options(scheduling_strategy=pinned(node_id))
+        actor = cls.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker, self.cfg.sandbox_reuse)
+        return RayEnvWorker(self, actor, node_id)
+
+    def _in_background(self, work: Coroutine) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _replace(self, dead: EnvWorkerHandle) -> None:
+        """A fresh actor takes the dead one's slot, and the dead one's sandboxes (whose owner process is gone)
+        are removed now rather than at the next start."""
+        for i, w in enumerate(self.workers):
+            if w is dead:
+                log.warning("env worker %d died; starting a replacement", i)
+                self.workers[i] = self._new_worker()
+                self._replaced += 1
+                self._in_background(asyncio.to_thread(_reap_orphans))
+
+    async def _stop_workers(self) -> None:
+        workers, self.workers = self.workers, []
+        await asyncio.gather(*(w.stop() for w in workers))
+
+    async def close(self) -> None:
+        """Stop the workers (their sandbox pools close) and the Ray this pool started."""
+        await self._stop_workers()
+        self._shutdown_ray()
+        if self._replaced:
+            # Reap again: the reap at a worker's death can run before its killed process is gone (its
+            # containers still look owned), and that worker's sandboxes must not outlive the run.
+            await asyncio.gather(*self._background, return_exceptions=True)
+            await asyncio.to_thread(_reap_orphans)
+
+
+class PlacedEnvWorkerPool(RayEnvWorkerPool):
+    """`placement.workers_per_node` env worker actors on every alive node of the Ray cluster advertising
+    `placement.node_resource` (`rollout.num_workers` is not used), each on its node's Docker daemon."""
+
+    def __init__(self, cfg: RolloutConfig, placement: EnvPlacement) -> None:
+        super().__init__(cfg)
+        self.placement = placement
+        self._placer = EnvPlacer(placement)
+        self._replace_lock = asyncio.Lock()
+        self._image = ""
+
+    async def start(self) -> None:
+        """Prepare every Docker node (orphans removed, the sandbox image there), then pin the workers."""
+        from agentrl.sandbox.image import image_tag
+
+        self._init_ray()
+        self._image = image_tag()
+        try:
+            slots = await asyncio.to_thread(self._placer.start, self._image)
+        except BaseException:
+            self._shutdown_ray()  # refused (no Docker node, no image): leave no Ray behind
+            raise
+        self.workers = [self._new_worker(node) for node in slots]
+        log.info("%s", self.describe_placement())
+
+    def nodes(self) -> list[NodeWorkers]:
+        return self._placer.summary([w.node_id for w in self.workers])
+
+    def placement_metrics(self) -> dict[str, float]:
+        return {"rollout/nodes": float(len(self.nodes())), "rollout/env_workers": float(len(self.workers))}
+
+    def describe_placement(self) -> str:
+        """One line per node."""
+        nodes = self.nodes()
+        p = self.placement
+        lines = [
+            f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
+            f"({p.workers_per_node} per node), sandbox image {self._image}"
+        ]
+        lines += [f"  {n.ip}  node {n.node_id}: {n.workers} worker(s), image {n.image}" for n in nodes]
+        return "\n".join(lines)
+
+    async def _replace(self, dead: EnvWorkerHandle) -> None:
+        """The replacement goes to the alive Docker node with the fewest workers. If the dead worker's node is
+        gone, every worker of that node is replaced now (their episodes fail on their own); if it is alive, the
+        dead worker's sandboxes are removed there. A node's death also kills its workers' sandboxes' owner
+        processes without atexit: their watchdogs remove the containers."""
+        if not any(w is dead for w in self.workers):
+            return  # replaced already
+        self._dead.add(dead)
+        async with self._replace_lock:
+            slots = [i for i, w in enumerate(self.workers) if w is dead]
+            if not slots:
+                return
+            node = self.workers[slots[0]].node_id
+            alive = await asyncio.to_thread(self._placer.alive)
+            if node not in {x.node_id for x in alive}:  # the node is gone: so are its other workers
+                slots = [i for i, w in enumerate(self.workers) if w.node_id == node]
+                log.warning("env node %s is gone: replacing its %d worker(s) on the other nodes", node, len(slots))
+            load = Counter(w.node_id for i, w in enumerate(self.workers) if i not in slots and w not in self._dead)
+            targets = await asyncio.to_thread(self._placer.replacements, alive, load, len(slots), self._image)
+            for i, target in zip(slots, targets, strict=True):
+                old = self.workers[i]
+                log.warning("env worker %d (node %s) died; starting a replacement on node %s", i, node, target)
+                with contextlib.suppress(Exception):
+                    ray.kill(old.actor)  # it may be alive but unreachable: its sandboxes must not stay
+                self.workers[i] = self._new_worker(target)
+                self._dead.discard(old)
+                self._replaced += 1
+            if node in {x.node_id for x in alive}:
+                self._in_background(asyncio.to_thread(self._placer.reap, {node}))
+
+    async def close(self) -> None:
+        """Stop the workers, then remove orphaned sandboxes on every Docker node still alive."""
+        await self._stop_workers()
+        if self._placer.nodes:
+            await asyncio.gather(*self._background, return_exceptions=True)
+            try:
+                removed = await asyncio.to_thread(self._placer.reap)
+            except Exception as e:  # a node's daemon that fails now: its next start removes them
+                log.warning("could not remove orphaned sandboxes on the env nodes: %s", e)
+            else:
+                if removed:
+                    log.warning("removed %d orphaned sandbox(es) on the env nodes", removed)
+        self._shutdown_ray()
+
+
+def env_worker_pool(cfg: RolloutConfig, placement: EnvPlacement | None = None) -> EnvWorkerPool:
+    """The pool for a rollout config: placed on the cluster's Docker nodes with `placement`, else where Ray puts
+    the workers."""
+    return RayEnvWorkerPool(cfg) if placement is None else PlacedEnvWorkerPool(cfg, placement)
