@@ -58,7 +58,7 @@ async def controller_run(model, cfg: RolloutConfig, iterations: int, *, bump: bo
     engine = build_engine(EngineConfig(), EngineModel(module=model))  # samples with `model` itself, as a run's does
     async with engine, RolloutController(cfg, engine, chat) as ctl:
         # warm-up outside the clock: actors import their envs and fill their sandbox pools, the engine thread starts
-        await asyncio.gather(*(w.start_sandboxes.remote() for w in ctl.workers))
+        await asyncio.gather(*(w.start_sandboxes() for w in ctl.workers))
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
         walls, tokens, episodes = [], 0, 0
         for _ in range(iterations):
