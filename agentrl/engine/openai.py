@@ -14,10 +14,12 @@ Failures: connection errors, timeouts and 5xx replies are retried with exponenti
 (`ContextTooLong` for a context overflow, else `RequestRejected`); no answer after every
 retry raises `ServerUnavailable`.
 
-Weights reach the server its own way (`server`: agentrl, vllm, or auto: agentrl when it answers
-GET /agentrl/version):
-- agentrl serve: the tensors are uploaded (safetensors) to POST /agentrl/weights.
-- vLLM (`vllm serve`, >= 0.16.0): each update is written into `weights_dir`, a folder the server sees at
+The two kinds of server differ in how weights reach them, which model a request names and how a request
+is aborted: each is a `ServerDialect`, chosen once when the engine connects (`server_dialect`; `server`:
+agentrl, vllm, or auto: agentrl when it answers GET /agentrl/version):
+- `AgentrlServe` (agentrl serve): the tensors are uploaded (safetensors) to POST /agentrl/weights; an aborted
+  request is ended by the server (POST /agentrl/abort), which sends the tokens made so far.
+- `VLLMServe` (`vllm serve`, >= 0.16.0): each update is written into `weights_dir`, a folder the server sees at
   the same path (a shared filesystem), and loaded through vLLM's documented endpoints.
   A LoRA adapter is written in peft's format and loaded under a new name per version
   (POST /v1/load_lora_adapter; vLLM started with --enable-lora, a big enough --max-lora-rank, and
@@ -30,7 +32,8 @@ GET /agentrl/version):
   old weights is reused, requests in flight recompute theirs), POST /resume; these need the server
   started with VLLM_SERVER_DEV_MODE=1. Nothing goes over NCCL or needs a GPU here. (vLLM's own weight
   transfer endpoints, /init_weight_transfer_engine and /update_weights, carry only the control messages:
-  the tensors go over NCCL or CUDA IPC between the trainer's GPU and the server's.)
+  the tensors go over NCCL or CUDA IPC between the trainer's GPU and the server's.) An aborted request's
+  stream is closed, which makes the server abort it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import contextlib
 import json
 import shutil
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +72,7 @@ from agentrl.engine.protocol import (
     PolicyVersion,
     UnloadLoraAdapter,
 )
+from agentrl.models.layout import checkpoint_layout, meta_model_at
 
 MAX_BACKOFF_S = 8.0
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
@@ -136,7 +141,7 @@ class OpenAIEngine(InferenceEngine):
     base_url: the server, with or without the trailing `/v1`.
     model: the served model to ask for; None takes the first in `/v1/models`.
     server: agentrl (agentrl serve), vllm (`vllm serve`), or auto: agentrl when it answers GET
-        /agentrl/version, else vllm. It decides how weights reach the server (see the module's doc).
+        /agentrl/version, else vllm. It chooses the `ServerDialect` (see the module's doc).
     weights_dir: vllm: where updates are written for the server to load (the same path on both
         sides); None: this engine takes no tensors, `update_weights()` only moves its version.
     policy: vllm: the policy's checkpoint folder (`path`: full weights are written in its layout, the
@@ -190,11 +195,7 @@ class OpenAIEngine(InferenceEngine):
         self._max_context = max_context
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s))
         self._version = version
-        self._agentrl: bool | None = None  # whether the server is agentrl serve; None until connected
-        self._updates: frozenset[str] = frozenset()  # the weight updates agentrl serve takes
-        self._adapter: str | None = None  # vLLM: the LoRA adapter requests name, once one was loaded
-        self._written: list[Path] = []  # vLLM: the update folders this engine wrote and keeps, oldest first
-        self._tag = uuid.uuid4().hex[:8]  # in adapter names: a long-lived server may hold an earlier run's
+        self._dialect: ServerDialect | None = None  # chosen when it connects
         self._connecting = asyncio.Lock()
         self._inflight: dict[str, _Pending] = {}
 
@@ -223,14 +224,8 @@ class OpenAIEngine(InferenceEngine):
 
     @property
     def capabilities(self) -> Capabilities:
-        """agentrl serve: what it says it takes (full state dicts; LoRA adapters if started with --lora-rank).
-        vLLM: full state dicts, and LoRA adapters of a LoRA policy, once `weights_dir` is set; else nothing:
-        `update_weights()` with no tensors only moves the version."""
-        if self._agentrl:
-            return Capabilities(weight_updates=self._updates)
-        if self.weights_dir is None:
-            return Capabilities(weight_updates=frozenset())
-        return Capabilities(weight_updates=frozenset({"full", "lora"} if self.policy.lora else {"full"}))
+        """What the server takes (`ServerDialect.capabilities`), known once connected."""
+        return self._connected().capabilities
 
     async def start(self) -> None:
         await self.connect()
@@ -251,7 +246,7 @@ class OpenAIEngine(InferenceEngine):
     async def connect(self) -> OpenAIEngine:
         """Ask the server what it serves (retrying until it answers); later calls return at once."""
         async with self._connecting:
-            if self._agentrl is not None:
+            if self._dialect is not None:
                 return self
             models = ModelList.model_validate(self._ok(await self._send("GET", "/v1/models")).json())
             served = [m.id for m in models.data]
@@ -261,19 +256,7 @@ class OpenAIEngine(InferenceEngine):
             self.model = card.id
             if self._max_context is None:
                 self._max_context = card.max_model_len
-            if self.server == "vllm":
-                self._agentrl = False
-                return self
-            resp = await self._send("GET", "/agentrl/version")
-            if resp.status_code != 200 and self.server == "agentrl":
-                raise RequestRejected(
-                    f"{self.base_url} is not agentrl serve: GET /agentrl/version answered HTTP "
-                    f"{resp.status_code} (set server to vllm or auto)"
-                )
-            self._agentrl = resp.status_code == 200
-            if self._agentrl:
-                served = PolicyVersion.model_validate(resp.json())
-                self._version, self._updates = served.version, frozenset(served.weight_updates or ())
+            self._dialect = await server_dialect(self)
         return self
 
     # -- requests --------------------------------------------------------------------
@@ -325,132 +308,29 @@ class OpenAIEngine(InferenceEngine):
         if st is None or st.aborted:
             return
         st.aborted = True
-        if self._agentrl and st.started.is_set():
-            # agentrl serve ends the stream itself, sending the tokens made so far.
-            with contextlib.suppress(httpx.HTTPError):
-                if (await self._client.post("/agentrl/abort", json={"request_id": request_id})).status_code == 200:
-                    return
+        if st.started.is_set() and await self._connected().abort(request_id):
+            return  # the server ends the stream itself, sending the tokens made so far
         if st.task is not None:
             st.task.cancel()  # closing the stream makes the server abort; the tokens received are kept
 
     async def update_weights(
         self, state_dict: Mapping[str, torch.Tensor] | None = None, *, lora: Mapping[str, torch.Tensor] | None = None
     ) -> int:
-        """agentrl serve: upload the weights (safetensors), returning the server's new version.
-        vLLM: write them into `weights_dir` and have the server load them (the module's doc says how);
-        with no arguments, only bump this engine's version, after the server's weights changed its own way."""
+        """Install the weights the server's way (`AgentrlServe`, `VLLMServe`) and return the new version."""
         if state_dict is not None and lora is not None:
             raise ValueError("pass either a full state_dict or a LoRA adapter, not both")
         await self.connect()
-        tensors = lora if lora is not None else state_dict
-        if not self._agentrl:
-            if tensors is None:
-                self._version += 1
-            elif self.weights_dir is None:
-                raise NotImplementedError(NO_WEIGHTS_DIR.format(url=self.base_url))
-            elif lora is not None:
-                await self._load_adapter(lora)
-            else:
-                await self._reload(state_dict)
-            return self._version
-        if tensors is None:
-            raise ValueError("agentrl serve holds its own copy of the weights: pass the new state_dict or LoRA adapter")
-        import safetensors.torch
-
-        payload = await asyncio.to_thread(lambda: safetensors.torch.save(_cpu_copies(tensors)))
-        resp = await self._send(
-            "POST",
-            "/agentrl/weights",
-            content=payload,
-            resend=False,
-            params={"lora": 1} if lora is not None else None,
-            headers={"content-type": "application/octet-stream"},
-        )
-        self._version = PolicyVersion.model_validate(self._ok(resp).json()).version
+        await self._connected().update_weights(state_dict, lora)
         return self._version
 
     async def close(self) -> None:
         await self._client.aclose()
 
-    # -- weights for a vLLM server -----------------------------------------------------
-
-    async def _load_adapter(self, lora: Mapping[str, torch.Tensor]) -> None:
-        """Serve the adapter under a new name, which requests sent from now on name."""
-        if self.policy.lora is None or self.policy.path is None:
-            raise ValueError(
-                "a LoRA update for a vLLM server needs the policy's LoRA settings and checkpoint "
-                "folder for the adapter's config: OpenAIEngine(policy=EngineModel(path, lora=...))"
-            )
-        from agentrl.engine.vllm import _meta_model
-        from agentrl.models.lora import peft_config
-
-        config = peft_config(self.policy.lora, _meta_model(self.policy.path))
-
-        def write(folder: Path) -> None:
-            import safetensors.torch
-
-            config.save_pretrained(str(folder))  # adapter_config.json
-            safetensors.torch.save_file(_cpu_copies(lora), str(folder / "adapter_model.safetensors"))
-
-        name = f"agentrl-{self._tag}-v{self._version + 1}"
-        # The previous adapter's folder stays: vLLM may read it again for a request in flight that still uses it.
-        async with self._update_folder(name, write, keep=2) as folder:
-            await self._vllm("/v1/load_lora_adapter", LoadLoraAdapter(lora_name=name, lora_path=str(folder.resolve())))
-        previous, self._adapter = self._adapter, name
-        self._version += 1
-        if previous is not None:
-            await self._vllm("/v1/unload_lora_adapter", UnloadLoraAdapter(lora_name=previous))
-
-    async def _reload(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Reload the server's weights in place from a checkpoint folder written here."""
-        from agentrl.engine.vllm import checkpoint_layout
-
-        def write(folder: Path) -> None:
-            import safetensors.torch
-
-            tensors = checkpoint_layout(self.policy.path, state_dict) if self.policy.path else state_dict
-            safetensors.torch.save_file(_cpu_copies(tensors), str(folder / "model.safetensors"))
-
-        async with self._update_folder(f"agentrl-{self._tag}-v{self._version + 1}", write, keep=1) as folder:
-            await self._vllm("/pause", params={"mode": "keep"})  # requests in flight stay, frozen
-            try:
-                reload = CollectiveRpc(method="reload_weights", kwargs={"weights_path": str(folder.resolve())})
-                await self._vllm("/collective_rpc", reload)
-                await self._vllm("/reset_prefix_cache", params={"reset_running_requests": "true"})
-            finally:
-                await self._vllm("/resume")
-        self._version += 1
-
-    @contextlib.asynccontextmanager
-    async def _update_folder(self, name: str, write: Callable[[Path], None], *, keep: int) -> AsyncIterator[Path]:
-        """A new folder `name` in `weights_dir`, filled by `write(folder)` in a thread (it may hold gigabytes), for
-        the server to load inside the block. Kept if the block succeeds, with the `keep - 1` this engine wrote
-        before it (the older ones are deleted); deleted if anything fails."""
-        folder = self.weights_dir / name
-        folder.mkdir()
-        try:
-            await asyncio.to_thread(write, folder)
-            yield folder
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        self._written.append(folder)
-        for old in self._written[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        self._written = self._written[-keep:]
-
-    async def _vllm(self, path: str, body: BaseModel | None = None, params: dict[str, str] | None = None) -> None:
-        """POST to one of vLLM's endpoints; one that is not served names the flag the server needs."""
-        resp = await self._send("POST", path, json=body.model_dump() if body else None, params=params, resend=False)
-        if resp.status_code == 404 and _is_missing_route(resp):
-            raise RequestRejected(f"{self.base_url}{path} is not served: start vLLM with {_VLLM_NEEDS[path]}")
-        self._ok(resp)
-
     # -- HTTP ------------------------------------------------------------------------
 
     def _body(self, prompt_ids: list[int], p: SamplingParams, rid: str) -> dict:
         req = CompletionRequest(
-            model=self._adapter or self.model,
+            model=self._connected().model,
             prompt=prompt_ids,
             max_tokens=p.max_tokens,
             temperature=p.temperature,
@@ -556,6 +436,218 @@ class OpenAIEngine(InferenceEngine):
 
     def _backoff(self, attempt: int) -> float:
         return min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)
+
+    def _connected(self) -> ServerDialect:
+        if self._dialect is None:
+            raise RuntimeError(f"what {self.base_url} is and takes is not known yet: `await engine.connect()` first")
+        return self._dialect
+
+
+# -- the servers' dialects ---------------------------------------------------------------
+
+
+class ServerDialect(ABC):
+    """What differs between the servers an `OpenAIEngine` speaks to: the weight updates they take and how, the
+    `model` a request names, and whether an aborted request is ended by asking. One is chosen when the engine
+    connects (`server_dialect`); nothing else asks which server it is."""
+
+    def __init__(self, engine: OpenAIEngine) -> None:
+        self.engine = engine
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The weight updates the server takes from this engine."""
+
+    @property
+    def model(self) -> str:
+        """What a request names as its `model`: the served model, by default."""
+        return self.engine.model
+
+    async def abort(self, request_id: str) -> bool:
+        """Ask the server to end a request it holds: True if it then ends the stream itself, with the tokens made
+        so far. By default it is not asked (False): the engine closes the stream, and the server aborts."""
+        return False
+
+    @abstractmethod
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        """Install `state_dict` or `lora` (not both; neither: the server's weights changed its own way) and move
+        the engine's version to the one its later tokens carry."""
+
+
+class AgentrlServe(ServerDialect):
+    """`agentrl serve`: it takes the tensors over HTTP, reports each token's version itself, and ends an aborted
+    request with the tokens made so far."""
+
+    def __init__(self, engine: OpenAIEngine, served: PolicyVersion) -> None:
+        super().__init__(engine)
+        self.updates = frozenset(served.weight_updates or ())
+        """what it said it takes (full state dicts; LoRA adapters if started with --lora-rank)"""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(weight_updates=self.updates)
+
+    async def abort(self, request_id: str) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            resp = await self.engine._client.post("/agentrl/abort", json={"request_id": request_id})
+            return resp.status_code == 200
+        return False
+
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        """Upload the weights (safetensors); the server answers with its new version."""
+        tensors = lora if lora is not None else state_dict
+        if tensors is None:
+            raise ValueError("agentrl serve holds its own copy of the weights: pass the new state_dict or LoRA adapter")
+        import safetensors.torch
+
+        payload = await asyncio.to_thread(lambda: safetensors.torch.save(_cpu_copies(tensors)))
+        resp = await self.engine._send(
+            "POST",
+            "/agentrl/weights",
+            content=payload,
+            resend=False,
+            params={"lora": 1} if lora is not None else None,
+            headers={"content-type": "application/octet-stream"},
+        )
+        self.engine._version = PolicyVersion.model_validate(self.engine._ok(resp).json()).version
+
+
+class VLLMServe(ServerDialect):
+    """`vllm serve`: it reads weights from files in the engine's `weights_dir`, loaded through its own endpoints
+    (the module's doc says how), and reports no versions."""
+
+    def __init__(self, engine: OpenAIEngine) -> None:
+        super().__init__(engine)
+        self.adapter: str | None = None
+        """the LoRA adapter requests name, once one was loaded"""
+        self.written: list[Path] = []
+        """the update folders this engine wrote and keeps, oldest first"""
+        self.tag = uuid.uuid4().hex[:8]
+        """in adapter and folder names: a long-lived server may hold an earlier run's"""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Full state dicts, and LoRA adapters of a LoRA policy, once `weights_dir` is set; else nothing:
+        `update_weights()` with no tensors only moves the version."""
+        if self.engine.weights_dir is None:
+            return Capabilities(weight_updates=frozenset())
+        return Capabilities(weight_updates=frozenset({"full", "lora"} if self.engine.policy.lora else {"full"}))
+
+    @property
+    def model(self) -> str:
+        return self.adapter or self.engine.model
+
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None, lora: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        """Write the weights into `weights_dir` and have the server load them; with neither, only bump the
+        engine's version."""
+        if state_dict is None and lora is None:
+            self.engine._version += 1
+        elif self.engine.weights_dir is None:
+            raise NotImplementedError(NO_WEIGHTS_DIR.format(url=self.engine.base_url))
+        elif lora is not None:
+            await self._load_adapter(lora)
+        else:
+            await self._reload(state_dict)
+
+    async def _load_adapter(self, lora: Mapping[str, torch.Tensor]) -> None:
+        """Serve the adapter under a new name, which requests sent from now on name."""
+        policy = self.engine.policy
+        if policy.lora is None or policy.path is None:
+            raise ValueError(
+                "a LoRA update for a vLLM server needs the policy's LoRA settings and checkpoint "
+                "folder for the adapter's config: OpenAIEngine(policy=EngineModel(path, lora=...))"
+            )
+        from agentrl.models.lora import peft_config
+
+        config = peft_config(policy.lora, meta_model_at(policy.path))
+
+        def write(folder: Path) -> None:
+            import safetensors.torch
+
+            config.save_pretrained(str(folder))  # adapter_config.json
+            safetensors.torch.save_file(_cpu_copies(lora), str(folder / "adapter_model.safetensors"))
+
+        name = f"agentrl-{self.tag}-v{self.engine._version + 1}"
+        # The previous adapter's folder stays: vLLM may read it again for a request in flight that still uses it.
+        async with self._update_folder(name, write, keep=2) as folder:
+            await self._post("/v1/load_lora_adapter", LoadLoraAdapter(lora_name=name, lora_path=str(folder.resolve())))
+        previous, self.adapter = self.adapter, name
+        self.engine._version += 1
+        if previous is not None:
+            await self._post("/v1/unload_lora_adapter", UnloadLoraAdapter(lora_name=previous))
+
+    async def _reload(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Reload the server's weights in place from a checkpoint folder written here."""
+        path = self.engine.policy.path
+
+        def write(folder: Path) -> None:
+            import safetensors.torch
+
+            tensors = checkpoint_layout(path, state_dict) if path else state_dict
+            safetensors.torch.save_file(_cpu_copies(tensors), str(folder / "model.safetensors"))
+
+        async with self._update_folder(f"agentrl-{self.tag}-v{self.engine._version + 1}", write, keep=1) as folder:
+            await self._post("/pause", params={"mode": "keep"})  # requests in flight stay, frozen
+            try:
+                reload = CollectiveRpc(method="reload_weights", kwargs={"weights_path": str(folder.resolve())})
+                await self._post("/collective_rpc", reload)
+                await self._post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+            finally:
+                await self._post("/resume")
+        self.engine._version += 1
+
+    @contextlib.asynccontextmanager
+    async def _update_folder(self, name: str, write: Callable[[Path], None], *, keep: int) -> AsyncIterator[Path]:
+        """A new folder `name` in `weights_dir`, filled by `write(folder)` in a thread (it may hold gigabytes), for
+        the server to load inside the block. Kept if the block succeeds, with the `keep - 1` this engine wrote
+        before it (the older ones are deleted); deleted if anything fails."""
+        folder = self.engine.weights_dir / name
+        folder.mkdir()
+        try:
+            await asyncio.to_thread(write, folder)
+            yield folder
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.written.append(folder)
+        for old in self.written[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self.written = self.written[-keep:]
+
+    async def _post(self, path: str, body: BaseModel | None = None, params: dict[str, str] | None = None) -> None:
+        """POST to one of vLLM's endpoints; one that is not served names the flag the server needs."""
+        resp = await self.engine._send(
+            "POST", path, json=body.model_dump() if body else None, params=params, resend=False
+        )
+        if resp.status_code == 404 and _is_missing_route(resp):
+            raise RequestRejected(f"{self.engine.base_url}{path} is not served: start vLLM with {_VLLM_NEEDS[path]}")
+        self.engine._ok(resp)
+
+
+async def server_dialect(engine: OpenAIEngine) -> ServerDialect:
+    """The dialect of `engine`'s server (its models read): vLLM when `engine.server` says so; else agentrl serve
+    when it answers GET /agentrl/version, whose policy version the engine takes; else vLLM, unless `server` says
+    agentrl."""
+    if engine.server == "vllm":
+        return VLLMServe(engine)
+    resp = await engine._send("GET", "/agentrl/version")
+    if resp.status_code == 200:
+        served = PolicyVersion.model_validate(resp.json())
+        engine._version = served.version
+        return AgentrlServe(engine, served)
+    if engine.server == "agentrl":
+        raise RequestRejected(
+            f"{engine.base_url} is not agentrl serve: GET /agentrl/version answered HTTP "
+            f"{resp.status_code} (set server to vllm or auto)"
+        )
+    return VLLMServe(engine)
 
 
 def _cpu_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

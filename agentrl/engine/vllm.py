@@ -16,7 +16,7 @@ default, so no request reuses KV computed under older weights.
 
 Weights (vLLM >= 0.10.2):
 - full: the state dict goes to each worker's `model.load_weights` through `LLM.collective_rpc`
-  and the worker extension `WeightLoader`, laid out as the checkpoint is (`checkpoint_layout`:
+  and the worker extension `WeightLoader`, laid out as the checkpoint is (`agentrl.models.layout`:
   transformers 5 fuses MoE experts in memory, vLLM's loaders read per-expert checkpoint names).
 - LoRA (`VLLMEngine(..., lora=peft.LoraConfig)`): the adapter is written to a temporary
   directory and served as a new `LoRARequest` per version. vLLM binds a request to its adapter
@@ -26,7 +26,6 @@ Weights (vLLM >= 0.10.2):
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib.util
 import itertools
 import os
@@ -42,6 +41,7 @@ import torch
 from agentrl.engine.base import Capabilities, FinishReason, SamplingParams
 from agentrl.engine.config import EngineConfig, EngineModel
 from agentrl.engine.threaded import Request, ThreadedEngine
+from agentrl.models.layout import checkpoint_layout, meta_model_at
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -131,7 +131,7 @@ class VLLMEngine(ThreadedEngine):
         if model.lora is not None:
             from agentrl.models.lora import peft_config
 
-            lora = peft_config(model.lora, _meta_model(model.path))
+            lora = peft_config(model.lora, meta_model_at(model.path))
         return cls(
             model.path,
             dtype=cfg.dtype,
@@ -267,23 +267,3 @@ class VLLMEngine(ThreadedEngine):
         self._engine.add_request(req.vllm_id, prompt, params, lora_request=self._lora_request)
         req.kv_version = self._version  # vLLM prefills it now (prefix caching is reset on every update)
         self._running[req.vllm_id] = req
-
-
-def checkpoint_layout(path: str | Path, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A transformers module's state dict under the names and shapes of its checkpoint at `path` (what
-    `save_pretrained` writes): transformers 5 fuses some weights on load (MoE experts into 3D
-    `gate_up_proj` / `down_proj`) and its own `revert_weight_conversion` splits them back."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers 4: in memory as on disk
-        return dict(state_dict)
-    return revert_weight_conversion(_meta_model(str(path)), dict(state_dict))
-
-
-@functools.cache
-def _meta_model(path: str) -> torch.nn.Module:
-    """The model class at `path` without weights: its weight conversions are all `checkpoint_layout` needs."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from agentrl.engine.vllm import checkpoint_layout
+from agentrl.models.layout import checkpoint_layout
 from agentrl.models.tiny import save_tiny
 
 

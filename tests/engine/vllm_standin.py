@@ -46,6 +46,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.hf import HFEngine
+from agentrl.models.lora import peft_model
 
 FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
 
@@ -167,9 +168,12 @@ class VLLMStandIn:
                     )
                 if problem := self._adapter_problem(json.loads(config_file.read_text())):
                     return _error(400, problem)
-                from peft import PeftModel
+                from peft import LoraConfig, set_peft_model_state_dict
+                from safetensors.torch import load_file
 
-                module = PeftModel.from_pretrained(copy.deepcopy(self.base.model), req.lora_path)
+                # peft_model: peft's own call of a transformers deprecation is not shown (nor turned into an error)
+                module = peft_model(copy.deepcopy(self.base.model), LoraConfig.from_pretrained(req.lora_path))
+                set_peft_model_state_dict(module, load_file(Path(req.lora_path) / "adapter_model.safetensors"))
                 self.engines[req.lora_name] = HFEngine(module)
                 self.adapters[req.lora_name] = req.lora_path
                 return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
