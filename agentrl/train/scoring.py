@@ -76,14 +76,17 @@ class Scorer(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(B, device=order.device)
 
-        def merge(chunks: list[torch.Tensor]) -> torch.Tensor:  # (n, Lc, ...) each -> (B, L, ...) in row order
-            return torch.cat([F.pad(c, (0, 0) * (c.dim() - 2) + (0, L - c.shape[1])) for c in chunks])[inverse]
+        def cat(chunks: list[torch.Tensor]) -> torch.Tensor:  # (n, Lc, ...) each -> (B, L, ...) in sorted order
+            return torch.cat([F.pad(c, (0, 0) * (c.dim() - 2) + (0, L - c.shape[1])) for c in chunks])
 
-        lp = merge([p[0] for p in parts])
-        ent = merge([p[1] for p in parts]) if entropy else None
+        lp = cat([p[0] for p in parts])[inverse]
+        ent = cat([p[1] for p in parts])[inverse] if entropy else None
         routed = None
         if router:
-            routed = tuple(merge([p[2][k] for p in parts]).reshape(B * L, -1) for k in range(len(parts[0][2])))
+            # (B·L, E) per layer, gathered in row order from the flattened sorted rows: a tensor of its own, never a
+            # view (FSDP2 warns that an in-place op on a view its module returned would skip its hooks)
+            flat = (inverse[:, None] * L + torch.arange(L, device=inverse.device)).flatten()
+            routed = tuple(cat([p[2][k] for p in parts]).flatten(0, 1)[flat] for k in range(len(parts[0][2])))
         return lp, ent, routed
 
     def _score(

@@ -4,7 +4,10 @@
 
 From the same start, with rollouts made deterministic (one request decoded at a time, no prefix cache, no partial
 rollouts), the three sample the same episodes and end at the same weights to 1e-5 (fp32: two ranks reduce in
-another order than one process sums), two iterations in, so the weight sync between them is covered too."""
+another order than one process sums), two iterations in, so the weight sync between them is covered too. The Ray
+run is resumed after its first iteration: its ranks load their checkpoint and its engine, a copy loaded from the
+start, samples with the checkpoint's weights. The Ray ranks wait in no collective between calls, and are gone once
+closed."""
 
 import pytest
 import ray
@@ -14,6 +17,7 @@ from safetensors.torch import load_file
 
 from agentrl.cli.train import resolve_config
 from agentrl.cluster import LearnerPlacement
+from agentrl.models.default import resolve_path
 from agentrl.runs import RunDir, read_jsonl
 from agentrl.train.loop import train
 from agentrl.train.ray_learner import RayLearner
@@ -21,6 +25,7 @@ from agentrl.train.ray_learner import RayLearner
 pytestmark = [pytest.mark.docker, pytest.mark.slow]  # the fast tier drives the loop in process: test_loop.py
 
 ATOL = 1e-5
+TIMEOUT_S = 3.0  # the Ray ranks' collective timeout: shorter than a rollout here
 RUN = [
     "iterations=2",
     "rollout.group_size=2",
@@ -28,7 +33,8 @@ RUN = [
     "rollout.partial=false",
     "rollout.num_workers=1",
     "rollout.sandboxes_per_worker=4",
-    "rollout.sampling.max_tokens=48",
+    "rollout.sampling.max_tokens=32",
+    "rollout.env_kwargs.max_turns=2",
     "engine.max_batch_size=1",  # a request decoded alone, from scratch: its numerics do not depend on the others
     "engine.prefix_cache_tokens=0",
     "eval.tasks=0",
@@ -46,21 +52,31 @@ def weights(run) -> dict[str, torch.Tensor]:
 async def test_one_loop_through_each_learner_reproduces_one_process(tmp_path):
     runs = {name: tmp_path / name for name in ("local", "ray", "torchrun")}
 
-    def config(name):
-        cfg = resolve_config("code_sandbox", None, [*RUN, f"out={runs[name]}"], None)
+    def config(name, *settings):
+        cfg = resolve_config("code_sandbox", None, [*RUN, f"out={runs[name]}", *settings], None)
         RunDir(cfg.out).create(cfg.model_dump(mode="json"))
         return cfg
 
-    await train(config("local"), RunDir(runs["local"]))
-
-    cfg = config("ray")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # both runs in this process use it
     try:
-        learner = await RayLearner.start(cfg.trainer(), LearnerPlacement(ranks=2), run_dir=runs["ray"], threads=1)
+        await train(config("local"), RunDir(runs["local"]))
+
+        # Ray ranks, for one iteration and then resumed for the second: the ranks load the checkpoint they saved,
+        # and the engine, a copy of its own loaded from the start, samples with its weights
+        cfg = config("ray", "iterations=1")
+        # between calls no rank waits in a collective: rollouts longer than one collective may take cost nothing
+        placement = LearnerPlacement(ranks=2, collective_timeout_s=TIMEOUT_S)
+        learner = await RayLearner.start(cfg.trainer(), placement, run_dir=runs["ray"], threads=1)
         try:
             await train(cfg, RunDir(runs["ray"]), learner=learner)
+            resumed = resolve_config(None, None, ["iterations=2"], runs["ray"])
+            await train(resumed, RunDir(runs["ray"]), resume=True, learner=learner)
+            assert read_jsonl(RunDir(runs["ray"]).metrics)[-1]["time/learner_idle_s"] > TIMEOUT_S
         finally:
             await learner.close()
+        for rank in learner.ranks:  # released: the actors are gone
+            with pytest.raises(ray.exceptions.RayActorError):
+                await rank.node.remote()
     finally:
         ray.shutdown()
 
@@ -79,12 +95,16 @@ async def test_one_loop_through_each_learner_reproduces_one_process(tmp_path):
 
     one, one_metrics = weights(runs["local"]), read_jsonl(RunDir(runs["local"]).metrics)
     assert [m["policy_version"] for m in one_metrics] == [1, 2]
+    start = load_file(f"{resolve_path('default')}/model.safetensors")
+    assert max((one[k] - start[k]).abs().max().item() for k in start) > 10 * ATOL  # the updates moved the weights
     for name in ("ray", "torchrun"):
         metrics = read_jsonl(RunDir(runs[name]).metrics)
         assert [{k: m[k] for k in SAME} for m in metrics] == [{k: m[k] for k in SAME} for m in one_metrics], name
         for m, m1 in zip(metrics, one_metrics, strict=True):
             assert m["train/loss"] == pytest.approx(m1["train/loss"], rel=1e-4, abs=1e-7), name
-            # the engine, a copy of its own here, samples with the synced weights: its lp_b are the trainer's
+            # the engine, a copy of its own here, samples with the synced weights (the checkpoint's, after the
+            # resume): its lp_b are the trainer's, where the starting weights are 0.3 off the final ones (mean
+            # |logprob difference| on random tokens)
             assert m["train/mismatch_abs_logprob_diff"] < 1e-4, name
         state = weights(runs[name])
         assert state.keys() == one.keys()

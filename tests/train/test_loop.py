@@ -5,6 +5,7 @@ does not see it; here it does."""
 
 import pytest
 import ray
+import torch
 from short_run import SMALL
 
 from agentrl.cli.train import resolve_config
@@ -27,6 +28,8 @@ async def test_one_iteration_in_process_then_its_report(tmp_path):
         "eval.sandboxes_per_worker=1",
         # an engine in another dtype than the learner's gets its own copy in it, never the learner's module
         "engine.dtype=bfloat16",
+        # FSDP2's CPU offload: the learner is a process group of one, which the run joins and leaves
+        "model.cpu_offload=true",
     ]
     cfg = resolve_config("code_sandbox", None, ["iterations=1", f"out={tmp_path / 'run'}", *SMALL, *tiny], None)
     run = RunDir(cfg.out)
@@ -35,6 +38,7 @@ async def test_one_iteration_in_process_then_its_report(tmp_path):
     state = await train(cfg, run)
     assert (state.iteration, state.policy_version) == (1, 1)
     assert not ray.is_initialized(), "the run stops the Ray it started"
+    assert not torch.distributed.is_initialized(), "the learner leaves the process group it joined"
     metrics = read_jsonl(run.metrics)
     assert [m["iteration"] for m in metrics] == [0] and metrics[0]["policy_version"] == 1
     # the bf16 engine's lp_b differ from the float32 learner's: a shared module would log exactly 0
