@@ -387,6 +387,7 @@ def test_config_rejects_impossible_settings():
 POOL_TASKS = {"tasks": "procedural:levels=1;families=lists"}
 
 
+@pytest.mark.slow  # the fast tier kills a worker under the controller (test_killing_an_env_worker_fails...)
 async def test_a_killed_worker_is_replaced_and_its_callers_see_worker_died(ray_local):
     """The env-worker pool's contract on real Ray actors: a failed call raises `WorkerError`, a dead worker's
     `WorkerDied` after the pool has replaced it in its slot (here, in the module of the controller that uses it,
