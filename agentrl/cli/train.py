@@ -269,9 +269,8 @@ def _check_engine(cfg: RunConfig) -> list[str]:
     """The engine can run here (vLLM installed and a GPU; a server answering)."""
     from agentrl.engine import engine_unavailable
 
-    # on a cluster the replicas' nodes are not checked from here (the engine starts them there)
-    engine = cfg.engine.model_copy(update={"ray_address": cfg.cluster.address}) if cfg.cluster.address else cfg.engine
-    why = engine_unavailable(engine)
+    # replicas on a Ray cluster are not checked from here (the engine starts them on its nodes)
+    why = engine_unavailable(cfg.engine_config())
     return [f"engine.kind={cfg.engine.kind}: {why}"] if why else []
 
 

@@ -69,7 +69,8 @@ class EngineConfig(BaseModel):
     cached there) unless that replica's outstanding work (prompt + max_tokens of its requests in flight) exceeds
     the least-loaded replica's by more than this many tokens, about one long request"""
     ray_address: str | None = None
-    """replicas: the Ray cluster to start them on when Ray is not running yet; None: a local Ray"""
+    """replicas: the Ray cluster to start them on when Ray is not running yet; None: the run's (in `agentrl train`,
+    rollout.ray_address), else a local Ray"""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode, ...)"""
     options: dict[str, Any] = Field(default_factory=dict)

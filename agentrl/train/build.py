@@ -65,7 +65,7 @@ async def build(
         model = EngineModel(path=path, module=shared, lora=cfg.model.lora, device=learner.engine_device)
         # resumed: one version behind, so that the sync of the checkpoint's weights brings it to the checkpoint's
         # version (the tokens a checkpoint holds keep their staleness)
-        engine = build_engine(cfg.engine, model, version=state.policy_version - resumed, seed=cfg.seed)
+        engine = build_engine(cfg.engine_config(), model, version=state.policy_version - resumed, seed=cfg.seed)
         engine = await stack.enter_async_context(engine)
         if cfg.algo.routing_replay == "R3" and not engine.capabilities.records_routing:
             raise ValueError(

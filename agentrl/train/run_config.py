@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.cluster import ClusterConfig
 from agentrl.engine.config import EngineConfig
@@ -40,6 +40,12 @@ class LogConfig(_Strict):
     """trajectories saved per iteration (whole groups, for `agentrl view`); 0: none"""
     max_trajectory_mb: float = Field(500.0, ge=0)
     """saved trajectories stop once their files reach this size, so a long run stays bounded on disk"""
+
+    @field_validator("wandb", mode="before")
+    @classmethod
+    def _yaml_switch(cls, v: object) -> object:
+        # YAML 1.1 reads a bare on/off as a bool (`--set log.wandb=off` arrives as False)
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _check(self) -> LogConfig:
@@ -96,8 +102,6 @@ class RunConfig(_Strict):
                         "on a cluster set only cluster.address"
                     )
             self.engine.place(self.cluster.inference)
-        if self.engine.replicas is not None and self.engine.ray_address is None:
-            self.engine.ray_address = self.rollout.ray_address  # the replicas start on the run's cluster
         if self.algo.routing_replay == "R3" and not self.engine.record_routing:
             raise ValueError(
                 "algo.routing_replay=R3 forces the engine's recorded experts in the learner's forward: "
@@ -163,6 +167,13 @@ class RunConfig(_Strict):
         """The Ray cluster the run's actors start on: cluster.address, else rollout.ray_address (env workers and
         replicas only); None: a local Ray."""
         return self.cluster.address or self.rollout.ray_address
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings, its replicas on the run's Ray cluster unless engine.ray_address names one (resolved
+        here, not copied into the saved section, so that a resume may name the cluster anew)."""
+        if self.engine.replicas is None or self.engine.ray_address is not None:
+            return self.engine
+        return self.engine.model_copy(update={"ray_address": self.ray_address})
 
     def trainer(self) -> TrainerConfig:
         return TrainerConfig(model=self.model, algo=self.algo, optim=self.optim, seed=self.seed)

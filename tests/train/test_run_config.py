@@ -130,6 +130,14 @@ def test_settings_left_at_their_defaults_never_count_as_set():
     assert load(RunConfig, parse_sets([*switches, "algo.gamma=1.0", "rollout.max_retries=1"])) == cfg
 
 
+def test_a_bare_on_or_off_names_the_switch_not_a_bool():
+    """YAML reads `off` as false: `--set log.wandb=off` and a recipe's `wandb: on` still mean the switch."""
+    assert load(RunConfig, parse_sets(["log.wandb=off"])).log.wandb == "off"
+    assert load(RunConfig, yaml.safe_load("log: {wandb: on}")).log.wandb == "on"
+    with pytest.raises(ConfigError, match=r"log\.wandb"):
+        load(RunConfig, parse_sets(["log.wandb=maybe"]))
+
+
 def test_behaviour_options_load_and_old_keys_keep_their_meaning():
     """band and behaviour_level load; configs saved before behaviour_weight keep loading as the weight at the
     objective's own level, which is what they were."""
@@ -208,6 +216,19 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
     assert f[6] == pytest.approx(0.55)  # half way through the cosine: (1 + 0.1) / 2
     assert all(a > b for a, b in itertools.pairwise(f[2:11])) and f[10:] == pytest.approx([0.1] * 3)
     assert [lr_factor(s, warmup=2, decay=0, floor=0.1) for s in (2, 50)] == [1.0, 1.0]  # no decay asked
+
+
+def test_replicas_start_on_the_runs_ray_address_and_a_resume_may_name_another():
+    """engine replicas follow rollout.ray_address without a copy in the saved engine section, which would refuse a
+    resume that names a new address as two clusters."""
+    cfg = load(RunConfig, parse_sets(["engine.replicas=1", "rollout.ray_address=10.0.0.1:6379"]))
+    assert cfg.engine.ray_address is None and cfg.engine_config().ray_address == "10.0.0.1:6379"
+    saved = yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))
+    moved = load(RunConfig, {**saved, "rollout": {**saved["rollout"], "ray_address": "10.0.0.2:6379"}})
+    assert moved.engine_config().ray_address == "10.0.0.2:6379"
+    own = load(RunConfig, parse_sets(["engine.replicas=1", "engine.ray_address=10.0.0.3:6379"]))
+    assert own.engine_config().ray_address == "10.0.0.3:6379"
+    assert load(RunConfig, parse_sets(["rollout.ray_address=10.0.0.1:6379"])).engine_config().ray_address is None
 
 
 def test_a_cluster_run_resumes_on_a_cluster_at_another_address():
