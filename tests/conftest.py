@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,15 @@ def sandbox_image(docker_client) -> str:
     from agentrl.sandbox.image import ensure_image
 
     return ensure_image(docker_client)
+
+
+@pytest.fixture(scope="session")
+def bwrap_site() -> Path:
+    """The test tools bwrap sandboxes bind in (`agentrl sandbox build` unpacks them; pip, once per machine)."""
+    from agentrl.sandbox.image import ensure_site
+
+    with FileLock(Path(tempfile.gettempdir()) / "agentrl-site.lock"):  # one pip under pytest-xdist
+        return ensure_site()
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,8 @@ class CallLimits(BaseModel):
     """RLIMIT_NOFILE"""
     memory_bytes: int | None = Field(None, gt=0)
     """address-space limit (RLIMIT_AS); Docker sandboxes leave it None and use the cgroup"""
+    max_processes: int | None = Field(None, gt=0)
+    """processes of the program's uid (RLIMIT_NPROC); sandboxes with a cgroup leave it None and use its pids limit"""
 
 
 class ExecResult(BaseModel):

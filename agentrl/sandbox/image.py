@@ -14,6 +14,8 @@ passes a folder of those wheels (`wheels=`, `agentrl sandbox build --wheels DIR`
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,6 +142,11 @@ def build_context(dest: Path, *, wheels: Path | None = None) -> Path:
     interpreter's pip (from its index, or only from the folder `wheels`). RuntimeError with pip's own words when
     it cannot get them."""
     shutil.copytree(sandboxes_dir() / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    _unpack_requirements(dest / "requirements.txt", dest / "site", wheels)
+    return dest
+
+
+def _unpack_requirements(requirements: Path, dest: Path, wheels: Path | None) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -151,9 +158,9 @@ def build_context(dest: Path, *, wheels: Path | None = None) -> Path:
         "--only-binary=:all:",
         "--no-compile",
         "--target",
-        str(dest / "site"),
+        str(dest),
         "-r",
-        str(dest / "requirements.txt"),
+        str(requirements),
     ]
     if wheels is not None:
         cmd += ["--no-index", "--find-links", str(wheels)]
@@ -165,7 +172,89 @@ def build_context(dest: Path, *, wheels: Path | None = None) -> Path:
             f"{proc.stderr[-2000:]}\nOn a host without an index, download those wheels elsewhere "
             "(`pip download --no-deps --only-binary=:all: -r requirements.txt -d DIR`) and pass --wheels DIR."
         )
+
+
+# -- what bwrap sandboxes bind in: a root filesystem and the test tools -----------------------
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrl"
+
+
+def rootfs_dir() -> Path:
+    """The sandbox image's root filesystem for bwrap sandboxes (`export_rootfs`). Not keyed by the image's tag: the
+    executor and the test tools are bound in from this checkout (`site_dir`), so the root need only hold python3
+    and its libraries, and an edit of the executor does not leave bwrap without it."""
+    return cache_dir() / "rootfs" / "sandbox-python"
+
+
+def site_dir() -> Path:
+    """requirements.txt's packages unpacked for bwrap sandboxes (bound in read-only), keyed by that file's bytes."""
+    requirements = sandboxes_dir() / "python" / "requirements.txt"
+    return cache_dir() / "site" / hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+
+
+def ensure_site(*, wheels: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """`site_dir()`, unpacked by pip if it is not there yet (RuntimeError with pip's words when it cannot be)."""
+    dest = site_dir()
+    if dest.is_dir():
+        return dest
+    log(f"unpacking the sandbox's test tools into {dest}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        _unpack_requirements(sandboxes_dir() / "python" / "requirements.txt", Path(tmp) / "site", wheels)
+        (Path(tmp) / "site").rename(dest)
     return dest
+
+
+def export_rootfs(
+    client: docker.DockerClient, tag: str, *, force: bool = False, log: Callable[[str], None] = print
+) -> Path:
+    """The image `tag`'s filesystem unpacked at `rootfs_dir()` (a container's `docker export`), for bwrap sandboxes.
+    Redone when the image changed (its id is kept beside it) or with `force`."""
+    dest = rootfs_dir()
+    image_id = client.images.get(tag).id
+    stamp = dest.parent / f"{dest.name}.image"
+    if not force and dest.is_dir() and stamp.is_file() and stamp.read_text() == image_id:
+        return dest
+    log(f"exporting {tag}'s root filesystem to {dest} (for bwrap sandboxes)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    container = client.containers.create(tag, entrypoint=["true"], network_mode="none")
+    try:
+        tar = subprocess.Popen(["tar", "-x", "--numeric-owner", "-C", str(staging)], stdin=subprocess.PIPE)
+        try:
+            for chunk in container.export():
+                tar.stdin.write(chunk)
+        finally:
+            tar.stdin.close()
+            if tar.wait() != 0:
+                raise RuntimeError(f"unpacking {tag}'s filesystem into {staging} failed")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        container.remove(force=True)
+    old = dest.parent / f".{dest.name}-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    staging.chmod(0o755)
+    staging.rename(dest)
+    stamp.write_text(image_id)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(size: str | int) -> int:
+    """Docker's size notation ("512m", "1g", "65536"), binary units, as bytes."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)b?", str(size).strip().lower())
+    if m is None:
+        raise ValueError(f"not a size: {size!r} (bytes, or a number with k, m, g or t)")
+    return int(float(m[1]) * _UNITS[m[2]])
 
 
 def _pull(client: docker.DockerClient, ref: str, log: Callable[[str], None]) -> bool:

@@ -66,6 +66,10 @@ import traceback
 import urllib.parse
 from typing import NoReturn
 
+# bwrap sandboxes: the test tools (requirements.txt), bound in from the host; an image has them on its path already
+SITE = os.environ.get("AGENTRL_SITE")
+if SITE and SITE not in sys.path:
+    sys.path.append(SITE)
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
@@ -77,6 +81,7 @@ DEFAULTS = {
     "max_file_bytes": 64 << 20,  # RLIMIT_FSIZE for each file the program writes
     "max_open_files": 1024,
     "memory_bytes": None,  # RLIMIT_AS; the container's cgroup is the real limit
+    "max_processes": None,  # RLIMIT_NPROC of the program's uid; a cgroup's pids limit is the real one
     "stdin": None,
     "env": {},
     "cwd": ".",
@@ -111,6 +116,8 @@ class Executor:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if req["memory_bytes"]:
             resource.setrlimit(resource.RLIMIT_AS, (req["memory_bytes"],) * 2)
+        if req["max_processes"]:
+            resource.setrlimit(resource.RLIMIT_NPROC, (req["max_processes"],) * 2)
         try:  # make the program, not the executor, the OOM killer's first choice
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")
@@ -131,6 +138,8 @@ class Executor:
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if SITE:
+            env["PYTHONPATH"] = SITE
         env.update({str(k): str(v) for k, v in extra.items()})
         return env
 
@@ -453,6 +462,21 @@ class Zygote:
         theirs.close()
         return cls(proc, ours)
 
+    @classmethod
+    def fork(cls, ex: Executor) -> Zygote:
+        """At start-up, before any request: a fork of the executor is as clean as a fresh one (no call has been in its
+        memory yet), one interpreter's start-up sooner: a sandbox's cold start. A zygote started later is exec-ed."""
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                zygote_main(theirs.fileno(), ex)
+            finally:
+                os._exit(0)
+        theirs.close()
+        return cls(Forked(pid), ours)
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -462,6 +486,24 @@ class Zygote:
         if len(fds) != 4 or not msg.isdigit():
             raise RuntimeError(f"the zygote could not fork a spare (sent {msg!r} and {len(fds)} descriptors)")
         return Spare(int(msg), *fds)
+
+
+class Forked:
+    """A child this process forked without exec: as much of Popen as Zygote uses."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by Executor.reap, which sets returncode
+                self.returncode = -1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def zygote_main(fd: int, ex: Executor) -> None:
@@ -1032,6 +1074,7 @@ def main() -> None:
         executor.sweep(everything=True)
         os._exit(0)
 
+    executor.zygote = Zygote.fork(executor)  # before the SIGTERM handler, which is the executor's alone
     signal.signal(signal.SIGTERM, terminate)
     # The zygote and the first spare before the socket: the host takes the socket's appearance as "ready", and a
     # zygote still starting (over 10 s on a machine busy starting dozens of containers) would hold the first

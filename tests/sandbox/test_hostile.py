@@ -1,15 +1,25 @@
-"""Hostile programs against the real Docker sandbox: each contained, with the right status,
-within its timeout plus a small slack; afterwards nothing of theirs runs, in the sandbox or on
-the host, and the next call (same sandbox, then a fresh one) works."""
+"""Hostile programs against the real sandboxes, Docker's and bubblewrap's, the same cases on both: each contained,
+with the right status, within its timeout plus a small slack; afterwards nothing of theirs runs, in the sandbox or
+on the host, and the next call (same sandbox, then a fresh one) works."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import CallLimits, DockerSandbox, DockerSandboxConfig, SandboxPool, Status
+from agentrl.sandbox import (
+    BwrapSandbox,
+    BwrapSandboxConfig,
+    CallLimits,
+    DockerSandbox,
+    DockerSandboxConfig,
+    SandboxPool,
+    Status,
+)
 
 TIMEOUT_S = 2.0  # the limit for the programs that only end at it
 # The limit for the others, so that their status never races a loaded CPU: a memory bomb needs
@@ -18,13 +28,16 @@ ROOM_S = 30.0
 SLACK_S = 3.0  # kill + sweep + transport; a fork bomb starves the executor in its own cgroup
 MARK = f"agentrl-hostile-{uuid.uuid4().hex[:8]}"  # argv marker to look for on the host
 
-# Count processes in the container besides the executor (pid 1), its zygote (the programs'
-# template, see executor.py) and the probe itself.
+# Count the sandbox user's processes besides the probe itself: whatever a program started (the executor, its init
+# and its zygote run as root).
 PROBE = (
     "import os\n"
-    "me = os.getpid()\n"
-    "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me, os.getppid())]\n"
-    "print(sum(b'--zygote' not in open(f'/proc/{p}/cmdline', 'rb').read() for p in others))"
+    "def uid(p):\n"
+    "    try:\n"
+    "        return next(l.split()[1] for l in open(f'/proc/{p}/status') if l.startswith('Uid:'))\n"
+    "    except OSError:\n"
+    "        return None\n"
+    "print(sum(uid(p) == '65534' for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()))"
 )
 
 CASES = {
@@ -68,13 +81,17 @@ CASES = {
 }
 
 
-pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-async def pool(sandbox_image):
-    cfg = DockerSandboxConfig(limits=CallLimits(timeout_s=TIMEOUT_S))
-    async with SandboxPool(lambda: DockerSandbox.create(cfg), size=2) as pool:
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
+async def pool(request, bwrap_site):
+    limits = CallLimits(timeout_s=TIMEOUT_S)
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_image")
+        cfg = DockerSandboxConfig(limits=limits)
+        factory = lambda: DockerSandbox.create(cfg)  # noqa: E731
+    else:
+        cfg = BwrapSandboxConfig(limits=limits, rootfs="host")
+        factory = lambda: BwrapSandbox.create(cfg)  # noqa: E731
+    async with SandboxPool(factory, size=2) as pool:
         yield pool
 
 
@@ -117,7 +134,7 @@ async def test_hostile_program_is_contained(pool, name):
         assert (r.status, r.stdout) == (Status.OK, "next\n")
 
 
-async def test_programs_run_unprivileged_in_a_locked_container(pool):
+async def test_programs_run_unprivileged_in_a_locked_sandbox(pool):
     async with pool.sandbox() as sb:
         r = await sb.run_python(
             "import os\n"
@@ -129,7 +146,31 @@ async def test_programs_run_unprivileged_in_a_locked_container(pool):
         assert lines[0] == "65534 65534 []"
         assert lines[1] == "['0000000000000000', '1']"  # no capabilities, no-new-privileges
         assert lines[2] == "30"  # EROFS: read-only root
-        attrs = sb.container.attrs["HostConfig"]
-        assert attrs["NetworkMode"] == "none" and attrs["ReadonlyRootfs"] and attrs["Init"]
-        assert attrs["CapDrop"] == ["ALL"] and "no-new-privileges" in attrs["SecurityOpt"][0]
-        assert attrs["Memory"] == attrs["MemorySwap"] == 512 << 20 and attrs["PidsLimit"] == 256
+        if isinstance(sb, DockerSandbox):
+            attrs = sb.container.attrs["HostConfig"]
+            assert attrs["NetworkMode"] == "none" and attrs["ReadonlyRootfs"] and attrs["Init"]
+            assert attrs["CapDrop"] == ["ALL"] and "no-new-privileges" in attrs["SecurityOpt"][0]
+            assert attrs["Memory"] == attrs["MemorySwap"] == 512 << 20 and attrs["PidsLimit"] == 256
+        else:
+            memory, pids = sb.cgroup.dirs["memory"], sb.cgroup.dirs["pids"]  # this host's cgroups are v1
+            assert int((memory / "memory.limit_in_bytes").read_text()) == 512 << 20
+            assert int((memory / "memory.memsw.limit_in_bytes").read_text()) == 512 << 20
+            assert int((pids / "pids.max").read_text()) == 256
+            # the executor keeps its three capabilities (SETUID, SETGID, KILL), as in the container
+            r = await sb.run(["sh", "-c", "grep CapEff /proc/1/status /proc/2/status"])
+            assert r.stdout.count("00000000000000e0") == 1, r.stdout
+
+
+async def test_a_sandbox_sees_none_of_the_host(pool, tmp_path):
+    """The host's files (its /tmp, home, the project and its venv) are not there; nor are other processes, and what
+    one sandbox writes no other sees."""
+    (tmp_path / "host.txt").write_text("the host's")
+    host = [str(tmp_path / "host.txt"), str(Path(__file__).resolve()), sys.executable, str(Path.home() / ".cache")]
+    async with pool.sandbox() as a, pool.sandbox() as b:
+        await a.write_file("mine.txt", "secret")
+        r = await b.run_python(
+            "import os\n"
+            f"print([p for p in {[*host, '/work/mine.txt']!r} if os.path.exists(p)])\n"
+            "print(len([p for p in os.listdir('/proc') if p.isdigit()]) < 10)"
+        )
+        assert r.stdout.splitlines() == ["[]", "True"], r.stdout + r.stderr

@@ -1,0 +1,559 @@
+"""BwrapSandbox: the executor in bubblewrap namespaces, with no daemon.
+
+The same executor and host<->executor protocol as Docker (`sandboxes/python/executor.py` on a Unix
+socket, spare forks included); what Docker's defaults promise, made by bubblewrap (Debian's
+`bubblewrap`, about 50 kB) and a cgroup of the sandbox's own:
+
+- new network (loopback only), pid, ipc, uts, mount and cgroup namespaces; `--die-with-parent`,
+  `--new-session`, no-new-privileges (bubblewrap always sets it);
+- a read-only root: the sandbox image's root filesystem when it is at hand (exported by
+  `agentrl sandbox build`), otherwise the host's /usr, /bin, /sbin and /lib* with a generated
+  /etc; never the host's /etc, /root, /home, /tmp, the project or its venv. The executor and
+  the test tools (sandboxes/python/requirements.txt) are bound in read-only at /agentrl;
+- size-limited tmpfs /work and /tmp, an executor-only /code;
+- run as root, the executor keeps CAP_SETUID, CAP_SETGID and CAP_KILL and each program runs as
+  nobody with none (as in the container); run unprivileged, a user namespace maps one uid, so
+  programs run as the executor's uid and could signal it: the start-up line says so;
+- memory (swap included), pids and CPU limits from a cgroup per sandbox (v2, or v1 where the host
+  has that), entered before bubblewrap starts; where none can be made, rlimits per call
+  (RLIMIT_AS, RLIMIT_NPROC) and the start-up line says so. Then a memory bomb ends `error`
+  (a MemoryError), not `oom`.
+
+Not there: Docker's seccomp profile (bubblewrap installs none): a program holds no capability
+and cannot gain one, so the syscalls that profile blocks for root do not apply to it.
+
+A sandbox's host side is one folder (`tree`) in the runtime dir: its socket and `owner.json`
+(the owner's pid, its start time, host and session, and the cgroup folders). A SIGKILLed
+owner's bubblewrap dies with it (`--die-with-parent`); its trees are removed at the next start
+of a bwrap sandbox on this host and by `agentrl sandbox gc` (`collect_orphans`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.sandbox import reaper
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
+from agentrl.sandbox.image import rootfs_dir, sandboxes_dir, site_dir, size_bytes
+
+log = logging.getLogger(__name__)
+
+TREE_PREFIX = "bwrap-"
+SOCKET_IN_SANDBOX = "/run/agentrl"
+NOBODY = (65534, 65534)
+# What a host-rooted sandbox gets of the host: the system's programs and libraries, read-only.
+HOST_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# A rootfs's top-level entries the sandbox makes anew (or leaves out) instead of binding.
+OWN_DIRS = {"dev", "proc", "sys", "tmp", "run", "work", "code", "agentrl"}
+ETC = {
+    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+    "hostname": "sandbox\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+}
+
+
+class BwrapSandboxConfig(BaseModel):
+    """How each bubblewrap sandbox is started. Defaults are the locked-down ones, Docker's own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    rootfs: Path | Literal["host"] | None = None
+    """root filesystem: a folder with python3 >= 3.9, or "host": the host's /usr, /bin and /lib* with a generated /etc;
+    None: the sandbox image's as `agentrl sandbox build` exported it, else the host's"""
+    memory: str = "512m"
+    """memory limit, tmpfs contents and swap included (the cgroup's; RLIMIT_AS per call without one)"""
+    cpus: float = Field(1.0, gt=0)
+    """CPU quota in cores (a cgroup's: none without one)"""
+    pids: int = Field(256, ge=16)
+    """process + thread limit (the cgroup's; RLIMIT_NPROC of the program's uid without one)"""
+    work_size: str = "256m"
+    """size of the /work tmpfs"""
+    tmp_size: str = "64m"
+    """size of the /tmp tmpfs"""
+    start_timeout_s: float = Field(30.0, gt=0)
+    """how long the executor may take to start"""
+    limits: CallLimits = CallLimits()
+    """default per-call limits"""
+    cgroup: bool = True
+    """limit memory and pids by a cgroup per sandbox; False: rlimits only, as on a host where none can be made"""
+    user_namespace: bool = False
+    """map one uid in a user namespace even when run as root, as an unprivileged user must (no second uid: programs
+    run as the executor's)"""
+
+
+# -- the host: what bubblewrap can do here ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host gives bubblewrap sandboxes, found once per process (`host()`)."""
+
+    bwrap: str
+    privileged: bool
+    """root without a user namespace: programs run as nobody, apart from the executor"""
+    cgroup: str | None
+    """"v1" or "v2": limits by a cgroup per sandbox; None: by rlimits"""
+    cgroup_parents: dict[str, Path]
+    """controller -> the folder each sandbox's cgroup is made in (v2: one, under "unified")"""
+    no_cgroup: str
+    """why there is no cgroup (empty when there is one)"""
+
+    def describe(self, rootfs: Path | None) -> str:
+        """The start-up line."""
+        who = (
+            "as root: programs run as nobody, apart from the executor"
+            if self.privileged
+            else "in a user namespace of one uid: programs run as the executor's uid and could signal it (no "
+            "privilege separation; run as root for it)"
+        )
+        limits = (
+            f"cgroup {self.cgroup} limits (memory, pids, cpu)"
+            if self.cgroup
+            else f"NO cgroup ({self.no_cgroup}): rlimits per call instead, so a memory bomb ends `error`, not `oom`"
+        )
+        root = f"the image's root filesystem {rootfs}" if rootfs else "the host's /usr and /lib*, a generated /etc"
+        return f"bwrap sandboxes {who}; {limits}; root: {root}"
+
+
+def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
+    """v1 controller -> its mount point, and the v2 mount point (None if none), from /proc/self/mountinfo."""
+    v1: dict[str, Path] = {}
+    v2 = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fstype, _source, options = [*right.split(), "", ""][:3]
+        mount_point = Path(left.split()[4])
+        if fstype == "cgroup2":
+            v2 = mount_point
+        elif fstype == "cgroup":
+            for option in options.split(","):
+                if option in ("memory", "pids", "cpu"):
+                    v1[option] = mount_point
+    return v1, v2
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller ("" for v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            own[c] = path
+    return own
+
+
+def _find_cgroups(enabled: bool) -> tuple[str | None, dict[str, Path], str]:
+    """(version, controller -> parent folder, why none). Each sandbox's cgroup goes under this process's own, so a
+    limit the run is under (a container's, a job's) holds its sandboxes too."""
+    if not enabled:
+        return None, {}, "sandbox cgroups turned off (cgroup: false)"
+    try:
+        v1, v2 = _cgroup_mounts()
+        own = _own_cgroups()
+    except OSError as e:
+        return None, {}, f"cannot read this process's cgroups ({e})"
+    if "memory" in v1 and "pids" in v1:
+        parents = {c: v1[c] / own.get(c, "/").lstrip("/") for c in ("memory", "pids", "cpu") if c in v1}
+        bad = [str(p) for p in parents.values() if not os.access(p, os.W_OK)]
+        if bad:
+            return None, {}, f"cgroup v1 folders not writable: {', '.join(bad)}"
+        return "v1", parents, ""
+    if v2 is None:
+        return None, {}, "no memory and pids cgroup controllers mounted"
+    parent = v2 / own.get("", "/").lstrip("/")
+    try:
+        available = set((parent / "cgroup.controllers").read_text().split())
+        if not {"memory", "pids"} <= available:
+            return None, {}, f"cgroup v2 at {parent} lacks the memory or pids controller (has {sorted(available)})"
+        enabled_now = set((parent / "cgroup.subtree_control").read_text().split())
+        wanted = {"memory", "pids", "cpu"} & available
+        if wanted - enabled_now:
+            (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted - enabled_now)))
+    except OSError as e:
+        # EBUSY: this process's own cgroup holds processes, and v2 gives controllers to the children of a cgroup
+        # with none (a container's root cgroup with its processes in it, unless the container is given its own)
+        return None, {}, f"cannot give sandboxes cgroups under {parent} ({e.strerror or e})"
+    return "v2", {"": parent}, ""
+
+
+@cache
+def host(cgroup: bool = True, user_namespace: bool = False) -> Host:
+    """What bubblewrap sandboxes get on this host; SandboxError in one line when they cannot run here."""
+    if why := unavailable():
+        raise SandboxError(why)
+    version, parents, why_not = _find_cgroups(cgroup)
+    return Host(shutil.which("bwrap") or "bwrap", os.geteuid() == 0 and not user_namespace, version, parents, why_not)
+
+
+@cache
+def unavailable() -> str | None:
+    """Why bubblewrap sandboxes cannot run on this host, in one line (missing binary, namespaces refused), or None."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not installed (no `bwrap` on PATH): `apt-get install bubblewrap` or scripts/setup.sh"
+    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
+    if os.geteuid() != 0:
+        probe.insert(1, "--unshare-user")
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap cannot run: {e}"
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return f"bubblewrap's namespaces are refused on this host: {said}"
+    return None
+
+
+# -- a sandbox's cgroup ------------------------------------------------------------------------
+
+
+class Cgroup:
+    """One sandbox's cgroup folders (one per v1 controller, or one v2 folder)."""
+
+    def __init__(self, version: str, dirs: dict[str, Path]):
+        self.version = version
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls, h: Host, name: str, cfg: BwrapSandboxConfig) -> Cgroup:
+        memory = size_bytes(cfg.memory)
+        made: dict[str, Path] = {}
+        try:
+            for controller, parent in h.cgroup_parents.items():
+                d = parent / name
+                d.mkdir()
+                made[controller] = d
+            group = cls(h.cgroup or "", made)
+            group._limit(memory, cfg.pids, cfg.cpus)
+        except OSError as e:
+            cls(h.cgroup or "", made).remove()
+            raise SandboxError(f"could not make the sandbox's cgroup {name}: {e}") from e
+        return group
+
+    def _limit(self, memory: int, pids: int, cpus: float) -> None:
+        if self.version == "v2":
+            d = self.dirs[""]
+            (d / "memory.max").write_text(str(memory))
+            with contextlib.suppress(FileNotFoundError):  # no swap accounting: no swap to limit
+                (d / "memory.swap.max").write_text("0")
+            (d / "pids.max").write_text(str(pids))
+            with contextlib.suppress(FileNotFoundError):
+                (d / "cpu.max").write_text(f"{int(cpus * 100_000)} 100000")
+            return
+        mem = self.dirs["memory"]
+        (mem / "memory.limit_in_bytes").write_text(str(memory))
+        with contextlib.suppress(FileNotFoundError):  # memsw: swap accounting, not on every host
+            (mem / "memory.memsw.limit_in_bytes").write_text(str(memory))
+        (self.dirs["pids"] / "pids.max").write_text(str(pids))
+        if "cpu" in self.dirs:
+            period = int((self.dirs["cpu"] / "cpu.cfs_period_us").read_text())
+            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+
+    def record(self) -> dict:
+        return {"version": self.version, "dirs": {c: str(d) for c, d in self.dirs.items()}}
+
+    @classmethod
+    def from_record(cls, record: dict) -> Cgroup:
+        return cls(record["version"], {c: Path(d) for c, d in record["dirs"].items()})
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    @property
+    def memory_dir(self) -> tuple[Path, str]:
+        """(folder, where the sandbox sees it): where the executor reads its OOM-kill counter, as in a container."""
+        if self.version == "v2":
+            return self.dirs[""], "/sys/fs/cgroup"
+        return self.dirs["memory"], "/sys/fs/cgroup/memory"
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(x) for x in Path(f).read_text().split()}
+        return found
+
+    def remove(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL everything in it until it is empty, then remove its folders."""
+        deadline = time.monotonic() + timeout_s
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+        for d in self.dirs.values():
+            for _ in range(200):  # a killed process leaves its cgroup a moment after its signal
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+# -- the sandbox -------------------------------------------------------------------------------
+
+
+def runtime_dir() -> Path:
+    """Where sandboxes' host-side folders live (short: a Unix socket path must fit in 108 bytes)."""
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"agentrl-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+@cache
+def _generated_etc() -> Path:
+    """A minimal /etc for host-rooted sandboxes (never the host's own), made once per process."""
+    d = runtime_dir() / f"etc-{reaper.SESSION_ID}"
+    d.mkdir(exist_ok=True)
+    for name, text in ETC.items():
+        (d / name).write_text(text)
+    return d
+
+
+def resolve_rootfs(cfg: BwrapSandboxConfig) -> Path | None:
+    """The root filesystem to bind, or None for the host's."""
+    if cfg.rootfs == "host":
+        return None
+    if cfg.rootfs is not None:
+        if not (cfg.rootfs / "usr").is_dir():
+            raise SandboxError(f"bwrap rootfs {cfg.rootfs} has no usr/: not a root filesystem")
+        return cfg.rootfs
+    exported = rootfs_dir()
+    return exported if exported.is_dir() else None
+
+
+def _root_args(rootfs: Path | None) -> list[str]:
+    """The read-only root: a rootfs's entries, or the host's system folders and a generated /etc."""
+    args = ["--tmpfs", "/"]
+    if rootfs is None:
+        base, names = Path("/"), [n for n in HOST_DIRS if Path("/", n).exists()]
+        args += ["--ro-bind", str(_generated_etc()), "/etc"]
+    else:
+        base, names = rootfs, sorted(p.name for p in rootfs.iterdir() if p.name not in OWN_DIRS)
+    for name in names:
+        path = base / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    python = next((p for p in ("usr/bin/python3", "usr/local/bin/python3") if (base / p).exists()), None)
+    if python is None:
+        raise SandboxError(f"no python3 in {base}/usr for the sandbox's executor")
+    return args
+
+
+def _executor_args() -> list[str]:
+    args = ["--ro-bind", str(sandboxes_dir() / "python" / "executor.py"), "/agentrl/executor.py"]
+    site = site_dir()
+    if site.is_dir():
+        args += ["--ro-bind", str(site), "/agentrl/site", "--setenv", "AGENTRL_SITE", "/agentrl/site"]
+    return args
+
+
+class BwrapSandbox(ExecutorSandbox):
+    """One bubblewrap sandbox. Create with `await BwrapSandbox.create(cfg)`; usually via SandboxPool."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, tree: Path, cgroup: Cgroup | None, limits: CallLimits):
+        super().__init__(tree / "exec.sock", limits, tree.name)
+        self.proc = proc
+        self.tree = tree
+        self.cgroup = cgroup
+        self._closed = False
+
+    @classmethod
+    async def create(cls, cfg: BwrapSandboxConfig | None = None) -> BwrapSandbox:
+        cfg = cfg or BwrapSandboxConfig()
+        h = host(cfg.cgroup, cfg.user_namespace)
+        _announce(h, cfg)
+        install()
+        rootfs = resolve_rootfs(cfg)
+        name = f"{TREE_PREFIX}{secrets.token_hex(6)}"
+        tree = runtime_dir() / name
+        tree.mkdir(mode=0o700)
+        cgroup = None
+        try:
+            if h.cgroup:
+                cgroup = await asyncio.to_thread(Cgroup.create, h, name, cfg)
+            owner = {**reaper.owner_labels(), "cgroup": cgroup.record() if cgroup else None}
+            (tree / "owner.json").write_text(json.dumps(owner))
+            argv = cls._argv(h, cfg, rootfs, tree, cgroup)
+            # sh puts itself in the cgroup, then becomes bwrap: everything the sandbox starts is in it from the
+            # first instruction (a preexec_fn would be unsafe in a threaded process)
+            enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
+            with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
+                proc = await asyncio.create_subprocess_exec(
+                    "/bin/sh",
+                    "-c",
+                    f'{enter}exec "$@"',
+                    "sh",
+                    *argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                )
+        except BaseException:
+            await asyncio.to_thread(_remove_tree, tree, cgroup)
+            raise
+        limits = cfg.limits
+        if cgroup is None:  # the per-call rlimits stand in for the cgroup's limits
+            limits = limits.model_copy(
+                update={
+                    "memory_bytes": limits.memory_bytes or size_bytes(cfg.memory),
+                    "max_processes": limits.max_processes or cfg.pids,
+                }
+            )
+        sandbox = cls(proc, tree, cgroup, limits)
+        try:
+            await sandbox._wait_for_socket(cfg.start_timeout_s)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    @staticmethod
+    def _argv(h: Host, cfg: BwrapSandboxConfig, rootfs: Path | None, tree: Path, cgroup: Cgroup | None) -> list[str]:
+        # not --unshare-all: it would map one uid as root too, and nobody could not be switched to
+        argv = [h.bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
+        argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
+        if not h.privileged:
+            argv += ["--unshare-user", "--disable-userns"]
+        argv += _root_args(rootfs)
+        argv += ["--dev", "/dev", "--proc", "/proc"]
+        argv += ["--perms", "1777", "--size", str(size_bytes(cfg.tmp_size)), "--tmpfs", "/tmp"]
+        # /work: the programs' (nobody's) home; tmpfs has no uid= option here, so it is open to all, and nobody else
+        # is in the sandbox but the executor
+        argv += ["--perms", "0777", "--size", str(size_bytes(cfg.work_size)), "--tmpfs", "/work"]
+        argv += ["--perms", "0755", "--size", str(16 << 20), "--tmpfs", "/code"]  # executor-only
+        argv += _executor_args()
+        argv += ["--dir", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]
+        if cgroup is not None:
+            where, inside = cgroup.memory_dir
+            argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
+        argv += ["--remount-ro", "/", "--chdir", "/work"]
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        argv += ["--setenv", "PATH", path, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        if h.privileged:
+            argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
+        argv += ["--", "python3", "/agentrl/executor.py", "--socket", f"{SOCKET_IN_SANDBOX}/exec.sock"]
+        if h.privileged:
+            argv += ["--user", f"{NOBODY[0]}:{NOBODY[1]}"]
+        return argv
+
+    async def _wait_for_socket(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.socket_path.exists():
+            if self.proc.returncode is not None:
+                said = (self.tree / "stderr").read_text(errors="replace").strip()[-2000:]
+                raise SandboxError(f"{self.name}: bubblewrap exited at start-up ({self.proc.returncode}): {said}")
+            if time.monotonic() > deadline:
+                raise SandboxError(f"{self.name}: executor did not start within {timeout_s}s")
+            await asyncio.sleep(0.002)
+
+    async def _diagnose(self, error: BaseException) -> str:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 0.5)  # the socket can close a moment before bwrap exits
+        if self.proc.returncode is not None:
+            return f"sandbox exited (bubblewrap exit status {self.proc.returncode})"
+        return f"executor unreachable in a running sandbox ({type(error).__name__}: {error})"
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._close_client()
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # bwrap's child dies with it (--die-with-parent), and the pid namespace with that
+        await self.proc.wait()
+        await asyncio.to_thread(_remove_tree, self.tree, self.cgroup)
+
+
+def _remove_tree(tree: Path, cgroup: Cgroup | None) -> None:
+    if cgroup is not None:
+        cgroup.remove()
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+# -- owners and orphans --------------------------------------------------------------------------
+
+_install_lock = threading.Lock()
+_installed = False
+_announced: set[tuple] = set()
+
+
+def _announce(h: Host, cfg: BwrapSandboxConfig) -> None:
+    """The start-up line, once per process and setting: a warning when the sandbox is less than Docker's."""
+    key = (h.privileged, h.cgroup, cfg.rootfs)
+    if key in _announced:
+        return
+    _announced.add(key)
+    line = h.describe(resolve_rootfs(cfg))
+    (log.info if h.privileged and h.cgroup else log.warning)("%s", line)
+
+
+def collect_orphans(*, everything: bool = False) -> list[str]:
+    """Remove the bwrap sandbox trees (their processes, cgroups and folders) whose owner process is gone, or all."""
+    removed = []
+    try:
+        trees = [p for p in runtime_dir().iterdir() if p.name.startswith(TREE_PREFIX)]
+    except OSError:
+        return removed
+    for tree in trees:
+        try:
+            owner = json.loads((tree / "owner.json").read_text())
+        except (OSError, ValueError):
+            owner = None  # a tree whose owner died before writing it, or one being made: judged by its age
+            if time.time() - tree.stat().st_mtime < 60:
+                continue
+        if everything or owner is None or not reaper.owner_alive(owner):
+            _remove_tree(tree, Cgroup.from_record(owner["cgroup"]) if owner and owner.get("cgroup") else None)
+            removed.append(tree.name)
+    return removed
+
+
+def remove_session(session: str = reaper.SESSION_ID) -> int:
+    """Remove this session's trees (at exit: sandboxes nobody closed)."""
+    n = 0
+    for tree in runtime_dir().glob(f"{TREE_PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError):
+            owner = json.loads((tree / "owner.json").read_text())
+            if owner.get(reaper.SESSION_LABEL) == session:
+                _remove_tree(tree, Cgroup.from_record(owner["cgroup"]) if owner.get("cgroup") else None)
+                n += 1
+    return n
+
+
+def install() -> None:
+    """Once per process: remove orphaned trees now."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        _installed = True
+    orphans = collect_orphans()
+    if orphans:
+        log.warning("removed %d orphaned bwrap sandbox(es): %s", len(orphans), ", ".join(orphans))
+    atexit.register(remove_session)
