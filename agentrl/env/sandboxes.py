@@ -6,7 +6,7 @@ import asyncio
 import weakref
 from collections.abc import Awaitable, Callable
 
-from agentrl.sandbox import DockerSandbox, Sandbox, SandboxPool
+from agentrl.sandbox import Sandbox, SandboxConfig, SandboxPool
 
 DEFAULT_POOL_SIZE = 4
 
@@ -17,8 +17,9 @@ class SandboxSource:
     """Hands one sandbox per episode to the envs attached to it.
 
     Pass a `SandboxPool` you own (`SandboxSource(pool)`) to share it between envs and
-    close it yourself. Without one, `SandboxSource.default()` gives every env of the
-    running event loop the same pool of Docker sandboxes, started on first use and
+    close it yourself. Without one, the pool's sandboxes are `sandbox`'s backend (Docker by
+    default), and `SandboxSource.default()` gives every env of the
+    running event loop the same pool of them, started on first use and
     closed when the last env attached to it closes. A sync env runs its own event loop,
     so it gets a pool of its own: its next episode's sandbox starts while this one runs.
     `keep_open=True` (long-lived owners such as env workers, whose envs come and go) keeps
@@ -34,10 +35,14 @@ class SandboxSource:
         size: int = DEFAULT_POOL_SIZE,
         keep_open: bool = False,
         reuse: int = 0,
+        sandbox: SandboxConfig | None = None,
     ):
+        self.config = sandbox or SandboxConfig()
+        """the backend this source's sandboxes are of: an env that makes a sandbox of its own (repo_fix's instance
+        images) makes it of the same"""
         self._keep_open = keep_open
         self._owned = pool is None
-        self._factory = factory or DockerSandbox.create
+        self._factory = factory or self.config.factory()
         self._size = size
         self._reuse = reuse
         self.pool = pool or SandboxPool(self._factory, size=size, reuse=reuse)
