@@ -13,7 +13,7 @@ import docker
 import typer
 
 from agentrl.cli.console import err, error, fail
-from agentrl.sandbox import DockerSandbox, ExecResult, LocalSandbox, Sandbox, SandboxError, SandboxPool, reaper
+from agentrl.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxPool, bwrap, reaper
 from agentrl.sandbox import image as sandbox_image
 from agentrl.sandbox.docker_sandbox import docker_client
 
@@ -40,18 +40,27 @@ def build(
         Path | None,
         typer.Option(help="A folder with the wheels of sandboxes/python/requirements.txt (no package index)."),
     ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(help="docker: the image, and for bwrap its root filesystem too; bwrap: only what bwrap binds."),
+    ] = "docker",
 ) -> None:
-    """Build the sandbox image (reused while sandboxes/ is unchanged)."""
+    """Build the sandbox image (reused while sandboxes/ is unchanged) and what bwrap sandboxes bind in: the test tools
+    and, with Docker, the image's root filesystem. `--backend bwrap` needs no Docker (the root is then the host's)."""
+    log = lambda m: err.print(m)  # noqa: E731
+    if backend not in ("docker", "bwrap"):
+        fail(f"--backend {backend}: choose docker or bwrap (local sandboxes need nothing built)")
     try:
+        site = sandbox_image.ensure_site(wheels=wheels, log=log)
+        if backend == "bwrap":
+            print(site)
+            return
+        client = _client()
         tag = sandbox_image.ensure_image(
-            _client(),
-            offline=offline,
-            base=base,
-            force=force,
-            mirror=mirror,
-            wheels=wheels,
-            log=lambda m: err.print(m),
+            client, offline=offline, base=base, force=force, mirror=mirror, wheels=wheels, log=log
         )
+        if bwrap.unavailable() is None:
+            sandbox_image.export_rootfs(client, tag, force=force, log=log)
     except RuntimeError as e:
         fail(e)
     print(tag)
@@ -59,10 +68,18 @@ def build(
 
 @app.command()
 def gc(
-    all_: Annotated[bool, typer.Option("--all", help="Remove every agentrl container, owners alive or not.")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every agentrl sandbox, owners alive or not.")] = False,
 ) -> None:
-    """Remove sandbox containers whose owner process is gone."""
-    removed = reaper.collect_orphans(_client(), everything=all_)
+    """Remove sandboxes whose owner process is gone: bwrap sandboxes of this host, and Docker's containers when a
+    Docker engine answers."""
+    trees = bwrap.collect_orphans(everything=all_)
+    err.print(f"removed {len(trees)} bwrap sandbox(es)" + (f": {', '.join(trees)}" if trees else ""))
+    try:
+        client = docker_client()
+    except SandboxError:
+        err.print("no Docker engine: no containers to look at")
+        return
+    removed = reaper.collect_orphans(client, everything=all_)
     err.print(f"removed {len(removed)} container(s)" + (f": {', '.join(removed)}" if removed else ""))
 
 
@@ -73,21 +90,28 @@ def exec_(
     ],
     timeout: Annotated[float, typer.Option(help="Wall-clock limit in seconds.")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
-    local: Annotated[bool, typer.Option(help="LocalSandbox: no Docker, and NO isolation.")] = False,
+    backend: Annotated[
+        str, typer.Option(help="docker (a container), bwrap (bubblewrap, no daemon) or local (NO isolation).")
+    ] = "docker",
 ) -> None:
     """Run FILE in a fresh pooled sandbox and print what it did.
 
     Exit status: 0 if the program exited 0, 1 if it failed (any other status),
     3 if the sandbox itself failed.
     """
-    if not local:
+    try:
+        cfg = SandboxConfig(backend=backend)
+    except ValueError:
+        fail(f"--backend {backend}: choose docker, bwrap or local")
+    if (why := cfg.unavailable()) is not None:
+        fail(why)
+    if backend == "docker":
         client = _client()
         if not sandbox_image.image_exists(client, sandbox_image.image_tag()):
             err.print("sandbox image missing: building it (once) ...")
             sandbox_image.ensure_image(client, log=lambda m: err.print(m))
-    factory = LocalSandbox.create if local else DockerSandbox.create
     try:
-        result = asyncio.run(_exec(factory, file, timeout))
+        result = asyncio.run(_exec(cfg.factory(), file, timeout))
     except SandboxError as e:
         error(f"sandbox failure: {e}")
         raise typer.Exit(3) from None

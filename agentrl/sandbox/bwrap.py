@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -325,11 +327,16 @@ def runtime_dir() -> Path:
 
 @cache
 def _generated_etc() -> Path:
-    """A minimal /etc for host-rooted sandboxes (never the host's own), made once per process."""
-    d = runtime_dir() / f"etc-{reaper.SESSION_ID}"
-    d.mkdir(exist_ok=True)
-    for name, text in ETC.items():
-        (d / name).write_text(text)
+    """A minimal /etc for host-rooted sandboxes (never the host's own), named by its content: made once per host."""
+    d = runtime_dir() / f"etc-{hashlib.sha256(json.dumps(ETC, sort_keys=True).encode()).hexdigest()[:12]}"
+    if not d.is_dir():
+        staging = Path(tempfile.mkdtemp(dir=runtime_dir()))
+        for name, text in ETC.items():
+            (staging / name).write_text(text)
+        staging.chmod(0o755)
+        with contextlib.suppress(OSError):  # another process made it first
+            staging.rename(d)
+        shutil.rmtree(staging, ignore_errors=True)
     return d
 
 

@@ -1,6 +1,7 @@
 """`agentrl sandbox exec | gc` as real processes, and the reaper: no container outlives
 its owner after SIGINT / SIGTERM; after SIGKILL the next start or `gc` removes it, or at once
-the owner's watchdog if it started one."""
+the owner's watchdog if it started one. The same for bwrap sandboxes: a SIGKILLed owner's
+sandbox processes die with it, and its trees (folder, cgroup) go at the next start or `gc`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import docker.errors
 import pytest
 from cli import agentrl, start_agentrl
 
-from agentrl.sandbox import reaper
+from agentrl.sandbox import bwrap, reaper
 
 
 def owned_by(client, pid: int) -> list[dict]:
@@ -111,6 +112,65 @@ def test_sigkill_orphans_are_removed_by_the_next_start(sandbox_image, docker_cli
     (tmp_path / "ok.py").write_text("print('ok')")
     agentrl("sandbox", "exec", tmp_path / "ok.py")
     assert owned_by(docker_client, pid) == []
+
+
+def bwrap_trees(pid: int) -> list[dict]:
+    """The bwrap sandbox trees owned by process `pid`, with their cgroup folders."""
+    trees = []
+    for tree in bwrap.runtime_dir().glob(f"{bwrap.TREE_PREFIX}*"):
+        owner = json.loads((tree / "owner.json").read_text())
+        if owner[reaper.PID_LABEL] == str(pid):
+            trees.append({"tree": tree, "cgroups": list(owner["cgroup"]["dirs"].values())})
+    return trees
+
+
+def sandboxed_prog() -> bool:
+    """Whether the program `start_exec` runs is running (in its sandbox: not the `agentrl` command naming it)."""
+    return subprocess.run(["pgrep", "-f", "^python3 -u prog.py"], capture_output=True).returncode == 0
+
+
+def test_bwrap_exec_json_and_timeout(bwrap_site, tmp_path):
+    prog = tmp_path / "hello.py"
+    prog.write_text("import sys\nprint('hello')\nprint('warn', file=sys.stderr)\nsys.exit(3)")
+    out = agentrl("sandbox", "exec", prog, "--json", "--backend", "bwrap", check=False)
+    result = json.loads(out.stdout)
+    assert (result["status"], result["exit_code"], result["stdout"], result["stderr"]) == (
+        "error",
+        3,
+        "hello\n",
+        "warn\n",
+    )
+    (tmp_path / "spin.sh").write_text("echo start; while :; do :; done")
+    out = agentrl(
+        "sandbox", "exec", tmp_path / "spin.sh", "--timeout", "1", "--json", "--backend", "bwrap", check=False
+    )
+    assert (json.loads(out.stdout)["status"], out.returncode) == ("timeout", 1)
+    bad = agentrl("sandbox", "exec", prog, "--backend", "podman", check=False)
+    assert bad.returncode != 0 and "--backend podman: choose docker, bwrap or local" in bad.stderr
+
+
+@pytest.mark.parametrize("cleanup", ["gc", "next start"])
+def test_a_sigkilled_bwrap_owner_leaves_nothing_running_and_its_trees_go(bwrap_site, tmp_path, cleanup):
+    proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100", "--backend", "bwrap")
+    deadline = time.monotonic() + 60
+    while len(bwrap_trees(proc.pid)) < 2 or not sandboxed_prog():
+        assert proc.poll() is None and time.monotonic() < deadline, "the program never started"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(30)
+    trees = bwrap_trees(proc.pid)
+    assert len(trees) == 2  # SIGKILL cannot be caught: the leased sandbox's tree and the spare's stay
+    deadline = time.monotonic() + 10
+    while sandboxed_prog():  # it died with its owner
+        assert time.monotonic() < deadline, "a sandbox's program outlived its owner"
+        time.sleep(0.05)
+    if cleanup == "gc":
+        assert "removed 2 bwrap sandbox(es)" in agentrl("sandbox", "gc").stderr
+    else:
+        (tmp_path / "ok.py").write_text("print('ok')")
+        agentrl("sandbox", "exec", tmp_path / "ok.py", "--backend", "bwrap")
+    assert not any(t["tree"].exists() for t in trees)
+    assert not any(os.path.exists(d) for t in trees for d in t["cgroups"])
 
 
 def test_reaper_keeps_live_owners_and_other_hosts():
