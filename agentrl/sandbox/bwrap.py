@@ -373,7 +373,8 @@ def _root_args(rootfs: Path | None) -> list[str]:
 
 
 def _executor_args() -> list[str]:
-    args = ["--ro-bind", str(sandboxes_dir() / "python" / "executor.py"), "/agentrl/executor.py"]
+    args = ["--perms", "0755", "--dir", "/agentrl"]  # else made 0700, and the session (run as nobody) cannot start
+    args += ["--ro-bind", str(sandboxes_dir() / "python" / "executor.py"), "/agentrl/executor.py"]
     site = site_dir()
     if site.is_dir():
         args += ["--ro-bind", str(site), "/agentrl/site", "--setenv", "AGENTRL_SITE", "/agentrl/site"]
@@ -448,7 +449,8 @@ class BwrapSandbox(ExecutorSandbox):
         if not h.privileged:
             argv += ["--unshare-user", "--disable-userns"]
         argv += _root_args(rootfs)
-        argv += ["--dev", "/dev", "--proc", "/proc"]
+        argv += ["--dev", "/dev", "--mqueue", "/dev/mqueue", "--proc", "/proc"]
+        argv += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]  # as Docker's shm_size default
         argv += ["--perms", "1777", "--size", str(size_bytes(cfg.tmp_size)), "--tmpfs", "/tmp"]
         # /work: the programs' (nobody's) home; tmpfs has no uid= option here, so it is open to all, and nobody else
         # is in the sandbox but the executor

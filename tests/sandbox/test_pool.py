@@ -8,7 +8,16 @@ import time
 
 import pytest
 
-from agentrl.sandbox import CallLimits, DockerSandbox, DockerSandboxConfig, SandboxError, SandboxPool, Status
+from agentrl.sandbox import (
+    BwrapSandbox,
+    BwrapSandboxConfig,
+    CallLimits,
+    DockerSandbox,
+    DockerSandboxConfig,
+    SandboxError,
+    SandboxPool,
+    Status,
+)
 
 CFG = DockerSandboxConfig(limits=CallLimits(timeout_s=30))
 
@@ -82,6 +91,28 @@ async def test_failing_starts_raise_instead_of_hanging(sandbox_image):
     with pytest.raises(SandboxError, match="fail to start"):
         await asyncio.wait_for(pool.acquire(), 10)
     await pool.close()
+
+
+async def test_a_bwrap_sandbox_killed_mid_call_is_an_infrastructure_error(bwrap_site):
+    """The sandbox dies (its bubblewrap killed): the call raises SandboxError at once, the pool goes on serving, and
+    nothing of the dead sandbox stays (its cgroup emptied and removed, its folder gone)."""
+    cfg = BwrapSandboxConfig(rootfs="host", limits=CallLimits(timeout_s=30))
+    async with SandboxPool(lambda: BwrapSandbox.create(cfg), size=1) as pool:
+        sb = await pool.acquire()
+        call = asyncio.create_task(sb.run_python("import time; time.sleep(20)"))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        sb.proc.kill()
+        with pytest.raises(SandboxError, match=r"sandbox exited \(bubblewrap exit status -9\)"):
+            await call
+        assert time.monotonic() - t0 < 5
+        assert not await sb.healthy()
+        await pool.release(sb)
+        async with pool.sandbox() as fresh:
+            r = await fresh.run_python("print('still serving')")
+            assert (r.status, r.stdout) == (Status.OK, "still serving\n")
+        await settle(pool)
+        assert not sb.tree.exists() and not any(d.exists() for d in sb.cgroup.dirs.values())
 
 
 def test_pool_size_must_be_positive():

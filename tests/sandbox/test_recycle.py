@@ -1,12 +1,11 @@
-"""Reusing a sandbox after a recycle that proves it clean (SandboxPool(reuse=N)), against real containers."""
+"""Reusing a sandbox after a recycle that proves it clean (SandboxPool(reuse=N)), against real containers (and real
+bubblewrap sandboxes for the recycle itself)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrl.sandbox import DockerSandbox, LocalSandbox, SandboxPool
-
-pytestmark = pytest.mark.docker
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, LocalSandbox, SandboxPool
 
 # What an episode's program could leave for the next one, in every place the sandbox user can write.
 LEAVE_BEHIND = r"""
@@ -26,8 +25,18 @@ CHECK = "ls -A /work /tmp /dev/shm /dev/mqueue; tail -n +2 /proc/sysvipc/shm /pr
 EMPTY = "/dev/mqueue:\n\n/dev/shm:\n\n/tmp:\n\n/work:\n"
 
 
-async def test_a_recycled_sandbox_is_as_new(sandbox_image):
-    async with SandboxPool(DockerSandbox.create, size=1, reuse=3) as pool:
+@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
+def factory(request):
+    """The same recycle on both backends that isolate."""
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_image")
+        return DockerSandbox.create
+    request.getfixturevalue("bwrap_site")
+    return lambda: BwrapSandbox.create(BwrapSandboxConfig(rootfs="host"))
+
+
+async def test_a_recycled_sandbox_is_as_new(factory):
+    async with SandboxPool(factory, size=1, reuse=3) as pool:
         async with pool.sandbox() as sb:
             first = sb.name
             r = await sb.run_python(LEAVE_BEHIND)
@@ -45,8 +54,8 @@ async def test_a_recycled_sandbox_is_as_new(sandbox_image):
         assert pool.stats["recycled"] == 1 and pool.stats["started"] == 1
 
 
-async def test_what_cannot_be_proven_clean_is_discarded(sandbox_image):
-    async with SandboxPool(DockerSandbox.create, size=1, reuse=3) as pool:
+async def test_what_cannot_be_proven_clean_is_discarded(factory):
+    async with SandboxPool(factory, size=1, reuse=3) as pool:
         async with pool.sandbox() as sb:
             first = sb.name
             # nested deeper than the recycler descends: it cannot show the place empty
@@ -57,6 +66,7 @@ async def test_what_cannot_be_proven_clean_is_discarded(sandbox_image):
         assert pool.stats["recycled"] == 0 and pool.stats["discarded"] >= 1
 
 
+@pytest.mark.docker
 async def test_reuse_is_bounded(sandbox_image):
     async with SandboxPool(DockerSandbox.create, size=1, reuse=2) as pool:
         names = []
@@ -78,6 +88,7 @@ async def test_a_local_sandbox_recycles_its_own_dirs():
             assert (await sb2.run_python("import os; print(os.listdir(os.environ['TMPDIR']))")).stdout == "[]\n"
 
 
+@pytest.mark.docker
 async def test_with_reuse_the_pool_holds_size_containers_under_load(sandbox_image):
     """More episodes at once than `size`: they wait for recycled sandboxes instead of starting new ones."""
     import asyncio
@@ -95,6 +106,7 @@ async def test_with_reuse_the_pool_holds_size_containers_under_load(sandbox_imag
         assert pool.stats["started"] == 2 and pool.stats["recycled"] == 12
 
 
+@pytest.mark.docker
 async def test_a_sandbox_held_for_long_does_not_starve_the_others(sandbox_image):
     """A parked episode keeps its sandbox until the next iteration; an episode that needs one meanwhile
     gets another started after `patience_s`, and the surplus is discarded on return."""
@@ -112,6 +124,7 @@ async def test_a_sandbox_held_for_long_does_not_starve_the_others(sandbox_image)
         assert len(pool._idle) == 1
 
 
+@pytest.mark.docker
 async def test_a_busy_pool_does_not_grow_a_sandbox_per_waiter(sandbox_image):
     """Twelve episodes on two sandboxes, each held longer than a waiter's patience... but they keep coming
     back, so the waiters wait: no container is started beyond the pool's two."""
@@ -129,6 +142,7 @@ async def test_a_busy_pool_does_not_grow_a_sandbox_per_waiter(sandbox_image):
 
 
 @pytest.mark.slow  # the fast tier grows a busy pool above
+@pytest.mark.docker
 async def test_a_starved_pool_grows_no_further_than_max_size(sandbox_image):
     """Six episodes that each hold their sandbox far past the waiters' patience (an engine slow to write
     the next turn): the pool starts extra containers, but never has more than `max_size` alive; the
