@@ -1,4 +1,4 @@
-"""Sandbox latency and throughput against plain `docker exec` / `docker run`.
+"""Sandbox latency and throughput against plain `docker exec` / `docker run`, and bubblewrap sandboxes beside Docker's.
 
 Measures, in one run and on one image (`image_tag()` at start-up):
 
@@ -10,13 +10,22 @@ Measures, in one run and on one image (`image_tag()` at start-up):
 - throughput (calls/s) with 1, 2, 4 and 8 concurrent callers, each on its own warm sandbox;
 - `SandboxPool.acquire()` from a settled warm pool, p50 / p99;
 
+and, for each backend of `--backends` (docker, bwrap), under `backends`:
+
+- cold create: from the `create()` call to the executor's first answer (a health probe), p50 / p99
+  over `--create-reps` creates, one at a time;
+- pooled acquire from a settled warm pool, p50 / p99;
+- the warm call (`run_python("print(1)")`), p50 / p99;
+
 and prints one JSON object with every figure, the ratios exec/fast-path and
-run/acquire, and whether each meets its goal (>= 10x and >= 20x).
+run/acquire, and whether each meets its goal (>= 10x and >= 20x); for bwrap, whether its
+cold create p50 is at most 50 ms and its warm call p50 no slower than Docker's.
 
 p99 is nearest-rank: the ceil(0.99 * n)-th smallest sample.
 
 Run: `python benchmarks/sandbox_bench.py` (a minute or two), or `--quick` for a smoke run.
-Needs a Docker engine and the sandbox image (`agentrl sandbox build`).
+Needs a Docker engine and the sandbox image (`agentrl sandbox build`); `--backends bwrap` needs
+neither (bubblewrap only), and measures only the bwrap figures.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ import uuid
 
 import harness
 
-from agentrl.sandbox import reaper
-from agentrl.sandbox.base import ExecResult
+from agentrl.sandbox import SandboxConfig, reaper
+from agentrl.sandbox.base import ExecResult, Sandbox
 from agentrl.sandbox.docker_sandbox import DockerSandbox, DockerSandboxConfig, docker_client
 from agentrl.sandbox.image import image_exists, image_tag
 from agentrl.sandbox.pool import SandboxPool
@@ -44,6 +53,7 @@ ARGV = ["python3", "-c", SNIPPET]  # the same snippet on every path
 BENCH_LABEL = f"agentrl.bench={uuid.uuid4().hex[:12]}"  # marks our `docker run` containers
 EXEC_GOAL = 10.0  # fast path p50 at least this many times below docker exec p50
 RUN_GOAL = 20.0  # acquire p50 at least this many times below docker run p50
+BWRAP_CREATE_GOAL_MS = 50.0  # bwrap cold create p50 at most this (E2B's vendor figure, create to exec: 442 ms)
 
 
 def parse_args() -> argparse.Namespace:
@@ -57,10 +67,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pool-size", type=int, default=4)
     p.add_argument("--duration", type=float, default=3.0, help="seconds per throughput level")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--backends", nargs="+", choices=["docker", "bwrap"], default=["docker", "bwrap"])
+    p.add_argument("--create-reps", type=int, default=50, help="timed cold creates per backend")
     args = p.parse_args()
     if args.quick:
         args.warmup, args.fast_reps, args.exec_reps, args.run_reps = 3, 30, 5, 5
         args.acquire_reps, args.pool_size, args.duration, args.concurrency = 5, 2, 0.5, [1, 2]
+        args.create_reps = 5
     return args
 
 
@@ -157,20 +170,14 @@ async def throughput(sandboxes: list[DockerSandbox], duration_s: float) -> float
 
 
 async def wait_settled(pool: SandboxPool, started: int) -> None:
-    """Until `started` sandboxes have started and only the pool's `size` containers exist."""
-    client = docker_client()
-    filters = {"label": f"{reaper.SESSION_LABEL}={reaper.SESSION_ID}"}
+    """Until `started` sandboxes have started and no start or removal is in flight (only the pool's `size` exist)."""
     async with asyncio.timeout(120):
-        while True:
-            if pool.stats["started"] >= started:
-                live = await asyncio.to_thread(client.containers.list, all=True, filters=filters)
-                if len(live) == pool.size:
-                    return
+        while pool.stats["started"] < started or pool._tasks or len(pool._idle) < pool.size:
             await asyncio.sleep(0.02)
 
 
-async def bench_acquire(cfg: DockerSandboxConfig, args) -> dict:
-    pool = SandboxPool(lambda: DockerSandbox.create(cfg), size=args.pool_size)
+async def bench_acquire(factory, args) -> dict:
+    pool = SandboxPool(factory, size=args.pool_size)
     samples = []
     try:
         await pool.start()
@@ -213,7 +220,49 @@ def machine_info(image: str) -> dict:
     }
 
 
+async def bench_cold_create(factory, reps: int) -> dict:
+    """From create() to the executor's first answer, one sandbox at a time (each closed, untimed, before the next)."""
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        sb: Sandbox = await factory()
+        try:
+            if not await sb.healthy():
+                raise RuntimeError("a new sandbox failed its first health probe")
+            samples.append(time.perf_counter() - t0)
+        finally:
+            await sb.close()
+    return {"cold_create_p50_ms": ms(p50(samples)), "cold_create_p99_ms": ms(p99(samples))}
+
+
+async def bench_backend(backend: str, args) -> dict:
+    """Cold create, pooled acquire and the warm call of one backend's sandboxes, with its defaults."""
+    factory = SandboxConfig(backend=backend).factory()
+    out = await bench_cold_create(factory, args.create_reps)
+    sb = await factory()
+    try:
+        await timed(lambda: fast_call(sb), args.warmup)
+        warm, _ = await timed(lambda: fast_call(sb), args.fast_reps)
+    finally:
+        await sb.close()
+    out |= {"warm_call_p50_ms": ms(p50(warm)), "warm_call_p99_ms": ms(p99(warm))}
+    acquire = await bench_acquire(factory, args)
+    return out | {
+        "pooled_acquire_p50_ms": acquire["acquire_p50_ms"],
+        "pooled_acquire_p99_ms": acquire["acquire_p99_ms"],
+    }
+
+
 async def main(args) -> dict:
+    if "docker" not in args.backends:  # bubblewrap alone: no Docker engine needed
+        from agentrl.sandbox import bwrap
+
+        report = {"machine": harness.machine() | {"loadavg_1m": round(os.getloadavg()[0], 2)}}
+        report["bwrap_host"] = bwrap.host().describe(bwrap.resolve_rootfs(bwrap.BwrapSandboxConfig()))
+        report["backends"] = {"bwrap": await bench_backend("bwrap", args)}
+        bw = report["backends"]["bwrap"]
+        report["goal_bwrap_cold_create_p50_at_most_50_ms"] = bw["cold_create_p50_ms"] <= BWRAP_CREATE_GOAL_MS
+        return report | {"settings": vars(args)}
     image = image_tag()  # fixed once: every path below uses this image
     if not image_exists(docker_client(), image):
         sys.exit(f"sandbox image {image} not found: run `agentrl sandbox build`")
@@ -229,7 +278,16 @@ async def main(args) -> dict:
     finally:
         await asyncio.gather(*(sb.close() for sb in sandboxes))
         await asyncio.to_thread(remove_run_containers)
-    report |= await bench_acquire(cfg, args)
+    report |= await bench_acquire(lambda: DockerSandbox.create(cfg), args)
+    report["backends"] = {b: await bench_backend(b, args) for b in args.backends}
+    if "bwrap" in args.backends:
+        from agentrl.sandbox import bwrap
+
+        bw, dk = report["backends"]["bwrap"], report["backends"]["docker"]
+        report["bwrap_host"] = bwrap.host().describe(bwrap.resolve_rootfs(bwrap.BwrapSandboxConfig()))
+        report["bwrap_warm_call_p50_over_docker"] = round(bw["warm_call_p50_ms"] / dk["warm_call_p50_ms"], 3)
+        report["goal_bwrap_cold_create_p50_at_most_50_ms"] = bw["cold_create_p50_ms"] <= BWRAP_CREATE_GOAL_MS
+        report["goal_bwrap_warm_call_no_slower_than_docker"] = bw["warm_call_p50_ms"] <= dk["warm_call_p50_ms"]
     exec_ratio = report["docker_exec_p50_ms"] / report["fast_path_p50_ms"]
     run_ratio = report["docker_run_p50_ms"] / report["acquire_p50_ms"]
     report |= {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
@@ -155,8 +154,8 @@ def executor_module():
 async def test_executor_is_ready_when_its_socket_appears(sb):
     # The host waits for the socket and then probes: the zygote and the spare must be up by then, or on a busy
     # machine the probe times out behind the zygote's start and a healthy sandbox is thrown away.
-    processes = executor_module().descendants(sb.proc.pid)
-    assert sum(b"--zygote" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in processes) == 2
+    # (the first zygote is a fork of the executor, so neither is told apart by its command line)
+    assert len(executor_module().descendants(sb.proc.pid)) == 2
 
 
 def test_executor_defaults_match_call_limits():
