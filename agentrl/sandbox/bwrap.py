@@ -466,6 +466,8 @@ class BwrapSandbox(ExecutorSandbox):
         argv += ["--setenv", "PATH", path, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         if h.privileged:
             argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
+        elif os.geteuid() == 0:  # root asked for a user namespace: none of root's capabilities in it either
+            argv += ["--cap-drop", "ALL"]
         argv += ["--", "python3", "/agentrl/executor.py", "--socket", f"{SOCKET_IN_SANDBOX}/exec.sock"]
         if h.privileged:
             argv += ["--user", f"{NOBODY[0]}:{NOBODY[1]}"]
