@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bring a Debian machine with Python 3.11 to a working agentrl, idempotently:
-# system packages, a running Docker engine, .venv with agentrl[dev], the sandbox image.
+# system packages, a running Docker engine, .venv with agentrl[dev], the sandbox image (and its root for bwrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,7 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)  # offline sandbox base image
+command -v bwrap >/dev/null || need+=(bubblewrap)  # sandboxes without a daemon (sandbox.backend=bwrap)
 command -v pgrep >/dev/null || need+=(procps)
 python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
