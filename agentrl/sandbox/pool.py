@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agentrl.sandbox.base import Sandbox, SandboxError
+from agentrl.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 class SandboxPool:
     """Keeps `size` sandboxes warm.
 
-    >>> pool = SandboxPool(lambda: DockerSandbox.create(cfg), size=8)
+    >>> pool = SandboxPool(lambda: DockerSandbox.create(cfg), size=8)  # or SandboxConfig(backend="bwrap")
     >>> await pool.start()
     >>> async with pool.sandbox() as sb:
     ...     result = await sb.run_python("print(1)")
@@ -44,7 +45,7 @@ class SandboxPool:
 
     def __init__(
         self,
-        factory: Callable[[], Awaitable[Sandbox]],
+        factory: Callable[[], Awaitable[Sandbox]] | SandboxConfig,
         size: int,
         *,
         max_docker_ops: int = 4,
@@ -59,7 +60,7 @@ class SandboxPool:
                 f"pool size must be >= 1, reuse >= 0 and max_size >= size, got size={size}, reuse={reuse}, "
                 f"max_size={max_size}"
             )
-        self.factory = factory
+        self.factory = factory.factory() if isinstance(factory, SandboxConfig) else factory
         self.size = size
         self.max_size = max_size
         self.reuse = reuse

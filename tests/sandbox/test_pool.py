@@ -10,10 +10,10 @@ import pytest
 
 from agentrl.sandbox import (
     BwrapSandbox,
-    BwrapSandboxConfig,
     CallLimits,
     DockerSandbox,
     DockerSandboxConfig,
+    SandboxConfig,
     SandboxError,
     SandboxPool,
     Status,
@@ -96,9 +96,9 @@ async def test_failing_starts_raise_instead_of_hanging(sandbox_image):
 async def test_a_bwrap_sandbox_killed_mid_call_is_an_infrastructure_error(bwrap_site):
     """The sandbox dies (its bubblewrap killed): the call raises SandboxError at once, the pool goes on serving, and
     nothing of the dead sandbox stays (its cgroup emptied and removed, its folder gone)."""
-    cfg = BwrapSandboxConfig(rootfs="host", limits=CallLimits(timeout_s=30))
-    async with SandboxPool(lambda: BwrapSandbox.create(cfg), size=1) as pool:
+    async with SandboxPool(SandboxConfig(backend="bwrap"), size=1) as pool:  # the pool reads the sandbox setting
         sb = await pool.acquire()
+        assert isinstance(sb, BwrapSandbox)
         call = asyncio.create_task(sb.run_python("import time; time.sleep(20)"))
         await asyncio.sleep(0.5)
         t0 = time.monotonic()
