@@ -75,6 +75,13 @@ def validate_repos(
     limit: Annotated[int | None, typer.Option(help="Validate only the first N instances.")] = None,
     concurrency: Annotated[int, typer.Option(help="Instances at once, each in its own sandbox.", min=1)] = 4,
     timeout: Annotated[float, typer.Option(help="Wall-clock limit of one pytest run, seconds.")] = 120.0,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="The sandboxes: docker (containers), bwrap (bubblewrap, no daemon; an instance's image is unpacked "
+            "for it) or local (NO isolation, no instance images)."
+        ),
+    ] = "docker",
 ) -> None:
     """Check that each instance grades what it claims, in sandboxes: FAIL_TO_PASS fails and PASS_TO_PASS passes on
     the base, and both pass with the gold patch. Exit status 1 when any instance does not."""
@@ -82,10 +89,16 @@ def validate_repos(
     import itertools
 
     from agentrl.env.repos import image_sandbox, validate_instance
-    from agentrl.sandbox import DockerSandbox, SandboxError
+    from agentrl.sandbox import SandboxConfig, SandboxError
     from agentrl.tasks.registry import load_tasks
     from agentrl.tasks.repos.taskset import RepoTaskSet
 
+    try:
+        config = SandboxConfig(backend=backend)
+    except ValueError:
+        fail(f"--backend {backend}: choose docker, bwrap or local")
+    if (why := config.unavailable()) is not None:
+        fail(why)
     try:
         task_set = load_tasks(tasks)
     except (ValueError, FileNotFoundError) as e:
@@ -97,7 +110,7 @@ def validate_repos(
     async def one(iid: str, gate: asyncio.Semaphore) -> bool:
         async with gate:
             instance = task_set.instance(iid)
-            sandbox = await (image_sandbox(instance.image) if instance.image else DockerSandbox.create())
+            sandbox = await (image_sandbox(instance.image, config) if instance.image else config.factory()())
             try:
                 report = await validate_instance(instance, sandbox, timeout_s=timeout)
             finally:

@@ -126,12 +126,23 @@ def demos(
         ),
     ] = 0.0,
     set_: Annotated[list[str], typer.Option("--set", help="An env setting: --set max_turns=3.")] = [],  # noqa: B006
+    backend: Annotated[
+        str,
+        typer.Option(help="The sandboxes: docker (containers), bwrap (bubblewrap, no daemon) or local (NO isolation)."),
+    ] = "docker",
 ) -> None:
     """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
     from agentrl.config import ConfigError, load, parse_sets
     from agentrl.env.demos import record
+    from agentrl.sandbox import SandboxConfig
     from agentrl.tasks.solutions import Expert
 
+    try:
+        sandbox = SandboxConfig(backend=backend)
+    except ValueError:
+        fail(f"--backend {backend}: choose docker, bwrap or local")
+    if (why := sandbox.unavailable()) is not None:
+        fail(why)
     try:
         env_kwargs = parse_sets(set_)
         expert = load(
@@ -162,6 +173,7 @@ def demos(
                 expert=expert,
                 min_return=1.0 if expert.perfect else None,
                 holdout=holdout,
+                backend=sandbox.backend,
             ):
                 f.write(json.dumps({"messages": d.messages, "tools": d.tools, "task_id": d.task_id}) + "\n")
                 made += 1

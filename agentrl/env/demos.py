@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
 from agentrl.env.base import FailureClass, TextEnv
-from agentrl.sandbox import DockerSandbox, LocalSandbox, Sandbox
+from agentrl.sandbox import Sandbox, SandboxConfig
+from agentrl.sandbox.config import Backend
 from agentrl.tasks.solutions import PERFECT, Expert
 
 
@@ -46,12 +47,14 @@ class TrustedSandboxes:
     fresh sandbox instead (`SandboxSource`).
     """
 
-    def __init__(self, size: int, kind: Literal["docker", "local"] = "docker") -> None:
-        self.size, self.kind = size, kind
+    def __init__(self, size: int, config: SandboxConfig | None = None) -> None:
+        self.size = size
+        self.config = config or SandboxConfig()
+        """the backend of these sandboxes, and of those an env makes itself (`SandboxSource.config`)"""
         self._free: asyncio.Queue[Sandbox] = asyncio.Queue()
         self._spare: asyncio.Queue[Sandbox] = asyncio.Queue()  # lent by `fresh`
         self._all: list[Sandbox] = []
-        self._create = DockerSandbox.create if kind == "docker" else LocalSandbox.create
+        self._create = self.config.factory()
 
     async def start(self) -> None:
         self._all = list(await asyncio.gather(*(self._create() for _ in range(self.size))))
@@ -112,7 +115,7 @@ async def record(
     min_return: float | None = 1.0,
     holdout: float = 0.0,
     holdout_seed: int = 1,
-    sandbox: Literal["docker", "local"] = "docker",
+    backend: Backend = "docker",
 ) -> AsyncIterator[Demonstration]:
     """n demonstrations on tasks drawn from the env's task set (its train split by default).
 
@@ -123,11 +126,11 @@ async def record(
     Tasks are drawn with a generator seeded by `seed`; episodes that fail the checks above
     are replaced by new draws (after 10·n draws in all it gives up with an error). An
     imperfect `expert` (`TextEnv.demonstration`) writes wrong episodes too: to keep them, pass
-    `min_return=None`.
+    `min_return=None`. `backend`: the sandboxes' (`SandboxConfig.backend`).
     """
     import agentrl
 
-    sandboxes = TrustedSandboxes(concurrency, sandbox)
+    sandboxes = TrustedSandboxes(concurrency, SandboxConfig(backend=backend))
     await sandboxes.start()
     envs = [agentrl.make(env_name, sandboxes=sandboxes, **(env_kwargs or {})) for _ in range(concurrency)]
     tasks = envs[0].task_set

@@ -30,9 +30,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.sandbox import DockerSandbox, Sandbox, SandboxError
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.docker_sandbox import DockerSandboxConfig, docker_client
-from agentrl.sandbox.image import instance_image, sandboxes_dir
+from agentrl.sandbox.image import instance_image, sandboxes_dir, saved_image_rootfs
 from agentrl.tasks.repos.instance import PatchError, RepoInstance, apply_patch, make_patch
 from agentrl.tasks.repos.validate import (
     TestOutcome,
@@ -116,14 +116,31 @@ def _image_tag(tarball: str) -> str:
         return instance_image(docker_client(), Path(tarball), log=lambda m: None)
 
 
-async def image_sandbox(tarball: str, cfg: DockerSandboxConfig | None = None) -> Sandbox:
-    """A sandbox running an instance's own image (`RepoInstance.image`), built into a sandbox image on first use in
-    this process. Every other setting is the default sandbox's (or `cfg`'s): the same lockdown."""
+@functools.cache
+def _image_rootfs(tarball: str) -> Path:
+    with _image_lock:  # one unpacking per image, however many episodes ask at once
+        return saved_image_rootfs(Path(tarball), log=lambda m: None)
+
+
+async def image_sandbox(tarball: str, config: SandboxConfig) -> Sandbox:
+    """A sandbox of `config`'s backend running an instance's own image (`RepoInstance.image`), made ready on first
+    use in this process: on docker the sandbox image built on it, on bwrap its root filesystem unpacked from the
+    tarball (no Docker needed). Every other setting is the backend's default sandbox's: the same lockdown. Local
+    sandboxes run on the host, not in an image, so they refuse it; SandboxError too for an image that cannot be used."""
+    if config.backend == "local":
+        raise SandboxError(
+            f"the instance's image {tarball} needs a docker or bwrap sandbox: local ones run on the host, not in it"
+        )
     try:
-        tag = await asyncio.to_thread(_image_tag, tarball)
-    except (OSError, RuntimeError) as e:
+        if config.backend == "bwrap":
+            rootfs = await asyncio.to_thread(_image_rootfs, tarball)
+        else:
+            tag = await asyncio.to_thread(_image_tag, tarball)
+    except (OSError, RuntimeError, ValueError) as e:
         raise SandboxError(f"the instance's image {tarball} cannot be used: {e}") from e
-    return await DockerSandbox.create((cfg or DockerSandboxConfig()).model_copy(update={"image": tag}))
+    if config.backend == "bwrap":
+        return await BwrapSandbox.create(BwrapSandboxConfig(rootfs=rootfs))
+    return await DockerSandbox.create(DockerSandboxConfig(image=tag))
 
 
 class RepoError(RuntimeError):
@@ -225,8 +242,13 @@ def bash_argv(command: str) -> list[str]:
 
 def pytest_argv(args: Sequence[str]) -> list[str]:
     """python3 running pytest on `args` in the repository's folder: pytest is imported before the repository joins
-    the path, so no file of the repository can stand in for it; isolated mode ignores PYTHON* variables."""
-    code = "import sys, pytest; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
+    the path, so no file of the repository can stand in for it; isolated mode ignores PYTHON* variables. Among them
+    is the PYTHONPATH a bwrap sandbox's executor gives every program, with the test tools bound in from the host:
+    it is appended after the interpreter's own path, where a Docker sandbox image's .pth file puts them."""
+    code = (
+        "import os, sys; sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+        "import pytest; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
+    )
     return ["python3", "-I", "-c", code, "-p", "no:cacheprovider", *args]
 
 

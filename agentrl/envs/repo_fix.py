@@ -40,7 +40,7 @@ from agentrl.env.repos import (
 )
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.envs._format import run_output
-from agentrl.sandbox import Sandbox
+from agentrl.sandbox import Sandbox, SandboxConfig
 from agentrl.tasks import Task
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.taskset import RepoTaskSet
@@ -125,7 +125,7 @@ BASE_GRADES = BaseGrades()
 
 
 class RepoFixEnv(ToolEnv):
-    """Repository-level bug fixing (SWE-bench style) in a Docker sandbox, graded by hidden pytest tests."""
+    """Repository-level bug fixing (SWE-bench style) in a sandbox, graded by hidden pytest tests."""
 
     description = "Fix an issue in a multi-file Python repository with a shell and file tools; hidden tests grade it."
     reward_doc = (
@@ -149,8 +149,13 @@ class RepoFixEnv(ToolEnv):
         if self.instance is None or self.instance.image is None:
             return await super().sandbox()
         if self._own is None:
-            self._own = await self.timed(image_sandbox(self.instance.image))
+            self._own = await self.timed(image_sandbox(self.instance.image, self._backend()))
         return self._own
+
+    def _backend(self) -> SandboxConfig:
+        """The backend of this env's sandboxes, which an instance's own image runs on too (a source made for the
+        env on first use, `SandboxSource.default`, is the default backend's)."""
+        return self._sandboxes.config if self._sandboxes is not None else SandboxConfig()
 
     async def _release_sandbox(self) -> None:
         own, self._own = self._own, None
@@ -338,7 +343,7 @@ class RepoFixEnv(ToolEnv):
 
         async def run() -> RepoGrade:
             image = instance.image  # grading runs where no agent code ran: a new sandbox, outside the pool
-            fresh = await (image_sandbox(image) if image else self._sandboxes.fresh())
+            fresh = await (image_sandbox(image, self._backend()) if image else self._sandboxes.fresh())
             try:
                 return await grade(
                     fresh, instance, diff.patch, timeout_s=cfg.grade_timeout_s, plugins=cfg.pytest_plugins

@@ -9,16 +9,23 @@ and `docker import`-ed, then the same Dockerfile is built on it with
 The test tools of `sandboxes/python/requirements.txt` (pytest) are pure-Python wheels that pip on the host
 unpacks into the build context (`site/`): nothing inside Docker needs a network, and an air-gapped host
 passes a folder of those wheels (`wheels=`, `agentrl sandbox build --wheels DIR`).
+
+bwrap sandboxes take a root filesystem as a folder: the sandbox image's (`export_rootfs`), or an instance's own
+image unpacked from its `docker save` tarball with no Docker at all (`saved_image_rootfs`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -121,11 +128,7 @@ def instance_image(
     """The sandbox image for a repository instance's own image (a `docker save` tarball with its dependencies and
     python3): the sandbox's Dockerfile built on it, so its containers run the executor, locked down as every
     sandbox is. Tagged by the sandbox definition and the tarball's bytes; built once."""
-    h = hashlib.sha256()
-    with open(tarball, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    tag = f"{image_tag()}-{h.hexdigest()[:12]}"
+    tag = f"{image_tag()}-{file_sha256(tarball)[:12]}"
     if image_exists(client, tag):
         return tag
     with open(tarball, "rb") as f:
@@ -244,6 +247,243 @@ def export_rootfs(
     stamp.write_text(image_id)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+# -- an instance's own image (a `docker save` tarball) unpacked for bwrap ---------------------
+
+WHITEOUT = ".wh."
+"""a layer's file `.wh.NAME` deletes NAME of the layers below (the OCI image spec's whiteouts)"""
+OPAQUE = ".wh..wh..opq"
+"""a layer's file that empties its folder of everything the layers below put there"""
+_MODE_BITS = 0o1777  # no set-id bits: bubblewrap grants no privilege by them, and on the host they would be the image's
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, as hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def saved_rootfs_dir(tarball: Path) -> Path:
+    """Where `saved_image_rootfs` keeps the root filesystem of the image in `tarball`."""
+    return cache_dir() / "rootfs" / f"saved-{file_sha256(tarball)[:16]}"
+
+
+def saved_image_rootfs(tarball: Path, *, log: Callable[[str], None] = print) -> Path:
+    """The root filesystem of the image in a `docker save` tarball, for bwrap sandboxes: unpacked once
+    (`unpack_saved_image`) into `cache_dir()/rootfs/saved-SHA`, keyed by the tarball's bytes. It is unpacked beside
+    and renamed into place, so a rootfs found there is whole. ValueError, in one line, when the tarball is not a
+    `docker save` or its image has no python3 >= 3.9 to run the executor; then nothing is kept."""
+    dest = saved_rootfs_dir(tarball)
+    if dest.is_dir():
+        return dest
+    log(f"unpacking the image in {tarball} to {dest} (for bwrap sandboxes)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        unpack_saved_image(tarball, staging)
+        version = python_version(staging)
+        if version is None or version < (3, 9):
+            found = "none" if version is None else f"python3.{version[1]}"
+            raise ValueError(
+                f"the image in {tarball} has no python3 >= 3.9 in /usr/local/bin or /usr/bin (found {found}), "
+                "which a bwrap sandbox runs its executor with"
+            )
+        staging.chmod(0o755)
+        try:
+            staging.rename(dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(staging)  # another process unpacked the same tarball first
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dest
+
+
+def unpack_saved_image(tarball: Path, dest: Path) -> None:
+    """Unpack the image of a `docker save` tarball into the folder `dest` as Docker applies it: the layers that
+    manifest.json lists, in order, each a tar whose whiteouts delete what the layers below left (`.wh.NAME` deletes
+    NAME, `.wh..wh..opq` empties its folder of all but this layer's own files). Device nodes and fifos are left out
+    (a sandbox makes its own /dev), and so are set-id bits. ValueError, in one line, for a file that is not such a
+    tarball or a member whose path leaves the root; `dest` then holds part of the image (unpack beside, as
+    `saved_image_rootfs` does).
+
+    tarfile reads the layers, but the members are written here, not by its extraction: that knows nothing of
+    whiteouts, and its filters resolve symlinks on the host (a file under an absolute link such as var/run -> /run
+    would be refused, or with no filter written outside `dest`). Here each path is resolved inside `dest` as if it
+    were /, as Docker resolves it unpacking in a chroot."""
+    if not tarfile.is_tarfile(tarball):
+        raise ValueError(f"{tarball} is not a tar file: make one with `docker save IMAGE -o FILE`")
+    dest.mkdir(parents=True, exist_ok=True)
+    dir_modes: dict[str, int] = {}  # set last: a folder of the image may be read-only to the user unpacking it
+    try:
+        with tarfile.open(tarball) as outer:
+            for name in _layers(outer, tarball):
+                try:
+                    blob = outer.extractfile(name)
+                except KeyError:
+                    blob = None
+                if blob is None:
+                    raise ValueError(f"{tarball}: manifest.json lists the layer {name}, which it does not hold")
+                with blob, tarfile.open(fileobj=blob, mode="r|*") as layer:
+                    _apply_layer(layer, str(dest), dir_modes)
+    except tarfile.TarError as e:
+        raise ValueError(f"{tarball}: a layer cannot be read ({' '.join(str(e).split())})") from None
+    for path, mode in dir_modes.items():
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, mode)
+
+
+def _layers(outer: tarfile.TarFile, tarball: Path) -> list[str]:
+    """The layers manifest.json names, bottom first."""
+    try:
+        manifest = json.load(outer.extractfile("manifest.json") or io.BytesIO(b"null"))
+    except KeyError:
+        raise ValueError(
+            f"{tarball} is not a `docker save` tarball (no manifest.json): make one with `docker save IMAGE -o FILE`"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"{tarball}: its manifest.json is not JSON ({e})") from None
+    if not (isinstance(manifest, list) and len(manifest) == 1 and isinstance(manifest[0], dict)):
+        raise ValueError(f"{tarball}: its manifest.json must describe one image (`docker save IMAGE -o FILE`)")
+    layers = manifest[0].get("Layers")
+    if not (isinstance(layers, list) and all(isinstance(name, str) for name in layers)):
+        raise ValueError(f"{tarball}: its manifest.json lists no Layers")
+    return layers
+
+
+def _apply_layer(layer: tarfile.TarFile, root: str, dir_modes: dict[str, int]) -> None:
+    """Write one layer's members over `root`, whiteouts applied."""
+    own: set[str] = set()  # what this layer wrote: an opaque whiteout keeps it
+    folders: dict[str, str] = {}  # a folder of the image -> its place under root, until a link or folder changes
+
+    def place(name: str) -> str:
+        folder, base = posixpath.split(_rel(name))
+        if folder not in folders:
+            folders[folder] = _resolve(root, folder)
+        return os.path.join(folders[folder], base)
+
+    def remove(path: str) -> None:
+        if os.path.islink(path) or os.path.isdir(path):
+            folders.clear()  # a path may have led through it
+        _remove(path)
+
+    for member in layer:
+        if _rel(member.name) == ".":
+            continue  # the root folder itself
+        path = place(member.name)
+        parent, base = os.path.split(path)
+        if base == OPAQUE:
+            if os.path.isdir(parent):
+                folders.clear()
+                _empty(parent, own)
+            continue
+        if base.startswith(WHITEOUT):
+            if not base.startswith(WHITEOUT * 2):  # `.wh..wh.*` else: aufs's own bookkeeping
+                remove(os.path.join(parent, _name(base[len(WHITEOUT) :], member.name)))
+            continue
+        if not (member.isdir() or member.isreg() or member.issym() or member.islnk()):
+            continue
+        os.makedirs(parent, exist_ok=True)
+        own.add(path)
+        if member.isdir():
+            if not os.path.isdir(path) or os.path.islink(path):
+                remove(path)
+                os.mkdir(path)
+            os.chmod(path, member.mode & _MODE_BITS | 0o700)
+            dir_modes[path] = member.mode & _MODE_BITS
+        else:
+            remove(path)
+            if member.isreg():
+                with layer.extractfile(member) as src, open(path, "xb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.chmod(path, member.mode & _MODE_BITS)
+            elif member.issym():
+                os.symlink(member.linkname, path)
+                folders.clear()  # a path may lead through it now
+            else:
+                os.link(place(member.linkname), path, follow_symlinks=False)
+            # the time a .pyc file records of its source: kept, or every interpreter start recompiles it
+            os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
+        if os.geteuid() == 0:  # the image's owners, by number (names would be the host's)
+            os.lchown(path, member.uid, member.gid)
+
+
+def _rel(name: str) -> str:
+    """A member's path relative to the root; ValueError for one that leaves it."""
+    rel = posixpath.normpath(name.lstrip("/") or ".")
+    if rel == ".." or rel.startswith("../"):
+        raise ValueError(f"the image's file {name!r} leaves its root")
+    return rel
+
+
+def _name(name: str, member: str) -> str:
+    if name in ("", ".", ".."):
+        raise ValueError(f"the image's whiteout {member!r} names no file")
+    return name
+
+
+def _resolve(root: str, rel: str) -> str:
+    """`rel` under `root`, each symlink on the way followed as if `root` were /: wherever a link points, the path
+    stays inside."""
+    todo = [p for p in rel.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        path = os.path.join(root, *done, part)
+        if os.path.islink(path):
+            links += 1
+            if links > 40:
+                raise ValueError(f"the image's path {rel!r} has too many levels of symbolic links")
+            target = os.readlink(path)
+            if target.startswith("/"):
+                done = []
+            todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+        else:
+            done.append(part)
+    return os.path.join(root, *done)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _empty(folder: str, keep: set[str]) -> None:
+    """Remove what `folder` holds, except the paths in `keep` (and what they hold)."""
+    for name in os.listdir(folder):
+        child = os.path.join(folder, name)
+        if child not in keep:
+            _remove(child)
+        elif os.path.isdir(child) and not os.path.islink(child):
+            _empty(child, keep)
+
+
+def python_version(root: Path) -> tuple[int, int] | None:
+    """(3, minor) of the python3 a sandbox on the root filesystem `root` runs (the first on its PATH of
+    /usr/local/bin and /usr/bin), read off its files: the interpreter's name (python3 -> python3.11), else its
+    standard library's folder. Nothing of the image runs on the host. None when there is none."""
+    for prefix in ("usr/local", "usr"):
+        exe = Path(_resolve(str(root), f"{prefix}/bin/python3"))
+        if not exe.is_file():
+            continue
+        if m := re.fullmatch(r"python3\.(\d+)", exe.name):
+            return 3, int(m[1])
+        stdlib = Path(_resolve(str(root), f"{prefix}/lib"))
+        minors = [
+            int(m[1]) for p in stdlib.glob("python3.*/os.py") if (m := re.fullmatch(r"python3\.(\d+)", p.parent.name))
+        ]
+        return (3, max(minors)) if minors else None
+    return None
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

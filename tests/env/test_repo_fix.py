@@ -1,12 +1,16 @@
-"""repo_fix against real Docker sandboxes: the tools, SWE-bench-style grading, the scripted expert, and hostile
-agents, each followed by an honest episode in the same (recycled) container."""
+"""repo_fix against real sandboxes: the tools, SWE-bench-style grading, the scripted expert, and hostile agents, each
+followed by an honest episode in the same (recycled) sandbox. What keeps the hidden tests secret and contains a
+hostile agent runs on Docker and on bwrap; the rest of the env is the same code on either, and runs on Docker."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
+import shutil
+from pathlib import Path
 
 import docker
 import gymnasium
@@ -19,11 +23,17 @@ from agentrl.env.demos import play
 from agentrl.envs.repo_fix import closest_lines, expert_edits, misquote
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat
-from agentrl.sandbox import DockerSandbox, SandboxPool, reaper
+from agentrl.sandbox import (
+    BwrapSandbox,
+    BwrapSandboxConfig,
+    DockerSandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxPool,
+    reaper,
+)
 from agentrl.tasks.repos import HIDDEN_TESTS, apply_patch
 from agentrl.tasks.solutions import Expert
-
-pytestmark = pytest.mark.docker
 
 TASK = "repo-inifile-3"  # the hex parser: a missing case in values.py, FAIL_TO_PASS in the hidden tests only
 
@@ -32,6 +42,19 @@ def call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
+DOCKER = pytest.param("docker", marks=pytest.mark.docker)
+ON_DOCKER = pytest.mark.parametrize("reused", [DOCKER], indirect=True)
+"""for a test of the env's own code, the same on any backend"""
+
+
+def backend_factory(backend: str):
+    """Starts one sandbox of `backend`: Docker's default, or bwrap's on the host's /usr (no Docker needed)."""
+    if backend == "docker":
+        return DockerSandbox.create
+    return functools.partial(BwrapSandbox.create, BwrapSandboxConfig(rootfs="host"))
+
+
+@pytest.mark.docker
 @pytest.mark.slow
 def test_gymnasium_check_env(sandbox_image):
     env = gymnasium.make("agentrl/repo_fix-v0")
@@ -39,11 +62,14 @@ def test_gymnasium_check_env(sandbox_image):
     env.close()
 
 
-@pytest.fixture
-async def reused(sandbox_image):
-    """One warm sandbox, recycled between episodes: the next episode gets the container this one used."""
-    pool = SandboxPool(DockerSandbox.create, size=1, reuse=100)
-    yield SandboxSource(pool)
+@pytest.fixture(params=[DOCKER, "bwrap"])
+async def reused(request):
+    """One warm sandbox of the backend, recycled between episodes: the next episode gets the one this one used.
+    Grading sandboxes are the same backend's."""
+    request.getfixturevalue("sandbox_image" if request.param == "docker" else "bwrap_site")
+    factory = backend_factory(request.param)
+    pool = SandboxPool(factory, size=1, reuse=100)
+    yield SandboxSource(pool, factory=factory, sandbox=SandboxConfig(backend=request.param))
     await pool.close()
 
 
@@ -72,6 +98,7 @@ async def test_the_expert_fixes_the_issue_and_its_diff_is_the_gold_patch(reused)
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the perfect expert's episode covers the code
+@ON_DOCKER
 async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it(reused):
     """wrong_file: a view of another module, then a submission of no change; sloppy_edit: an edit that fails,
     then the same; typo_path: a view of the right module misspelt, whose error names it. With recover=1 it goes
@@ -111,6 +138,7 @@ async def test_the_imperfect_expert_gives_up_after_its_error_or_recovers_from_it
 
 
 @pytest.mark.slow
+@ON_DOCKER
 async def test_the_expert_solves_one_instance_of_every_family(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     seen = {}
@@ -134,6 +162,7 @@ def test_a_failed_edit_is_shown_the_closest_lines():
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
+@ON_DOCKER
 async def test_the_tools_and_the_shell_state(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     obs, info = await env.areset(options={"task_id": TASK})
@@ -183,6 +212,7 @@ async def test_the_tools_and_the_shell_state(reused):
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
+@ON_DOCKER
 async def test_the_last_turn_grades_what_is_there(reused):
     env = agentrl.make("repo_fix", sandboxes=reused, max_turns=2)
     await env.areset(options={"task_id": TASK})
@@ -200,6 +230,7 @@ async def test_the_last_turn_grades_what_is_there(reused):
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
+@ON_DOCKER
 async def test_changes_to_tests_and_config_are_left_out_of_a_fix(reused):
     env = agentrl.make("repo_fix", sandboxes=reused)
     await env.areset(options={"task_id": TASK})
@@ -281,6 +312,7 @@ async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
     await env.aclose()
 
 
+@pytest.mark.docker
 @pytest.mark.slow  # the fast tier is at its budget
 async def test_submissions_of_no_change_share_one_grading_and_a_change_gets_its_own(sandbox_image):
     """An unchanged repository grades the same every time: three concurrent submissions of no change on one
@@ -338,6 +370,7 @@ async def test_the_hidden_tests_never_reach_the_agents_sandbox(reused):
     await env.aclose()
 
 
+@pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_one_hundred_concurrent_episodes_on_a_pool_of_eight_leave_no_container(sandbox_image, docker_client):
@@ -364,6 +397,7 @@ async def test_one_hundred_concurrent_episodes_on_a_pool_of_eight_leave_no_conta
     assert docker_client.api.containers(all=True, filters=mine) == []
 
 
+@pytest.mark.docker
 @pytest.mark.slow
 def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(sandbox_image, tmp_path):
     from cli import agentrl as run_agentrl
@@ -403,6 +437,7 @@ def test_agentrl_eval_on_repo_fix_gives_pass_at_k_and_transcripts_with_the_diff(
 # Loaded instances (SWE-bench-style JSONL; tests/repo_data.py builds the repository)
 
 
+@pytest.mark.docker
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 async def test_a_loaded_instance_validates_and_is_solved_in_sandboxes(sandbox_image, tmp_path):
     from repo_data import BUGGY, git_repo, record, write_jsonl
@@ -421,28 +456,70 @@ async def test_a_loaded_instance_validates_and_is_solved_in_sandboxes(sandbox_im
     await env.aclose()
 
 
+async def test_validate_repos_checks_on_the_backend_asked_for_and_refuses_an_unusable_image(bwrap_site, tmp_path):
+    """`agentrl envs validate-repos --backend bwrap` checks a loaded instance with no Docker. An instance's image that
+    cannot be used is refused in one line: on bwrap a file that is not a `docker save` tarball, on local sandboxes
+    any (they run on the host)."""
+    from cli import agentrl as run_agentrl
+    from repo_data import BUGGY, git_repo, record, write_jsonl
+
+    from agentrl.env.repos import image_sandbox
+
+    commit = git_repo(tmp_path / "mathy", BUGGY)
+    good = write_jsonl(tmp_path / "good.jsonl", record("mathy", commit))
+    r = run_agentrl("envs", "validate-repos", f"swebench:{good}", "--backend", "bwrap")
+    assert r.stdout.endswith("1 of 1 instances valid\n")
+    (tmp_path / "deps.tar").write_text("not a tar file")
+    bad = write_jsonl(tmp_path / "bad.jsonl", record("mathy", commit, image="deps.tar"))
+    r = run_agentrl("envs", "validate-repos", f"swebench:{bad}", "--backend", "bwrap", check=False)
+    tarball = tmp_path / "deps.tar"
+    assert (r.returncode, r.stderr.splitlines()[-1]) == (
+        3,
+        f"sandbox failure: the instance's image {tarball} cannot be used: {tarball} is not a tar file: make one "
+        "with `docker save IMAGE -o FILE`",
+    ), r.stderr
+    with pytest.raises(SandboxError, match="needs a docker or bwrap sandbox: local ones run on the host"):
+        await image_sandbox(str(tarball), SandboxConfig(backend="local"))
+
+
+DEPS = "agentrl-test-deps:1"
+
+
+@pytest.fixture(scope="module")
+def deps_image(sandbox_image, docker_client, tmp_path_factory) -> Path:
+    """A `docker save` tarball of an image with a module the sandbox image lacks (mathdeps), built offline."""
+    module = "pathlib.Path(site.getsitepackages()[0], 'mathdeps.py').write_text('def top(hi):\\\\n    return hi\\\\n')"
+    context = tmp_path_factory.mktemp("deps")
+    (context / "Dockerfile").write_text(
+        f'FROM {sandbox_image}\nUSER 0\nRUN python3 -c "import site, pathlib; {module}"\n'
+    )
+    docker_client.images.build(path=str(context), tag=DEPS, rm=True, network_mode="none")
+    tarball = context / "deps.tar"
+    try:
+        with open(tarball, "wb") as f:
+            for chunk in docker_client.images.get(DEPS).save(named=True):
+                f.write(chunk)
+    finally:
+        docker_client.images.remove(DEPS, force=True)
+    return tarball
+
+
+@pytest.mark.docker  # to save the instance's image; bwrap then unpacks the tarball without it
 @pytest.mark.slow
-async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_image, docker_client, tmp_path):
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_an_instance_with_its_own_image_runs_and_grades_in_it(
+    request, backend, deps_image, docker_client, tmp_path
+):
     """An instance whose package needs a dependency only its image has: it validates, and is solved, in sandboxes
     of that image (locked down as any), and does not validate in the default one."""
     from repo_data import git_repo, write_jsonl
 
     from agentrl.env.repos import image_sandbox, validate_instance
+    from agentrl.sandbox.image import saved_rootfs_dir
     from agentrl.tasks.repos import make_patch
 
-    deps = "agentrl-test-deps:1"
-    module = "pathlib.Path(site.getsitepackages()[0], 'mathdeps.py').write_text('def top(hi):\\\\n    return hi\\\\n')"
-    dockerfile = f'FROM {sandbox_image}\nUSER 0\nRUN python3 -c "import site, pathlib; {module}"\n'
-    (tmp_path / "img").mkdir()
-    (tmp_path / "img" / "Dockerfile").write_text(dockerfile)
-    docker_client.images.build(path=str(tmp_path / "img"), tag=deps, rm=True, network_mode="none")  # offline
-    tarball = tmp_path / "deps.tar"
-    try:
-        with open(tarball, "wb") as f:
-            for chunk in docker_client.images.get(deps).save(named=True):
-                f.write(chunk)
-    finally:
-        docker_client.images.remove(deps, force=True)
+    if backend == "bwrap":
+        request.getfixturevalue("bwrap_site")
     buggy = {
         "dep/__init__.py": "from mathdeps import top\n\n\ndef cap(x, hi):\n    return min(x, top(hi) - 1)\n",
         "tests/test_dep.py": "from dep import cap\n\n\ndef test_low():\n    assert cap(1, 5) == 1\n",
@@ -459,23 +536,31 @@ async def test_an_instance_with_its_own_image_runs_and_grades_in_it(sandbox_imag
         "test_patch": make_patch(buggy, hidden),
         "FAIL_TO_PASS": ["tests/test_hidden.py::test_high"],
         "PASS_TO_PASS": ["tests/test_dep.py::test_low"],
-        "image": "deps.tar",
+        "image": str(deps_image),
     }
-    env = agentrl.make("repo_fix", tasks=f"swebench:{write_jsonl(tmp_path / 'd.jsonl', rec)}", split="all")
+    config = SandboxConfig(backend=backend)
+    env = agentrl.make(
+        "repo_fix",
+        tasks=f"swebench:{write_jsonl(tmp_path / 'd.jsonl', rec)}",
+        split="all",
+        sandboxes=SandboxSource(size=1, sandbox=config),  # its pool stays idle: every episode runs in the image
+    )
     inst = env.repo_tasks.instance("dep-1")
     tags = []
     try:
-        async with await image_sandbox(inst.image) as sandbox:
-            tags.append(sandbox.container.image.tags[0])
+        async with await image_sandbox(inst.image, config) as sandbox:
+            if backend == "docker":
+                tags.append(sandbox.container.image.tags[0])
             assert (await validate_instance(inst, sandbox)).ok
             locked = await sandbox.run(["bash", "-c", "id -u; cat /proc/1/status | grep CapEff"], timeout_s=10)
             assert locked.stdout.startswith("65534\n")
-        async with await DockerSandbox.create() as plain:
+        async with await backend_factory(backend)() as plain:
             assert not (await validate_instance(inst, plain)).ok  # the dependency is the image's alone
         reward, info, name = await expert_episode(env, "dep-1")
-        assert reward == 1.0 and info["resolved"] and name.startswith("agentrl-")
+        assert reward == 1.0 and info["resolved"] and name.startswith("agentrl-" if backend == "docker" else "bwrap-")
     finally:
         await env.aclose()
-        for tag in [*tags, deps]:  # the sandbox image, then the instance's image its tarball's load named again
+        for tag in [*tags, DEPS]:  # the sandbox image, then the instance's image its tarball's load named again
             with contextlib.suppress(docker.errors.ImageNotFound):
                 docker_client.images.remove(tag, force=True)
+        shutil.rmtree(saved_rootfs_dir(deps_image), ignore_errors=True)  # bwrap's, unpacked from it: for no later run

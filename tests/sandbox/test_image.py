@@ -3,14 +3,28 @@ another daemon runs there."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import re
 import shutil
+import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
-from agentrl.sandbox.image import content_hash, ensure_image, image_tag
+from agentrl.sandbox.image import (
+    content_hash,
+    ensure_image,
+    image_tag,
+    python_version,
+    saved_image_rootfs,
+    unpack_saved_image,
+)
 
 
 def test_content_hash_tracks_files_not_caches(tmp_path):
@@ -93,3 +107,153 @@ async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, 
         monkeypatch.undo()
         cached_client.cache_clear()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# -- a `docker save` tarball unpacked for bwrap sandboxes --------------------------------------
+
+
+def layer(*members: tuple[str, str]) -> bytes:
+    """A layer tar: (name, what) pairs, what being a file's text, "dir", "link:TARGET" or "hard:TARGET"."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, what in members:
+            info = tarfile.TarInfo(name)
+            if what == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif what.startswith(("link:", "hard:")):
+                info.type = tarfile.SYMTYPE if what.startswith("link:") else tarfile.LNKTYPE
+                info.linkname = what[5:]
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(what), 0o644
+                tar.addfile(info, io.BytesIO(what.encode()))
+    return buf.getvalue()
+
+
+def saved(path: Path, *layers: bytes) -> Path:
+    """A tarball laid out as `docker save` lays one out (manifest.json naming each layer's tar), at `path`."""
+    names = [f"{i}/layer.tar" for i in range(len(layers))]
+    with tarfile.open(path, "w") as tar:
+        for name, data in [
+            ("manifest.json", json.dumps([{"Layers": names}]).encode()),
+            *zip(names, layers, strict=True),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_whiteouts_delete_what_the_layers_below_left(tmp_path):
+    """`.wh.NAME` deletes NAME (a file or a folder); `.wh..wh..opq` empties its folder of the lower layers' files
+    and keeps its own layer's, wherever in the layer it comes."""
+    base = layer(
+        ("etc/gone", "x"),
+        ("etc/kept", "k"),
+        ("old/sub/deep", "d"),
+        ("data/a", "a"),
+        ("data/sub/b", "b"),
+    )
+    top = layer(("etc/.wh.gone", ""), ("data/new", "n"), ("data/.wh..wh..opq", ""), ("old/.wh.sub", ""))
+    root = tmp_path / "root"
+    unpack_saved_image(saved(tmp_path / "img.tar", base, top), root)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+        "data",
+        "data/new",
+        "etc",
+        "etc/kept",
+        "old",
+    ]
+
+
+def test_no_path_of_an_image_leads_out_of_its_root(tmp_path, monkeypatch):
+    """Links are followed inside the root (as in Docker's chroot), wherever they point: an absolute link, one up
+    past the root, a hard link through them. A name that leaves the root is refused, and so is what is not a
+    `docker save` tarball; saved_image_rootfs then keeps nothing, nor does it for an image without python3."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    links = layer(("abs", f"link:{outside}"), ("up", "link:../../.."), ("etc", "dir"))
+    through = layer(("abs/x", "via abs"), ("up/y", "via up"), ("etc/h", "hard:abs/x"))
+    root = tmp_path / "root"
+    unpack_saved_image(saved(tmp_path / "links.tar", links, through), root)
+    assert list(outside.iterdir()) == []
+    assert (root / str(outside)[1:] / "x").read_text() == "via abs" and (root / "y").read_text() == "via up"
+    assert (root / "etc" / "h").stat().st_ino == (root / str(outside)[1:] / "x").stat().st_ino
+
+    escape = saved(tmp_path / "escape.tar", layer(("a/../../escaped", "out")))
+    with pytest.raises(ValueError, match="leaves its root"):
+        unpack_saved_image(escape, tmp_path / "root2")
+    assert not (tmp_path / "escaped").exists()
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(layer(("etc/passwd", "")))
+    with pytest.raises(ValueError, match=r"not a `docker save` tarball \(no manifest.json\)"):
+        unpack_saved_image(plain, tmp_path / "root3")
+    (tmp_path / "text.tar").write_text("not a tar at all")
+    with pytest.raises(ValueError, match="is not a tar file: make one with `docker save IMAGE -o FILE`"):
+        unpack_saved_image(tmp_path / "text.tar", tmp_path / "root4")
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with pytest.raises(ValueError, match="leaves its root"):
+        saved_image_rootfs(escape, log=lambda m: None)
+    no_python = saved(tmp_path / "nopy.tar", layer(("usr/bin/python2.7", "")))
+    with pytest.raises(ValueError, match=r"no python3 >= 3.9 .* \(found none\)"):
+        saved_image_rootfs(no_python, log=lambda m: None)
+    old = saved(tmp_path / "old.tar", layer(("usr/bin/python3.8", ""), ("usr/bin/python3", "link:python3.8")))
+    with pytest.raises(ValueError, match=r"\(found python3.8\)"):
+        saved_image_rootfs(old, log=lambda m: None)
+    assert list((cache / "agentrl" / "rootfs").iterdir()) == []  # no rootfs kept, whole or in part
+    python = layer(("usr/local/bin/python3.12", ""), ("usr/local/bin/python3", "link:/usr/local/bin/python3.12"))
+    kept = saved_image_rootfs(saved(tmp_path / "good.tar", python), log=lambda m: None)
+    assert python_version(kept) == (3, 12) and kept.parent == cache / "agentrl" / "rootfs"
+    assert saved_image_rootfs(tmp_path / "good.tar", log=pytest.fail) == kept  # unpacked once, then found
+
+
+def shell_image(client, tag: str) -> None:
+    """An image of /bin/sh, rm and mkdir with their libraries, a folder and two files (`docker import`): a base a
+    few MB big to RUN on, where the sandbox image would be 160 MB to save and unpack."""
+    buf = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=buf, mode="w") as tar:
+        root = Path(tmp)
+        for prog in ("/bin/sh", "/bin/rm", "/bin/mkdir"):
+            ldd = subprocess.run(["ldd", prog], capture_output=True, text=True, check=True).stdout
+            for path in [prog, *re.findall(r"(/\S+) \(0x", ldd)]:
+                (root / path[1:]).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, root / path[1:])
+        for path in ("etc/gone", "data/old", "data/sub/older"):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text("old\n")
+        tar.add(root, arcname=".")
+    repository, name = tag.split(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repository, tag=name)
+
+
+@pytest.mark.docker
+def test_a_saved_image_unpacks_as_docker_ran_it(docker_client, tmp_path):
+    """A real 2-layer image whose second layer deletes a file and replaces a folder (an opaque whiteout), saved
+    with `docker save` and unpacked without Docker: what a container of it sees."""
+    base, tag = "agentrl-test-shell:1", "agentrl-test-whiteouts:1"
+    step = "rm /etc/gone && rm -r /data && mkdir /data && echo new > /data/only"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f'FROM {base}\nRUN ["/bin/sh", "-c", "{step}"]\n')
+    try:
+        shell_image(docker_client, base)
+        docker_client.images.build(path=str(tmp_path / "ctx"), tag=tag, rm=True, network_mode="none")
+        with open(tmp_path / "img.tar", "wb") as f:
+            for chunk in docker_client.images.get(tag).save(named=True):
+                f.write(chunk)
+    finally:
+        for t in (tag, base):
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(t, force=True)
+    with tarfile.open(tmp_path / "img.tar") as outer:
+        (top,) = json.load(outer.extractfile("manifest.json"))[0]["Layers"][1:]
+        with tarfile.open(fileobj=outer.extractfile(top)) as diff:
+            whiteouts = sorted(m.name for m in diff if ".wh." in m.name)
+    assert whiteouts == ["data/.wh..wh..opq", "etc/.wh.gone"]  # what the test is about: both kinds
+    root = tmp_path / "root"
+    unpack_saved_image(tmp_path / "img.tar", root)
+    assert not (root / "etc" / "gone").exists() and (root / "etc").is_dir()
+    assert [p.name for p in (root / "data").iterdir()] == ["only"] and (root / "data" / "only").read_text() == "new\n"
+    assert (root / "bin" / "sh").is_file() and python_version(root) is None
