@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -95,6 +96,17 @@ def bwrap_site() -> Path:
 
     with FileLock(Path(tempfile.gettempdir()) / "agentrl-site.lock"):  # one pip under pytest-xdist
         return ensure_site()
+
+
+@pytest.fixture
+def bwrap_runtime(monkeypatch, bwrap_site) -> Path:
+    """A bwrap runtime folder of the test's own (`agentrl.sandbox.bwrap.runtime_dir`, through TMPDIR, which the
+    processes it starts inherit), so that every sandbox tree in it is the test's. Short: a Unix socket's path must
+    fit in 108 bytes."""
+    tmp = Path(tempfile.mkdtemp(prefix="arl-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    yield tmp / f"agentrl-{os.getuid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,19 @@ its own (the guide: tests tear down only what they started)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import docker
 
 from agentrl.sandbox import reaper
+from agentrl.sandbox.bwrap import TREE_PREFIX
+
+RAY_PROCESSES = "raylet|gcs_server|ray::"
+"""the command lines of a Ray runtime's processes (`pgrep -f`)"""
 
 
 def descends_from_us(pid: int | None) -> bool:
@@ -43,3 +50,32 @@ def our_containers(client: docker.DockerClient) -> list:
         for c in client.containers.list(filters={"label": reaper.LABEL}, ignore_removed=True)
         if descends_from_us(int(c.labels.get(reaper.PID_LABEL) or 0))
     ]
+
+
+def seen_while_running(proc: subprocess.Popen, pattern: str, timeout_s: float = 240) -> set[int]:
+    """The processes matching `pattern` that this process started, polled until `proc` exits (killed past
+    `timeout_s`, an AssertionError): one that lives as long as a command's setup or longer (a Ray runtime started for
+    its env workers) cannot be missed."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"{proc.args} ran past {timeout_s} s")
+        seen.update(our_pids(pattern))
+        time.sleep(0.2)
+    return seen
+
+
+def bwrap_trees(runtime: Path, owner: int | None = None) -> list[str]:
+    """The bwrap sandbox trees in the runtime folder `runtime`, those of process `owner` alone if given."""
+    found = []
+    for tree in runtime.glob(f"{TREE_PREFIX}*"):
+        try:
+            pid = int(json.loads((tree / "owner.json").read_text())[reaper.PID_LABEL])
+        except (OSError, ValueError):
+            pid = None  # being made
+        if owner is None or pid == owner:
+            found.append(tree.name)
+    return found

@@ -15,7 +15,7 @@ from agentrl.cli.console import fail, out
 
 if TYPE_CHECKING:
     from agentrl.engine import EngineConfig
-    from agentrl.eval.bench import BenchConfig, BenchResult
+    from agentrl.eval.bench import BenchResult, EvalCommandConfig
 
 
 def eval_(
@@ -36,7 +36,9 @@ def eval_(
         ),
     ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write results.jsonl and summary.json here.")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="Other settings: --set temperature=0.2.")] = [],  # noqa: B006
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Other settings: --set temperature=0.2, --set sandbox.backend=bwrap.")
+    ] = [],  # noqa: B006
 ) -> None:
     """Evaluate an agent on a coding benchmark with pass@k (Chen et al. 2021), every program in a sandbox.
 
@@ -44,7 +46,7 @@ def eval_(
     """
     from agentrl.config import ConfigError, load, merge, parse_sets
     from agentrl.engine import EngineConfig, engine_unavailable
-    from agentrl.eval.bench import BenchConfig
+    from agentrl.eval.bench import EvalCommandConfig
 
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
@@ -54,7 +56,7 @@ def eval_(
         # a samples file brings its own n per problem: k is checked against it when scoring
         n = samples if completions is None else max([samples, *ks])
         cfg = load(
-            BenchConfig,
+            EvalCommandConfig,
             merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks}, parse_sets(set_)),
             source="eval settings",
         )
@@ -65,6 +67,10 @@ def eval_(
         fail(f"--engine {engine_cfg.kind}: {why}")
     if (completions is None) == (model is None):
         fail("give either --model (an agent to run) or --completions (a samples file to score)")
+    if completions is not None and "env_workers" in cfg.model_fields_set:
+        fail("env_workers does nothing with --completions: their programs run in this process's sandboxes; drop it")
+    if why := cfg.sandbox.unavailable():
+        fail(f"sandbox.backend={cfg.sandbox.backend}: {why}")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     if completions is not None:
@@ -82,7 +88,7 @@ def eval_(
 
 
 def _run_agent(
-    cfg: BenchConfig, model: str, engine: EngineConfig, out_dir: Path | None
+    cfg: EvalCommandConfig, model: str, engine: EngineConfig, out_dir: Path | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from transformers import AutoTokenizer
 
@@ -96,7 +102,7 @@ def _run_agent(
 
     async def bench_on_engine() -> BenchResult:
         async with build_engine(engine, EngineModel(path), seed=cfg.seed) as e:  # started: a client has connected
-            return await run_bench(cfg, e, chat)
+            return await run_bench(cfg, e, chat, sandbox=cfg.sandbox, env_workers=cfg.env_workers)
 
     result = asyncio.run(bench_on_engine())
     if out_dir is not None:  # the transcripts, as a run folder keeps them (agentrl view reads both)
@@ -109,7 +115,7 @@ def _run_agent(
     return summary, [p.model_dump() for p in result.per_problem]
 
 
-def _score_file(cfg: BenchConfig, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _score_file(cfg: EvalCommandConfig, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import time
 
     from agentrl.eval.completions import read_completions, score_completions
@@ -127,6 +133,7 @@ def _score_file(cfg: BenchConfig, path: Path) -> tuple[dict[str, Any], list[dict
                 concurrency=cfg.sandboxes_per_worker,
                 reuse=cfg.sandbox_reuse,
                 max_retries=cfg.max_retries,
+                sandbox=cfg.sandbox,
             )
         )
     except ValueError as e:

@@ -75,7 +75,7 @@ def train(
         ),
     ] = None,
 ) -> None:
-    """Train an agent with GSPO-token: rollouts in Docker sandboxes, updates, weight sync, evaluation.
+    """Train an agent with GSPO-token: rollouts in sandboxes, updates, weight sync, evaluation.
 
     Writes a run folder (metrics.jsonl, eval.jsonl, checkpoints, plots); Ctrl-C stops after a
     checkpoint, and `--resume RUN_DIR` continues.
@@ -94,17 +94,19 @@ def train(
     # shards of the trainer, then follow the driver's calls (agentrl/train/torchrun_learner.py).
     rank = int(os.environ.get("RANK", "0"))
     # Before any process group or Ray actor: what this machine cannot run, each problem with what to do. The driver
-    # checks the env, the model, the engine and (on this machine) Docker and the image, which it builds if asked; a
-    # learner rank checks the model it loads (it may be on another node). On a Ray cluster the sandboxes run on the
-    # Docker nodes, each checked (and given the image) when the run starts.
+    # checks the env, the model, the engine and (on this machine) the sandbox backend: for Docker the engine and the
+    # image, which it builds if asked; a learner rank checks the model it loads (it may be on another node). On a
+    # Ray cluster the sandboxes run on the Docker nodes, each checked (and given the image) when the run starts.
     if rank == 0:
-        problems = preflight(cfg, docker=cfg.cluster.address is None, build_image=build_image)
+        problems = preflight(cfg, sandboxes=cfg.cluster.address is None, build_image=build_image)
     else:
         problems = check_model(cfg.model.path)
     for p in problems:
         error(f"✗ {p}" if rank == 0 else f"✗ rank {rank}: {p}")
     if problems:
         raise typer.Exit(2)
+    if rank == 0:
+        out.print(cfg.sandbox.describe())
     # torch and the trainer only now: a bad config or a missing part is told in a second, not after their import
     _quiet_libraries()
     if rank > 0:
@@ -231,12 +233,13 @@ class RichDisplay:
         self.progress.console.print(f"[yellow]{text}[/yellow]")
 
 
-def preflight(cfg: RunConfig, *, docker: bool = True, build_image: bool = False) -> list[str]:
+def preflight(cfg: RunConfig, *, sandboxes: bool = True, build_image: bool = False) -> list[str]:
     """What the run needs, checked before anything starts: each problem comes back with what to do about it.
-    `docker`: check the Docker engine and the sandbox image too (building the image if asked)."""
+    `sandboxes`: check that the sandbox backend can run here too (Docker: its engine and the sandbox image, built
+    if asked)."""
     problems = _check_env(cfg) + check_model(cfg.model.path) + _check_engine(cfg)
-    if docker:
-        problems += _check_docker(build_image)
+    if sandboxes:
+        problems += _check_sandboxes(cfg, build_image)
     if (address := cfg.ray_address) not in (None, "auto"):  # "auto": Ray finds the cluster this machine is in
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
@@ -274,15 +277,17 @@ def _check_engine(cfg: RunConfig) -> list[str]:
     return [f"engine.kind={cfg.engine.kind}: {why}"] if why else []
 
 
-def _check_docker(build_image: bool) -> list[str]:
-    from agentrl.sandbox import SandboxError
+def _check_sandboxes(cfg: RunConfig, build_image: bool) -> list[str]:
+    """The backend can make sandboxes here (one line naming the fix, never a fall-back to another); Docker's also
+    needs the sandbox image."""
+    if why := cfg.sandbox.unavailable():
+        return [f"sandbox.backend={cfg.sandbox.backend}: {why}"]
+    if cfg.sandbox.backend != "docker":
+        return []
     from agentrl.sandbox import image as sandbox_image
     from agentrl.sandbox.docker_sandbox import docker_client
 
-    try:
-        client = docker_client()
-    except SandboxError as e:
-        return [f"Docker engine: {e}"]  # the error says how to start one
+    client = docker_client()
     tag = sandbox_image.image_tag()
     if not sandbox_image.image_exists(client, tag):
         question = f"The sandbox image {tag} is missing. Build it now (about a minute, offline if need be)?"

@@ -21,7 +21,9 @@ from pydantic import BaseModel, Field, model_validator
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.passk import pass_at_k, pass_at_ks
 from agentrl.rollout import ChatFormat, EnvWorkersConfig, RolloutConfig, RolloutController, Status, Trajectory
+from agentrl.rollout.config import EnvWorkersAt
 from agentrl.rollout.workers import make_env, task_ids
+from agentrl.sandbox import SandboxConfig
 
 
 def success(traj: Trajectory) -> bool:
@@ -85,6 +87,16 @@ class BenchConfig(EvalWorkersConfig):
         return "pass@{k}" if self.turns == 1 else f"pass@{{k}} ({self.turns} turns)"
 
 
+class EvalCommandConfig(BenchConfig):
+    """`agentrl eval`'s settings: a benchmark, and where its sandboxes and env workers run (in a training run, the
+    run's `sandbox` and `rollout.env_workers`, the same for every evaluation)."""
+
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """the backend of every sandbox (agentrl/sandbox/config.py): docker, bwrap or local"""
+    env_workers: EnvWorkersAt = "ray"
+    """ray: Ray actors on a local Ray; local: processes of this one, no Ray runtime"""
+
+
 class ProblemResult(BaseModel):
     task_id: str
     n: int
@@ -112,7 +124,15 @@ class BenchResult(BaseModel):
     """every episode, for the output folder's transcripts"""
 
 
-async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat) -> BenchResult:
+async def run_bench(
+    cfg: BenchConfig,
+    engine: InferenceEngine,
+    chat: ChatFormat,
+    *,
+    sandbox: SandboxConfig | None = None,
+    env_workers: EnvWorkersAt = "ray",
+) -> BenchResult:
+    """The benchmark on `engine`, its env workers where `env_workers` says, its sandboxes `sandbox`'s."""
     t0 = time.perf_counter()
     split = cfg.split or make_env(cfg.env, cfg.env_kwargs).cfg.split.replace("train", "test")
     env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
@@ -127,9 +147,10 @@ async def run_bench(cfg: BenchConfig, engine: InferenceEngine, chat: ChatFormat)
         partial=False,
         on_infra_failure="retry",
         seed=cfg.seed,
-        **cfg.env_workers(),
+        env_workers=env_workers,
+        **cfg.worker_settings(),
     )
-    async with RolloutController(rollout, engine, chat) as ctl:  # every problem in flight at once
+    async with RolloutController(rollout, engine, chat, sandbox=sandbox) as ctl:  # every problem in flight at once
         batch = await ctl.run_iteration(ids)
     per_problem = []
     for g in sorted(batch.groups, key=lambda g: ids.index(g.task_id)):

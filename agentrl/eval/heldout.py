@@ -19,7 +19,9 @@ from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.bench import BenchConfig, EvalWorkersConfig, success
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
+from agentrl.rollout.config import EnvWorkersAt
 from agentrl.rollout.workers import task_ids
+from agentrl.sandbox import SandboxConfig
 
 
 class EvalConfig(EvalWorkersConfig):
@@ -61,7 +63,8 @@ class EvalResult(BaseModel):
 
 
 class HeldOutEval:
-    """`async with HeldOutEval(...) as ev: result = await ev.run(iteration)`."""
+    """`async with HeldOutEval(...) as ev: result = await ev.run(iteration)`. Its env workers run where the training
+    run's do (`env_workers`, `ray_address`, `placement`) and make its sandboxes (`sandbox`)."""
 
     def __init__(
         self,
@@ -73,7 +76,9 @@ class HeldOutEval:
         env_kwargs: dict[str, Any],
         max_episode_tokens: int,
         ray_address: str | None = None,
+        env_workers: EnvWorkersAt = "ray",
         placement: EnvPlacement | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.cfg = cfg
         rollout = RolloutConfig(
@@ -86,9 +91,10 @@ class HeldOutEval:
             partial=False,
             on_infra_failure="retry",
             ray_address=ray_address,
-            **cfg.env_workers(),
+            env_workers=env_workers,
+            **cfg.worker_settings(),
         )
-        self.controller = RolloutController(rollout, engine, chat, placement=placement)
+        self.controller = RolloutController(rollout, engine, chat, placement=placement, sandbox=sandbox)
         self.task_ids: list[str] = []
 
     async def __aenter__(self) -> HeldOutEval:

@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.engine.base import SamplingParams
 
+EnvWorkersAt = Literal["ray", "local"]
+"""where env workers run: Ray actors, or processes of the driver (`agentrl.rollout.pool`)"""
+
 
 class EnvWorkersConfig(BaseModel):
     """The env workers that play episodes, their sandboxes, and the retries of an episode they fail: the same
@@ -26,7 +29,7 @@ class EnvWorkersConfig(BaseModel):
     """restarts of an episode after an infrastructure failure before it is given up (masked out of the loss,
     left out of an evaluation's score)"""
 
-    def env_workers(self) -> dict[str, Any]:
+    def worker_settings(self) -> dict[str, Any]:
         """These settings alone, as keyword arguments: an evaluation's `RolloutConfig` takes its own."""
         return {name: getattr(self, name) for name in EnvWorkersConfig.model_fields}
 
@@ -61,9 +64,17 @@ class RolloutConfig(EnvWorkersConfig):
     """seeds task order and every request's sampling generator"""
     ray_address: str | None = None
     """an existing Ray cluster; None starts a local one"""
+    env_workers: EnvWorkersAt = "ray"
+    """where the env workers run: ray: Ray actors (a local Ray unless ray_address names a cluster); local: processes
+    of this one on this machine, no Ray runtime"""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
+        if self.env_workers == "local" and self.ray_address is not None:
+            raise ValueError(
+                f"env_workers=local runs the env workers on this machine, without Ray, and ray_address="
+                f"{self.ray_address!r} names a cluster for them: drop ray_address, or set env_workers=ray"
+            )
         if not self.partial and (self.iteration_token_budget is not None or self.max_groups_in_flight is not None):
             raise ValueError("iteration_token_budget / max_groups_in_flight need partial=true")
         if self.max_groups_in_flight is not None and self.max_groups_in_flight < self.groups_per_iteration:

@@ -45,6 +45,7 @@ from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.placement import NodeWorkers
 from agentrl.rollout.pool import EnvWorkerHandle, EnvWorkerPool, WorkerError, env_worker_pool
 from agentrl.rollout.trajectory import Status, Trajectory
+from agentrl.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +142,23 @@ class RolloutController:
 
     `placement` (a run on a Ray cluster): env workers on every alive node advertising
     `placement.node_resource`, `placement.workers_per_node` each (`rollout.num_workers` is then not used);
-    None: `rollout.num_workers` workers wherever Ray puts them (`agentrl.rollout.pool.env_worker_pool`)."""
+    None: `rollout.num_workers` workers, processes of this one (`env_workers: local`) or wherever Ray puts them
+    (`agentrl.rollout.pool.env_worker_pool`). `sandbox`: the backend of every sandbox they make (Docker's by
+    default)."""
 
     def __init__(
-        self, cfg: RolloutConfig, engine: InferenceEngine, chat: ChatFormat, placement: EnvPlacement | None = None
+        self,
+        cfg: RolloutConfig,
+        engine: InferenceEngine,
+        chat: ChatFormat,
+        placement: EnvPlacement | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
         self.iteration = 0
-        self.pool: EnvWorkerPool = env_worker_pool(cfg, placement)
+        self.pool: EnvWorkerPool = env_worker_pool(cfg, placement, sandbox)
         self._groups: dict[str, list[_Episode]] = {}  # live groups, in start order
         self._stopping = asyncio.Event()
         self._counts = _Counts()

@@ -8,9 +8,12 @@ The controller owns no worker. It asks its pool for one (`EnvWorkerPool.pick`) a
   (a local run: this machine);
 - `PlacedEnvWorkerPool` (`cluster.envs` of a run on a Ray cluster): `workers_per_node` actors on every Docker
   node, prepared first (orphans removed, the sandbox image shipped where missing); a dead worker's
-  replacement goes to a surviving Docker node (`agentrl.rollout.placement`).
+  replacement goes to a surviving Docker node (`agentrl.rollout.placement`);
+- `LocalEnvWorkerPool` (`rollout.env_workers: local`): `rollout.num_workers` processes of the driver on this
+  machine (`agentrl.rollout.local_workers`), no Ray runtime.
 
-`env_worker_pool(cfg, placement)` chooses between them, once.
+Every worker makes its sandboxes with the run's `SandboxConfig`, passed to it and read nowhere else.
+`env_worker_pool(cfg, placement, sandbox)` chooses the pool, once.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import itertools
 import logging
+import socket
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
@@ -28,9 +35,11 @@ import ray.exceptions
 
 from agentrl.cluster import EnvPlacement
 from agentrl.env.base import Message
+from agentrl.rollout import local_workers
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.placement import EnvPlacer, NodeWorkers, pinned
 from agentrl.rollout.workers import RemoteEnvWorker
+from agentrl.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,27 +152,22 @@ class EnvWorkerPool(abc.ABC):
             return await self.workers[0].sample_tasks(n, seed)
 
 
+def _reap_orphans(sandbox: SandboxConfig) -> None:
+    """Remove this host's sandboxes whose owner process died (a backend that fails now: left to its reaper)."""
+    try:
+        removed = sandbox.collect_orphans()
+    except Exception as e:  # the backend's own error (its daemon gone, a cgroup busy), whichever backend
+        log.warning("could not remove a dead env worker's sandboxes now (%s); `agentrl sandbox gc` will", e)
+        return
+    if removed:
+        log.warning("removed %d sandbox(es) of a dead env worker", len(removed))
+
+
 # -- env workers as Ray actors --------------------------------------------------------------
 
 # A worker is dead when a call to it raises one of these (a worker pinned to a node that died before it
 # started is unschedulable: a RayError, but no RayActorError).
 _WORKER_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
-
-
-def _reap_orphans() -> None:
-    """Remove this host's sandbox containers whose owner process died (docker unreachable: left to the reaper)."""
-    import docker.errors
-
-    from agentrl.sandbox import SandboxError, reaper
-    from agentrl.sandbox.docker_sandbox import docker_client
-
-    try:
-        removed = reaper.collect_orphans(docker_client())
-    except (SandboxError, docker.errors.DockerException, OSError) as e:
-        log.warning("could not remove a dead env worker's sandboxes now (%s); `agentrl sandbox gc` will", e)
-        return
-    if removed:
-        log.warning("removed %d sandbox(es) of a dead env worker", len(removed))
 
 
 class RayEnvWorker(EnvWorkerHandle):
@@ -219,9 +223,10 @@ class RayEnvWorkerPool(EnvWorkerPool):
     """`rollout.num_workers` env worker actors wherever Ray puts them. Starts a local Ray (or joins
     `rollout.ray_address`) unless one is running, and shuts down only the one it started."""
 
-    def __init__(self, cfg: RolloutConfig) -> None:
+    def __init__(self, cfg: RolloutConfig, sandbox: SandboxConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.sandbox = sandbox
         self.workers: list[RayEnvWorker] = []
         self._started_ray = False
         self._replaced = 0
@@ -246,7 +251,8 @@ class RayEnvWorkerPool(EnvWorkerPool):
 
     def _new_worker(self, node_id: str | None = None) -> RayEnvWorker:
         cls = RemoteEnvWorker if node_id is None else RemoteEnvWorker.options(scheduling_strategy=pinned(node_id))
-        actor = cls.remote(self.cfg.env, self.cfg.env_kwargs, self.cfg.sandboxes_per_worker, self.cfg.sandbox_reuse)
+        c = self.cfg
+        actor = cls.remote(c.env, c.env_kwargs, c.sandboxes_per_worker, c.sandbox_reuse, self.sandbox)
         return RayEnvWorker(self, actor, node_id)
 
     def _in_background(self, work: Coroutine) -> None:
@@ -262,7 +268,7 @@ class RayEnvWorkerPool(EnvWorkerPool):
                 log.warning("env worker %d died; starting a replacement", i)
                 self.workers[i] = self._new_worker()
                 self._replaced += 1
-                self._in_background(asyncio.to_thread(_reap_orphans))
+                self._in_background(asyncio.to_thread(_reap_orphans, self.sandbox))
 
     async def _stop_workers(self) -> None:
         workers, self.workers = self.workers, []
@@ -276,15 +282,15 @@ class RayEnvWorkerPool(EnvWorkerPool):
             # Reap again: the reap at a worker's death can run before its killed process is gone (its
             # containers still look owned), and that worker's sandboxes must not outlive the run.
             await asyncio.gather(*self._background, return_exceptions=True)
-            await asyncio.to_thread(_reap_orphans)
+            await asyncio.to_thread(_reap_orphans, self.sandbox)
 
 
 class PlacedEnvWorkerPool(RayEnvWorkerPool):
     """`placement.workers_per_node` env worker actors on every alive node of the Ray cluster advertising
     `placement.node_resource` (`rollout.num_workers` is not used), each on its node's Docker daemon."""
 
-    def __init__(self, cfg: RolloutConfig, placement: EnvPlacement) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: RolloutConfig, placement: EnvPlacement, sandbox: SandboxConfig) -> None:
+        super().__init__(cfg, sandbox)
         self.placement = placement
         self._placer = EnvPlacer(placement)
         self._replace_lock = asyncio.Lock()
@@ -366,7 +372,203 @@ class PlacedEnvWorkerPool(RayEnvWorkerPool):
         self._shutdown_ray()
 
 
-def env_worker_pool(cfg: RolloutConfig, placement: EnvPlacement | None = None) -> EnvWorkerPool:
-    """The pool for a rollout config: placed on the cluster's Docker nodes with `placement`, else where Ray puts
-    the workers."""
-    return RayEnvWorkerPool(cfg) if placement is None else PlacedEnvWorkerPool(cfg, placement)
+# -- env workers as processes of the driver -------------------------------------------------
+
+
+class _Gone(Exception):
+    """The worker's line closed with the call unanswered."""
+
+
+class LocalEnvWorker(EnvWorkerHandle):
+    """An `EnvWorker` in a process of the driver's (`agentrl.rollout.local_workers`), reached over a socket pair.
+
+    Its process is spawned at once (a new interpreter: nothing of the driver's memory is inherited, no fork of a
+    process with threads), and calls are sent before it is up: they wait in the socket until its loop reads them.
+    When the line closes (the process died) every call in flight and every later one raises `WorkerDied`."""
+
+    def __init__(self, pool: LocalEnvWorkerPool, args: tuple) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self.gone: str | None = None
+        """why the worker cannot be reached (None while it can)"""
+        self._pool = pool
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader: asyncio.Task | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._started = asyncio.ensure_future(self._start(args))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    async def _start(self, args: tuple) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                f"from {local_workers.__name__} import main; main()",
+                str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the driver alone, which parks its episodes first
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the child's alone now: its death closes the line
+        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        local_workers.write_frame(self._writer, args)
+        self._reader = asyncio.ensure_future(self._read(reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        """Hand each answer to its caller; at the end of the line, wait for the process (its sandboxes' owner must
+        be gone before the pool removes them), then fail every call still waiting."""
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                call_id, ok, value = await local_workers.read_frame(reader)
+                waiter = self._waiting.pop(call_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result((ok, value))
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:  # alive but its line broke: unreachable, so its sandboxes must not stay
+            self.proc.kill()
+            await self.proc.wait()
+        code = self.proc.returncode
+        self.gone = f"env worker process {self.proc.pid} " + (
+            f"killed by signal {-code}" if code < 0 else f"exited ({code})"
+        )
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(_Gone())
+        self._waiting.clear()
+
+    async def _call(self, method: str, *args: Any, dead_ok: bool = False) -> Any:
+        try:
+            await self._started
+        except Exception as e:  # the process could not be spawned
+            raise WorkerError(f"env worker process did not start: {e}") from e
+        if self.gone is None:
+            call_id = next(self._ids)
+            waiter = self._waiting[call_id] = asyncio.get_running_loop().create_future()
+            try:
+                local_workers.write_frame(self._writer, (call_id, method, args))
+                with contextlib.suppress(ConnectionError):  # the reader sees the line close and fails the waiter
+                    await self._writer.drain()
+                ok, value = await waiter
+            except _Gone:
+                pass
+            else:
+                if not ok:
+                    raise WorkerError(value)
+                return value
+            finally:
+                self._waiting.pop(call_id, None)
+        if dead_ok:
+            return None
+        await self._pool._replace(self)
+        raise WorkerDied(self.gone or "env worker process gone")
+
+    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        return await self._call("reset", episode_id, task_id, seed)
+
+    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        return await self._call("step", episode_id, text)
+
+    async def replay(
+        self, episode_id: str, task_id: str, seed: int, actions: list[str]
+    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
+        return await self._call("replay", episode_id, task_id, seed, actions)
+
+    async def close(self, episode_id: str) -> None:
+        await self._call("close", episode_id, dead_ok=True)
+
+    async def sample_tasks(self, n: int, seed: int) -> list[str]:
+        return await self._call("sample_tasks", n, seed)
+
+    async def start_sandboxes(self) -> None:
+        await self._call("start_sandboxes")
+
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Close the line: the worker closes its envs and sandboxes and exits; one that does not in time is killed.
+        Returns once its process is gone."""
+        with contextlib.suppress(Exception):
+            await self._started
+        if self.proc is None:
+            return
+        if self._writer is not None:
+            self._writer.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+class LocalEnvWorkerPool(EnvWorkerPool):
+    """`rollout.num_workers` env workers as processes of the driver on this machine (`rollout.env_workers: local`):
+    no Ray runtime. A dead worker's replacement takes its slot at once, and its sandboxes are removed once its
+    process is gone."""
+
+    def __init__(self, cfg: RolloutConfig, sandbox: SandboxConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.sandbox = sandbox
+        self.workers: list[LocalEnvWorker] = []
+        self._closed = False
+        self._background: set[asyncio.Task] = set()  # reaps, referenced until done
+
+    async def start(self) -> None:
+        self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
+        try:
+            await asyncio.gather(*(w._started for w in self.workers))  # spawned; each then imports on its own
+        except BaseException:
+            await self.close()  # nothing half-started
+            raise
+
+    def describe_placement(self) -> str:
+        return f"env workers: {len(self.workers) or self.cfg.num_workers}, processes of this one (no Ray)"
+
+    def _new_worker(self) -> LocalEnvWorker:
+        c = self.cfg
+        return LocalEnvWorker(self, (c.env, c.env_kwargs, c.sandboxes_per_worker, c.sandbox_reuse, self.sandbox))
+
+    async def _replace(self, dead: EnvWorkerHandle) -> None:
+        if self._closed:
+            return
+        for i, w in enumerate(self.workers):
+            if w is dead:
+                log.warning("env worker %d died (%s); starting a replacement", i, w.gone)
+                self.workers[i] = self._new_worker()
+                task = asyncio.ensure_future(self._reap(w))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _reap(self, dead: LocalEnvWorker) -> None:
+        await dead.stop()  # its process is gone (no zombie): its sandboxes' owner reads as dead
+        await asyncio.to_thread(_reap_orphans, self.sandbox)
+
+    async def close(self) -> None:
+        """Stop the workers (each closes its sandboxes), then wait for the reaps of dead ones."""
+        self._closed = True
+        workers, self.workers = self.workers, []
+        await asyncio.gather(*(w.stop() for w in workers))
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def env_worker_pool(
+    cfg: RolloutConfig, placement: EnvPlacement | None = None, sandbox: SandboxConfig | None = None
+) -> EnvWorkerPool:
+    """The pool for a rollout config: placed on the cluster's Docker nodes with `placement`; else processes of this
+    one with `env_workers: local`, or wherever Ray puts them. Its workers make `sandbox`'s sandboxes (Docker's by
+    default)."""
+    sandbox = sandbox or SandboxConfig()
+    if placement is not None:
+        if cfg.env_workers == "local":
+            raise ValueError("env_workers=local runs the env workers on this machine: a cluster placement needs ray")
+        return PlacedEnvWorkerPool(cfg, placement, sandbox)
+    return LocalEnvWorkerPool(cfg, sandbox) if cfg.env_workers == "local" else RayEnvWorkerPool(cfg, sandbox)

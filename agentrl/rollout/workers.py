@@ -1,14 +1,14 @@
-"""Env workers: Ray actors that own environments and, through them, a sandbox pool.
+"""Env workers: processes that own environments and, through them, a sandbox pool.
 
-The controller reaches them only through Ray, so the same code runs with a local
-`ray.init()` and on a cluster (`ray.address`). One worker runs many episodes at once on
-its own event loop (an async actor); its envs share one warm `SandboxPool`, on the Docker
-daemon of the worker's own node (DOCKER_HOST as the node's raylet was started with).
-Where workers go on a cluster: `agentrl.rollout.placement`.
+`EnvWorker` runs as a Ray actor (`RemoteEnvWorker`: with a local `ray.init()` and on a cluster), or in a process
+of the driver's without Ray (`agentrl.rollout.local_workers`). One worker runs many episodes at once on its own
+event loop; its envs share one warm `SandboxPool` of the run's sandbox backend (`SandboxConfig`), for Docker on the
+daemon of the worker's own node (DOCKER_HOST as the node's raylet was started with). Where workers go on a
+cluster: `agentrl.rollout.placement`.
 
-A worker can die without running atexit (SIGKILL, or its raylet killed: Ray's workers then exit
-at once): before its first sandbox it starts a watchdog (`reaper.watch`) that removes its
-containers from its node's daemon once it is gone.
+A worker can die without running atexit (SIGKILL, or its raylet killed: Ray's workers then exit at once): before
+its first sandbox it starts the backend's watchdog (`SandboxConfig.watch`: Docker's removes its containers from
+its node's daemon once it is gone).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import ray
 
 from agentrl.env.base import Message, TextEnv
 from agentrl.env.sandboxes import SandboxSource
-from agentrl.sandbox import reaper
+from agentrl.sandbox import SandboxConfig, reaper
 
 log = logging.getLogger(__name__)
 
@@ -55,35 +55,39 @@ class WorkerPlace:
     session: str
     """its sandboxes' session label"""
     watchdog: int | None
-    """the pid of the watchdog that removes its containers once it is gone (None: not started yet)"""
+    """the pid of the watchdog that removes its containers once it is gone (None: not started yet, or a backend
+    whose sandboxes die with it)"""
     docker_host: str | None
     """its Docker daemon (None: the default socket)"""
 
 
 class EnvWorker:
-    """Holds `episode_id -> env`. Every method is a coroutine: Ray runs them concurrently."""
+    """Holds `episode_id -> env`. Every method is a coroutine, and many run at once (one per episode)."""
 
-    def __init__(self, env: str, env_kwargs: dict[str, Any], sandboxes: int, reuse: int = 0) -> None:
+    def __init__(
+        self, env: str, env_kwargs: dict[str, Any], sandboxes: int, reuse: int = 0, sandbox: SandboxConfig | None = None
+    ) -> None:
         self.env_name = env
         self.env_kwargs = env_kwargs
         self.pool_size = sandboxes
         self.reuse = reuse
+        self.sandbox = sandbox or SandboxConfig()
         self.source: SandboxSource | None = None
         self.envs: dict[str, TextEnv] = {}
         self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
         self.watchdog: int | None = None
 
     def _make(self) -> TextEnv:
-        if self.source is None:  # created on the actor's own event loop; warm until shutdown
+        if self.source is None:  # created on the worker's own event loop; warm until shutdown
             try:
-                self.watchdog = reaper.watch()
+                self.watchdog = self.sandbox.watch()
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # a safety net: run without it
                 log.warning(
                     "env worker %d: no sandbox watchdog (%s); a crash leaves its sandboxes to the reaper",
                     os.getpid(),
                     e,
                 )
-            self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse)
+            self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse, sandbox=self.sandbox)
         return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
     async def start_sandboxes(self) -> None:

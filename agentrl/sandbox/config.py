@@ -62,6 +62,31 @@ class SandboxConfig(BaseModel):
             return bwrap.unavailable()
         return None
 
+    def watch(self) -> int | None:
+        """In a process that makes sandboxes and may die without running atexit (an env worker): start a watchdog that
+        removes its sandboxes once it is gone, where they would outlive it, and return its pid. Docker's containers
+        would (their daemon keeps them: `reaper.watch`); bwrap's die with their owner (--die-with-parent), and local
+        ones (trusted host processes) carry no owner record: None."""
+        if self.backend != "docker":
+            return None
+        from agentrl.sandbox import reaper
+
+        return reaper.watch()
+
+    def collect_orphans(self) -> list[str]:
+        """Remove this host's sandboxes of this backend whose owner process is gone (a dead env worker's); their
+        names. Local sandboxes carry no owner record: none."""
+        if self.backend == "docker":
+            from agentrl.sandbox import reaper
+            from agentrl.sandbox.docker_sandbox import docker_client
+
+            return reaper.collect_orphans(docker_client())
+        if self.backend == "bwrap":
+            from agentrl.sandbox import bwrap
+
+            return bwrap.collect_orphans()
+        return []
+
     def describe(self) -> str:
         """One line on what these sandboxes are here (bwrap: its privilege, cgroup and root; local: not isolation)."""
         if self.backend == "bwrap":

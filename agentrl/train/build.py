@@ -79,7 +79,8 @@ async def build(
                 "its own weights (engine.replicas)"
             )
         envs = cfg.cluster.envs if cfg.cluster.address is not None else None  # on a cluster: every Docker node
-        controller = await stack.enter_async_context(RolloutController(cfg.rollout, engine, chat, placement=envs))
+        controller = RolloutController(cfg.rollout, engine, chat, placement=envs, sandbox=cfg.sandbox)
+        controller = await stack.enter_async_context(controller)
         # held-out evaluation on a cluster: one env worker per Docker node (eval.num_workers is for one machine)
         held_envs = envs.model_copy(update={"workers_per_node": 1}) if envs is not None else None
         held_out = None
@@ -92,7 +93,9 @@ async def build(
                 env_kwargs=cfg.rollout.env_kwargs,
                 max_episode_tokens=cfg.rollout.max_episode_tokens,
                 ray_address=cfg.rollout.ray_address,
+                env_workers=cfg.rollout.env_workers,
                 placement=held_envs,
+                sandbox=cfg.sandbox,
             )
             held_out = await stack.enter_async_context(held_out)
         tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))

@@ -170,7 +170,9 @@ class Driver:
             self.tracker.log_eval(result.model_dump(exclude={"episodes"}))
             self.display.evaluation(result)
         for b in self.cfg.eval.benchmarks:
-            r = await run_bench(b, self.engine, self.chat)
+            r = await run_bench(
+                b, self.engine, self.chat, sandbox=self.cfg.sandbox, env_workers=self.cfg.rollout.env_workers
+            )
             self.tracker.log_bench(
                 {
                     "iteration": iteration,

@@ -16,6 +16,7 @@ from agentrl.cluster import ClusterConfig
 from agentrl.engine.config import EngineConfig
 from agentrl.eval import EvalConfig
 from agentrl.rollout import RolloutConfig
+from agentrl.sandbox import SandboxConfig
 from agentrl.train.config import AlgoConfig, ModelConfig, OptimConfig, TrainerConfig, _Strict, changed
 
 
@@ -82,6 +83,9 @@ class RunConfig(_Strict):
     log: LogConfig = Field(default_factory=LogConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """where the parts run on a Ray cluster (agentrl/cluster.py); default: this machine"""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """the backend of every sandbox the run makes (the env workers', held-out evaluation's, the benchmarks'):
+    agentrl/sandbox/config.py"""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -95,6 +99,17 @@ class RunConfig(_Strict):
         # On a cluster, `build` joins it before any part starts, and every part's actors go there: the address is said
         # once (not copied into the saved sections, so that a resume may name the cluster anew)
         if (address := self.cluster.address) is not None:
+            if self.rollout.env_workers == "local":
+                raise ValueError(
+                    f"rollout.env_workers=local runs the env workers on this machine, without Ray, and cluster.address="
+                    f"{address!r} places them on the cluster's Docker nodes: drop cluster.address, or set "
+                    "rollout.env_workers=ray"
+                )
+            if self.sandbox.backend != "docker":
+                raise ValueError(
+                    f"sandbox.backend={self.sandbox.backend} with cluster.address: env workers on a cluster go to its "
+                    "Docker nodes, which get the sandbox image; set sandbox.backend=docker, or drop cluster.address"
+                )
             for section, cfg in (("rollout", self.rollout), ("engine", self.engine)):
                 if cfg.ray_address is not None:
                     raise ValueError(

@@ -1,5 +1,6 @@
 """An engine from another installed package (entry-point group `agentrl.engines`) is built by `agentrl eval`
-and `agentrl train` like a built-in one."""
+and `agentrl train` like a built-in one. Both commands run here as a machine without Docker or Ray runs them:
+bwrap sandboxes, env workers that are processes of the command (`rollout.env_workers: local`)."""
 
 import subprocess
 import sys
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli import agentrl, serving
+from cli import agentrl, serving, sets, start_agentrl
+from ownership import RAY_PROCESSES, bwrap_trees, seen_while_running
 
 from agentrl.runs import read_jsonl
 
@@ -72,13 +74,28 @@ def site(tmp_path_factory) -> Path:
     return site
 
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.slow
+
+NO_DAEMON = ["sandbox.backend=bwrap"]  # and env workers in processes of the command: no Docker engine, no Ray
 
 
-def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_path):
+def run_without_ray(*args: object, cwd: Path, extra_env: dict[str, str]) -> str:
+    """`agentrl ARGS` to its end (exit 0) with no Ray process among its own; its stdout."""
+    with (cwd / "stdout").open("w+") as out, (cwd / "stderr").open("w+") as err:  # files: polled, never read full
+        proc = start_agentrl(*args, cwd=cwd, stdout=out, stderr=err, extra_env=extra_env)
+        ray = seen_while_running(proc, RAY_PROCESSES)
+        out.seek(0), err.seek(0)
+        text, errors = out.read(), err.read()
+    assert proc.returncode == 0, text[-2000:] + errors[-4000:]
+    assert not ray, f"Ray processes under agentrl {args[0]}: {ray}"
+    return text
+
+
+def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_path, bwrap_runtime):
+    """Without the docker marker: Docker is out of reach, and neither command needs it."""
     mark = tmp_path / "mark"
     env = {"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)}
-    r = agentrl(
+    out = run_without_ray(
         "eval",
         "--env",
         "humaneval",
@@ -90,14 +107,15 @@ def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_pat
         "2",
         "--set",
         "max_tokens=16",
+        *sets(*NO_DAEMON, "env_workers=local"),
         "--out",
         tmp_path / "eval",
         cwd=tmp_path,
         extra_env=env,
     )
     assert mark.read_text() == "logged shared=False note=None\n"
-    assert len(read_jsonl(tmp_path / "eval" / "results.jsonl")) == 2 and "pass@1" in r.stdout
-    agentrl(
+    assert len(read_jsonl(tmp_path / "eval" / "results.jsonl")) == 2 and "pass@1" in out
+    out = run_without_ray(
         "train",
         "--env",
         "code_sandbox",
@@ -122,17 +140,22 @@ def test_agentrl_eval_and_train_use_an_engine_from_another_package(site, tmp_pat
         "--set",
         "rollout.sampling.max_tokens=24",
         "--set",
-        "eval.tasks=0",
+        "eval.tasks=1",
         "--set",
         "checkpoint.export_final=false",
+        *sets(*NO_DAEMON, "rollout.env_workers=local"),
         cwd=tmp_path,
         extra_env=env,
     )
     # one process: the plugin engine was offered the trainer's module to share (it is an hf engine, so it did)
     assert mark.read_text().splitlines()[1] == "logged shared=True note=hi"
     assert [m["policy_version"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
+    assert [e["iteration"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 1]  # held out, on them too
+    assert out.count("bwrap sandboxes") == 1, out  # the backend's line, once
+    assert not bwrap_trees(bwrap_runtime), "no sandbox is left"
 
 
+@pytest.mark.docker
 def test_agentrl_serve_serves_an_engine_from_another_package(site, tmp_path):
     mark = tmp_path / "mark"
     env = {"PYTHONPATH": str(site), "LOGGED_ENGINE_MARK": str(mark)}

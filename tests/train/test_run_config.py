@@ -6,7 +6,7 @@ import pytest
 import yaml
 from cli import agentrl
 
-from agentrl.cli.train import configs_dir, resolve_config
+from agentrl.cli.train import configs_dir, preflight, resolve_config
 from agentrl.config import ConfigError, load, parse_sets
 from agentrl.train.config import lr_factor
 from agentrl.train.run_config import RunConfig
@@ -44,6 +44,14 @@ def test_wrong_types_and_choices_are_refused_with_the_choices():
         (["algo.routing_replay=R3"], "set engine.record_routing=true"),
         (["algo.routing_replay=R3", "engine.kind=openai", "engine.base_url=http://x"], "set engine.record_routing"),
         (["algo.routing_replay=R4"], "'none', 'R2' or 'R3'"),
+        (["sandbox.backend=podman"], "sandbox.backend: Input should be 'docker', 'bwrap' or 'local'"),
+        # env workers in processes of this one are on this machine: never with a cluster for them
+        (["rollout.env_workers=local", "cluster.address=auto"], "drop cluster.address, or set rollout.env_workers=ray"),
+        (
+            ["rollout.env_workers=local", "rollout.ray_address=10.0.0.1:6379"],
+            "drop ray_address, or set env_workers=ray",
+        ),
+        (["sandbox.backend=bwrap", "cluster.address=auto"], "set sandbox.backend=docker, or drop cluster.address"),
     ],
 )
 def test_incompatible_combinations_are_refused(sets, match):
@@ -208,6 +216,17 @@ def test_agentrl_train_refuses_a_bad_config_before_starting(tmp_path, args, matc
     assert r.returncode == 2, r.stdout + r.stderr
     assert match in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_docker_engine():
+    """Docker is out of reach here (no docker marker): the check says so in one line with the daemon-free backend,
+    which it never falls back to; with that backend chosen nothing is missing."""
+    cfg = resolve_config("code_sandbox", None, [], None)
+    assert preflight(cfg) == [
+        "sandbox.backend=docker: no Docker engine answers (start one: `bash scripts/setup.sh`), or run sandboxes "
+        "without a daemon: --set sandbox.backend=bwrap"
+    ]
+    assert preflight(resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)) == []
 
 
 def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
