@@ -372,11 +372,24 @@ def _root_args(rootfs: Path | None) -> list[str]:
     return args
 
 
-def _executor_args() -> list[str]:
+@cache
+def brings_pytest(rootfs: Path) -> bool:
+    """Whether a root filesystem has test tools of its own (an instance's image; the agentrl image's /opt/agentrl/site):
+    then they are the sandbox's, as in its container, where the image's come first on the path."""
+    places = (
+        "usr/lib/python3*/*-packages/pytest",
+        "usr/local/lib/python3*/*-packages/pytest",
+        "opt/agentrl/site/pytest",
+    )
+    return any(next(rootfs.glob(p), None) is not None for p in places)
+
+
+def _executor_args(rootfs: Path | None) -> list[str]:
     args = ["--perms", "0755", "--dir", "/agentrl"]  # else made 0700, and the session (run as nobody) cannot start
     args += ["--ro-bind", str(sandboxes_dir() / "python" / "executor.py"), "/agentrl/executor.py"]
     site = site_dir()
-    if site.is_dir():
+    # the host's root: always ours (whatever pytest the host has is not the sandbox image's)
+    if site.is_dir() and (rootfs is None or not brings_pytest(rootfs)):
         args += ["--ro-bind", str(site), "/agentrl/site", "--setenv", "AGENTRL_SITE", "/agentrl/site"]
     return args
 
@@ -456,7 +469,7 @@ class BwrapSandbox(ExecutorSandbox):
         # is in the sandbox but the executor
         argv += ["--perms", "0777", "--size", str(size_bytes(cfg.work_size)), "--tmpfs", "/work"]
         argv += ["--perms", "0755", "--size", str(16 << 20), "--tmpfs", "/code"]  # executor-only
-        argv += _executor_args()
+        argv += _executor_args(rootfs)
         argv += ["--dir", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]
         if cgroup is not None:
             where, inside = cgroup.memory_dir
