@@ -27,6 +27,7 @@ from agentrl.rollout import (
     WorkerError,
 )
 from agentrl.rollout.pool import RayEnvWorkerPool
+from agentrl.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.docker
 
@@ -392,7 +393,7 @@ async def test_a_killed_worker_is_replaced_and_its_callers_see_worker_died(ray_l
     """The env-worker pool's contract on real Ray actors: a failed call raises `WorkerError`, a dead worker's
     `WorkerDied` after the pool has replaced it in its slot (here, in the module of the controller that uses it,
     whose Ray it shares)."""
-    pool = RayEnvWorkerPool(RolloutConfig(env="code_sandbox", env_kwargs=POOL_TASKS, num_workers=2))
+    pool = RayEnvWorkerPool(RolloutConfig(env="code_sandbox", env_kwargs=POOL_TASKS, num_workers=2), SandboxConfig())
     await pool.start()
     try:
         a, b = pool.workers
