@@ -5,8 +5,9 @@ Three roles share the cluster:
 - learning: `learner.ranks` Ray actors running torch.distributed (gloo on CPU, NCCL on GPU), kept together
   by a placement group;
 - inference: the engine fleet's replicas (`engine.replicas`), each with its GPUs and CPUs;
-- environments: env workers on every node that advertises the Docker node resource (`envs.node_resource`,
-  e.g. `ray start --resources '{"docker": 1}'`), each using that node's own Docker daemon.
+- environments: env workers on every node that advertises the sandbox backend's node resource
+  (`envs.node_resource`, e.g. `ray start --resources '{"docker": 1}'`, or `{"bwrap": 1}` with
+  `sandbox.backend=bwrap`), each making its sandboxes on its own node (its own Docker daemon, or bubblewrap).
 
 With `address` unset the run stays on this machine: Ray starts locally for the env workers (and replicas),
 and several learner ranks come from `torchrun`.
@@ -49,9 +50,15 @@ class InferencePlacement(_Strict):
 
 
 class EnvPlacement(_Strict):
-    node_resource: str = "docker"
-    """env workers go to every alive node that has this custom resource (its own Docker daemon); a cluster with
-    none such is refused before the run starts"""
+    node_resource: str | None = None
+    """env workers go to every alive node that has this custom resource (one that can make the run's sandboxes);
+    None: the sandbox backend's name, "docker" (a node with its own Docker daemon) or "bwrap" (bubblewrap). A
+    cluster with none such is refused before the run starts"""
+
+    def resource(self, backend: str) -> str:
+        """The node resource env workers go to, for sandboxes of `backend`."""
+        return self.node_resource or backend
+
     workers_per_node: int = Field(1, ge=1)
     """env worker actors per such node (each keeps rollout.sandboxes_per_worker warm sandboxes)"""
 

@@ -1,15 +1,17 @@
-"""Env workers on a Ray cluster: on every Docker node, each worker using its own node's Docker daemon.
+"""Env workers on a Ray cluster: on every env node, each worker making its sandboxes on its own node.
 
-A Docker node is an alive node that advertises the custom resource `cluster.envs.node_resource`
-(`ray start ... --resources '{"docker": 1}'`); its raylet's environment (DOCKER_HOST) names its daemon, and
-the Ray workers it starts inherit it. A sandbox is reached through a Unix socket bind-mounted from its host,
-so it runs on its worker's node, on that daemon. `EnvPlacer`, for the rollout controller:
+An env node is an alive node that advertises the custom resource `cluster.envs.node_resource` (by default the
+sandbox backend's name: `ray start ... --resources '{"docker": 1}'`, or `{"bwrap": 1}`). For Docker sandboxes its
+raylet's environment (DOCKER_HOST) names its daemon, and the Ray workers it starts inherit it; bubblewrap sandboxes
+need no daemon. A sandbox is reached through a Unix socket on its host, so it runs on its worker's node. (Docker
+nodes, in the names below, are env nodes of either backend.) `EnvPlacer`, for the rollout controller:
 
-1. finds the Docker nodes (`docker_nodes`), refusing a cluster with none;
+1. finds the env nodes (`docker_nodes`), refusing a cluster with none;
 2. before any worker starts, on every one of them at once (a Ray task pinned to the node): removes the
-   sandbox containers whose owner is gone (`reaper.collect_orphans`) and checks the sandbox image; a node
-   whose daemon lacks it gets it from the driver's daemon (`docker save` bytes, put once in the object store,
-   `docker load`-ed by a task on the node);
+   sandboxes whose owner is gone (`SandboxConfig.collect_orphans`) and checks that the node can make the run's:
+   for Docker, the sandbox image, which a node whose daemon lacks it gets from the driver's daemon (`docker save`
+   bytes, put once in the object store, `docker load`-ed by a task on the node); for bwrap, that bubblewrap runs
+   there (a node where it cannot is refused with the reason);
 3. pins `workers_per_node` env workers to each (`NodeAffinitySchedulingStrategy(soft=False)`);
 4. puts a dead worker's replacement on the alive Docker node with the fewest workers; when the dead worker's
    node is gone, its other workers are replaced too;
@@ -37,6 +39,7 @@ import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agentrl.cluster import EnvPlacement
+from agentrl.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +106,18 @@ def docker_nodes(resource: str, *, probe_s: float | None = PROBE_TIMEOUT_S) -> l
     return sorted(nodes, key=lambda n: (n.ip, n.node_id))
 
 
-def no_docker_nodes_error(resource: str) -> NoDockerNodes:
+def no_docker_nodes_error(resource: str, backend: str = "docker") -> NoDockerNodes:
     alive = [n for n in ray.nodes() if n.get("Alive")]
+    which = (
+        "that has a Docker daemon for sandboxes"
+        if backend == "docker"
+        else "that runs bubblewrap sandboxes (Debian's bubblewrap)"
+    )
     return NoDockerNodes(
         f"no alive node of this Ray cluster ({len(alive)} alive) advertises the {resource!r} resource "
-        f"(cluster.envs.node_resource), so env workers have nowhere to run: start each node that has a Docker "
-        f"daemon for sandboxes with `ray start --address ... --resources '{{\"{resource}\": 1}}'` "
-        f"(with DOCKER_HOST set if its daemon is not the default one)"
+        f"(cluster.envs.node_resource), so env workers have nowhere to run: start each node {which} with "
+        f"`ray start --address ... --resources '{{\"{resource}\": 1}}'`"
+        + (" (with DOCKER_HOST set if its daemon is not the default one)" if backend == "docker" else "")
     )
 
 
@@ -123,15 +131,18 @@ def pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
 
 
 @ray.remote(num_cpus=0, max_retries=2)
-def _reap_and_check(tag: str | None) -> tuple[list[str], bool]:
-    """Remove this node's orphaned sandbox containers; say whether its daemon has image `tag`."""
-    from agentrl.sandbox import reaper
+def _reap_and_check(tag: str | None, sandbox: SandboxConfig) -> tuple[list[str], bool]:
+    """Remove this node's orphaned sandboxes; say whether its daemon has image `tag` (docker; bwrap needs no image,
+    and a node where bubblewrap cannot run raises, saying why)."""
+    removed = sandbox.collect_orphans()
+    if sandbox.backend != "docker":
+        if tag is not None and (why := sandbox.unavailable()) is not None:
+            raise RuntimeError(why)
+        return removed, True
     from agentrl.sandbox.docker_sandbox import docker_client
     from agentrl.sandbox.image import image_exists
 
-    client = docker_client()
-    removed = reaper.collect_orphans(client)
-    return removed, tag is None or image_exists(client, tag)
+    return removed, tag is None or image_exists(docker_client(), tag)
 
 
 @ray.remote(num_cpus=0, max_retries=2)
@@ -177,14 +188,19 @@ def _on_each(nodes: list[DockerNode], task, *args, timeout_s: float = PREPARE_TI
     return out
 
 
-def prepare_nodes(nodes: list[DockerNode], tag: str) -> dict[str, str]:
-    """Remove orphans on every node and make sure its daemon has image `tag`, shipping it where missing.
+def prepare_nodes(nodes: list[DockerNode], tag: str, sandbox: SandboxConfig | None = None) -> dict[str, str]:
+    """Remove orphans on every node and make sure it can make `sandbox`'s sandboxes: for Docker, that its daemon has
+    image `tag`, shipping it where missing; for bwrap, that bubblewrap runs there.
 
-    Returns node id -> "present" | "shipped" for the nodes prepared (one that died meanwhile is left out)."""
-    checked = _on_each(nodes, _reap_and_check, tag)
+    Returns node id -> "present" | "shipped" (the image) | "bwrap" for the nodes prepared (one that died meanwhile
+    is left out)."""
+    sandbox = sandbox or SandboxConfig()
+    checked = _on_each(nodes, _reap_and_check, tag, sandbox)
     for n in nodes:
         if n.node_id in checked and checked[n.node_id][0]:
-            log.warning("node %s: removed %d orphaned sandbox container(s)", n, len(checked[n.node_id][0]))
+            log.warning("node %s: removed %d orphaned sandbox(es)", n, len(checked[n.node_id][0]))
+    if sandbox.backend != "docker":
+        return {nid: sandbox.backend for nid in checked}
     status = {nid: "present" for nid, (_, has) in checked.items() if has}
     missing = [n for n in nodes if n.node_id in checked and not checked[n.node_id][1]]
     if missing:
@@ -218,36 +234,41 @@ def _image_ref(tag: str, having: list[DockerNode], missing: list[DockerNode]) ->
     return ray.put(data)
 
 
-def reap_nodes(nodes: list[DockerNode]) -> int:
-    """Remove orphaned sandbox containers on every node that is still alive; how many were removed."""
-    removed = _on_each(nodes, _reap_and_check, None, timeout_s=120.0)
+def reap_nodes(nodes: list[DockerNode], sandbox: SandboxConfig | None = None) -> int:
+    """Remove orphaned sandboxes on every node that is still alive; how many were removed."""
+    removed = _on_each(nodes, _reap_and_check, None, sandbox or SandboxConfig(), timeout_s=120.0)
     return sum(len(r[0]) for r in removed.values())
 
 
 class EnvPlacer:
     """Which Docker node each env worker slot goes to, kept up to date as workers die and are replaced."""
 
-    def __init__(self, cfg: EnvPlacement) -> None:
+    def __init__(self, cfg: EnvPlacement, sandbox: SandboxConfig | None = None) -> None:
         self.cfg = cfg
+        self.sandbox = sandbox or SandboxConfig()
+        self.resource = cfg.resource(self.sandbox.backend)
         self.nodes: dict[str, DockerNode] = {}
         """every node prepared so far (orphans removed, image present), by id"""
         self.image: dict[str, str] = {}
 
     def alive(self) -> list[DockerNode]:
-        return docker_nodes(self.cfg.node_resource)
+        return docker_nodes(self.resource)
+
+    def _none(self) -> NoDockerNodes:
+        return no_docker_nodes_error(self.resource, self.sandbox.backend)
 
     def start(self, tag: str) -> list[str]:
-        """Prepare every Docker node; the node id of each worker slot (workers_per_node per node)."""
+        """Prepare every env node; the node id of each worker slot (workers_per_node per node)."""
         nodes = self.alive()
         if not nodes:
-            raise no_docker_nodes_error(self.cfg.node_resource)
+            raise self._none()
         self._prepare(nodes, tag)
         if not self.nodes:
-            raise no_docker_nodes_error(self.cfg.node_resource)
+            raise self._none()
         return [nid for nid in self.nodes for _ in range(self.cfg.workers_per_node)]
 
     def _prepare(self, nodes: list[DockerNode], tag: str) -> None:
-        status = prepare_nodes(nodes, tag)
+        status = prepare_nodes(nodes, tag, self.sandbox)
         for n in nodes:
             if n.node_id in status:
                 self.nodes[n.node_id] = n
@@ -262,7 +283,7 @@ class EnvPlacer:
             self._prepare(alive, tag)
             candidates = [x for x in alive if x.node_id in self.nodes]
         if not candidates:
-            raise no_docker_nodes_error(self.cfg.node_resource)
+            raise self._none()
         load, targets = Counter(load), []
         for _ in range(n):
             best = min(candidates, key=lambda x: load[x.node_id]).node_id
@@ -275,7 +296,7 @@ class EnvPlacer:
         another prepares a node: it reads a copy of the prepared nodes."""
         ids = {n.node_id for n in self.alive()}
         nodes = [n for nid, n in list(self.nodes.items()) if nid in ids and (only is None or nid in only)]
-        return reap_nodes(nodes) if nodes else 0
+        return reap_nodes(nodes, self.sandbox) if nodes else 0
 
     def summary(self, worker_nodes: list[str]) -> list[NodeWorkers]:
         """Per node with live workers (`worker_nodes`: each worker's node id), in node order."""

@@ -292,7 +292,7 @@ class PlacedEnvWorkerPool(RayEnvWorkerPool):
     def __init__(self, cfg: RolloutConfig, placement: EnvPlacement, sandbox: SandboxConfig) -> None:
         super().__init__(cfg, sandbox)
         self.placement = placement
-        self._placer = EnvPlacer(placement)
+        self._placer = EnvPlacer(placement, sandbox)
         self._replace_lock = asyncio.Lock()
         self._image = ""
 
@@ -301,7 +301,7 @@ class PlacedEnvWorkerPool(RayEnvWorkerPool):
         from agentrl.sandbox.image import image_tag
 
         self._init_ray()
-        self._image = image_tag()
+        self._image = image_tag() if self.sandbox.backend == "docker" else ""  # bwrap nodes need no image
         try:
             slots = await asyncio.to_thread(self._placer.start, self._image)
         except BaseException:
@@ -320,9 +320,10 @@ class PlacedEnvWorkerPool(RayEnvWorkerPool):
         """One line per node."""
         nodes = self.nodes()
         p = self.placement
+        sandboxes = f"sandbox image {self._image}" if self._image else f"{self.sandbox.backend} sandboxes"
         lines = [
-            f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {p.node_resource!r} resource "
-            f"({p.workers_per_node} per node), sandbox image {self._image}"
+            f"env workers: {len(self.workers)} on {len(nodes)} node(s) with the {self._placer.resource!r} resource "
+            f"({p.workers_per_node} per node), {sandboxes}"
         ]
         lines += [f"  {n.ip}  node {n.node_id}: {n.workers} worker(s), image {n.image}" for n in nodes]
         return "\n".join(lines)

@@ -105,10 +105,10 @@ class RunConfig(_Strict):
                     f"{address!r} places them on the cluster's Docker nodes: drop cluster.address, or set "
                     "rollout.env_workers=ray"
                 )
-            if self.sandbox.backend != "docker":
+            if self.sandbox.backend == "local":
                 raise ValueError(
-                    f"sandbox.backend={self.sandbox.backend} with cluster.address: env workers on a cluster go to its "
-                    "Docker nodes, which get the sandbox image; set sandbox.backend=docker, or drop cluster.address"
+                    "sandbox.backend=local with cluster.address: local sandboxes are host processes, not isolation, "
+                    "and a cluster's env nodes run untrusted code; set sandbox.backend=docker or bwrap"
                 )
             for section, cfg in (("rollout", self.rollout), ("engine", self.engine)):
                 if cfg.ray_address is not None:

@@ -4,10 +4,12 @@ Docker daemon, and the head (the driver's node) on the main one. Real Ray, real 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import docker
 import pytest
+from ownership import bwrap_trees
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import SamplingParams
@@ -15,7 +17,7 @@ from agentrl.engine.hf import HFEngine
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
-from agentrl.sandbox import reaper
+from agentrl.sandbox import SandboxConfig, bwrap, reaper
 from agentrl.sandbox.image import image_exists
 
 # the node-loss test comes last: the module's cluster has one Docker node after it
@@ -90,6 +92,58 @@ async def test_env_workers_run_on_every_docker_node_on_its_own_daemon(ray_cluste
         assert not sessions(docker.from_env()) & {w.session for w in wheres}
         assert all(reaper.process_alive(w.watchdog) for w in wheres)
     await eventually(lambda: nothing_left(ray_cluster, wheres), 30, "containers or watchdogs left after close")
+
+
+async def test_env_workers_make_bwrap_sandboxes_on_every_env_node(ray_cluster, bwrap_site):
+    """bwrap sandboxes on a cluster: one worker per env node (here the nodes' resource is "docker"; a bwrap run's
+    default is "bwrap"), its sandboxes made there with bubblewrap, no image shipped; a killed worker's episode is
+    retried on a replacement, and its node reaps the dead worker's sandbox trees; after close no tree is left."""
+    a, b = ray_cluster.docker_nodes()
+    cfg = RolloutConfig(
+        env="code_sandbox",
+        env_kwargs={"max_turns": 12},
+        group_size=2,
+        groups_per_iteration=2,
+        sandboxes_per_worker=2,
+        sampling=SamplingParams(max_tokens=24),
+        max_episode_tokens=2000,
+        partial=False,
+        ray_address=ray_cluster.address,
+    )
+    engine = HFEngine(tiny_model("qwen3_moe", seed=0))
+    placement, sandbox = EnvPlacement(node_resource="docker"), SandboxConfig(backend="bwrap")
+    async with engine, RolloutController(cfg, engine, chat(), placement, sandbox) as ctl:
+        assert {(n.node_id, n.workers, n.image) for n in ctl.nodes()} == {
+            (a.node_id, 1, "bwrap"),
+            (b.node_id, 1, "bwrap"),
+        }
+        assert "with the 'docker' resource (1 per node), bwrap sandboxes" in ctl.describe_placement()
+        await asyncio.gather(*(w.start_sandboxes() for w in ctl.workers))
+        before = await asyncio.gather(*(w.actor.where.remote() for w in ctl.workers))
+        assert {w.node_id for w in before} == {a.node_id, b.node_id}
+        runtime = bwrap.runtime_dir()
+        assert all(len(bwrap_trees(runtime, w.pid)) == 2 for w in before)  # each worker's warm pool, on its node
+        victim = ctl.workers[0]
+        task = asyncio.create_task(ctl.run_iteration())
+        deadline = time.monotonic() + 120
+        while not any(ep.worker is victim and ep.traj.turns for ep in ctl._live()):
+            assert time.monotonic() < deadline, "no episode of the victim got a turn"
+            await asyncio.sleep(0.05)
+        with engine.paused():
+            dead = next(w for w in before if w.node_id == victim.node_id)
+            os.kill(dead.pid, 9)
+            while reaper.process_alive(dead.pid):
+                await asyncio.sleep(0.05)
+        batch = await asyncio.wait_for(task, 300)
+        assert batch.stats.groups_finished == 2 and batch.stats.retried >= 1
+        assert all(t.status in (Status.FINISHED, Status.FAILED) for t in batch.trajectories)
+        after = await asyncio.gather(*(w.actor.where.remote() for w in ctl.workers))
+        deadline = time.monotonic() + 30
+        while bwrap_trees(runtime, dead.pid):  # its node reaps them (its sandboxes died with it)
+            assert time.monotonic() < deadline, "the dead worker's sandbox trees were not removed"
+            await asyncio.sleep(0.1)
+    pids = {w.pid for w in before + after}
+    assert not any(bwrap_trees(runtime, pid) for pid in pids)
 
 
 async def test_a_lost_node_costs_retries_and_the_run_goes_on(ray_cluster, sandbox_image):

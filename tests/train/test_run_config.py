@@ -51,7 +51,7 @@ def test_wrong_types_and_choices_are_refused_with_the_choices():
             ["rollout.env_workers=local", "rollout.ray_address=10.0.0.1:6379"],
             "drop ray_address, or set env_workers=ray",
         ),
-        (["sandbox.backend=bwrap", "cluster.address=auto"], "set sandbox.backend=docker, or drop cluster.address"),
+        (["sandbox.backend=local", "cluster.address=auto"], "local sandboxes are host processes, not isolation"),
     ],
 )
 def test_incompatible_combinations_are_refused(sets, match):
@@ -114,6 +114,7 @@ def test_settings_that_cannot_apply_are_refused(sets, match):
         ["rollout.max_staleness=2", "algo.routing_replay=R2", "optim.minibatches=2"],
         ["rollout.partial=false", "algo.async_level=1", "rollout.max_staleness=2"],
         ["engine.replicas=1", "engine.ray_address=10.0.0.1:6379", "rollout.ray_address=10.0.0.1:6379"],
+        ["sandbox.backend=bwrap", "cluster.address=auto"],
     ],
 )
 def test_the_same_settings_load_where_they_apply(sets):
@@ -265,3 +266,15 @@ def test_a_cluster_run_resumes_on_a_cluster_at_another_address():
     assert load(RunConfig, {**saved, "cluster": {**saved["cluster"], "address": None}}).ray_address is None
     with pytest.raises(ConfigError, match=r"on a cluster set only cluster\.address"):
         load(RunConfig, parse_sets(["cluster.address=auto", "rollout.ray_address=10.0.0.1:6379"]))
+
+
+def test_a_bwrap_run_on_a_cluster_places_its_env_workers_on_bwrap_nodes():
+    """cluster.envs.node_resource defaults to the sandbox backend's name: a bwrap run's env workers go to the nodes
+    started with {"bwrap": 1}, a Docker run's to those with {"docker": 1}; a resource named stays."""
+    on_cluster = ["cluster.address=auto"]
+    bwrap = load(RunConfig, parse_sets([*on_cluster, "sandbox.backend=bwrap"]))
+    assert bwrap.cluster.envs.resource(bwrap.sandbox.backend) == "bwrap"
+    docker = load(RunConfig, parse_sets(on_cluster))
+    assert docker.cluster.envs.resource(docker.sandbox.backend) == "docker"
+    named = load(RunConfig, parse_sets([*on_cluster, "sandbox.backend=bwrap", "cluster.envs.node_resource=gpu_box"]))
+    assert named.cluster.envs.resource(named.sandbox.backend) == "gpu_box"
