@@ -230,6 +230,26 @@ def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_d
     assert preflight(resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)) == []
 
 
+def test_a_host_without_bubblewrap_is_told_in_one_line(monkeypatch, tmp_path):
+    """No `bwrap` on PATH: `agentrl train` and `agentrl sandbox exec` refuse in one line naming the package, and
+    nothing starts."""
+    from agentrl.sandbox import bwrap
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH where no bwrap is
+    bwrap.unavailable.cache_clear()
+    try:
+        cfg = resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)
+        [line] = preflight(cfg)
+        assert line.startswith("sandbox.backend=bwrap: bubblewrap is not installed (no `bwrap` on PATH)"), line
+        assert "apt-get install bubblewrap" in line
+    finally:
+        bwrap.unavailable.cache_clear()
+    prog = tmp_path / "p.py"
+    prog.write_text("print(1)")
+    r = agentrl("sandbox", "exec", prog, "--backend", "bwrap", check=False, extra_env={"PATH": str(tmp_path)})
+    assert r.returncode != 0 and "bubblewrap is not installed" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
     f = [lr_factor(s, warmup=2, decay=10, floor=0.1) for s in range(13)]
     assert f[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
