@@ -53,7 +53,7 @@ class SandboxConfig(BaseModel):
             except SandboxError:
                 return (
                     "no Docker engine answers (start one: `bash scripts/setup.sh`), or run sandboxes without a daemon: "
-                    "--set sandbox.backend=bwrap"
+                    "--set sandbox.backend=bwrap (`--backend bwrap` for agentrl sandbox and agentrl envs)"
                 )
             return None
         if self.backend == "bwrap":

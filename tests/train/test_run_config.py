@@ -225,7 +225,7 @@ def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_d
     cfg = resolve_config("code_sandbox", None, [], None)
     assert preflight(cfg) == [
         "sandbox.backend=docker: no Docker engine answers (start one: `bash scripts/setup.sh`), or run sandboxes "
-        "without a daemon: --set sandbox.backend=bwrap"
+        "without a daemon: --set sandbox.backend=bwrap (`--backend bwrap` for agentrl sandbox and agentrl envs)"
     ]
     assert preflight(resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)) == []
 
