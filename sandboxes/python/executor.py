@@ -62,8 +62,6 @@ import struct
 import sys
 import time
 import traceback
-import urllib.parse
-from typing import NoReturn
 
 # bwrap sandboxes: the test tools (requirements.txt), bound in from the host; an image has them on its path already
 SITE = os.environ.get("AGENTRL_SITE")
@@ -412,7 +410,7 @@ class Spare:
             f.write(json.dumps(call).encode())
 
 
-def spare_main(ex: Executor, req_r: int, in_r: int, out_w: int, err_w: int) -> NoReturn:
+def spare_main(ex: Executor, req_r: int, in_r: int, out_w: int, err_w: int) -> None:  # never returns: os._exit
     """The spare's life: wait for its call, enter it, run the source, exit."""
     code = 127
     try:
@@ -1016,14 +1014,16 @@ class Handler(socketserver.StreamRequestHandler):
         return {**DEFAULTS, **body}
 
     def _path_param(self) -> str:
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        import urllib.parse  # here, not at start-up: a file request's alone (the import is a sandbox's cold start)
+
+        query = urllib.parse.parse_qs(self.path.partition("?")[2])
         if "path" not in query:
             raise BadRequest("missing ?path=")
         return query["path"][0]
 
     def do_GET(self) -> None:
         ex = self.server.executor
-        route = urllib.parse.urlsplit(self.path).path
+        route = self.path.partition("?")[0]
         if route == "/health":
             self._dispatch(lambda: self._json(200, {"ok": True, "session": ex.session is not None}))
         elif route == "/files":
@@ -1033,13 +1033,13 @@ class Handler(socketserver.StreamRequestHandler):
 
     def do_PUT(self) -> None:
         ex = self.server.executor
-        if urllib.parse.urlsplit(self.path).path != "/files":
+        if self.path.partition("?")[0] != "/files":
             return self._json(404, {"error": "no route"})
         self._dispatch(lambda: self._json(200, {"bytes": ex.write_file(self._path_param(), self._body())}))
 
     def do_POST(self) -> None:
         ex = self.server.executor
-        route = urllib.parse.urlsplit(self.path).path
+        route = self.path.partition("?")[0]
         handlers = {"/run": ex.run, "/session": ex.run_session}
         if route == "/recycle":
             return self._dispatch(lambda: self._json(200, ex.recycle()))
@@ -1054,7 +1054,7 @@ class Handler(socketserver.StreamRequestHandler):
 
     def do_DELETE(self) -> None:
         ex = self.server.executor
-        if urllib.parse.urlsplit(self.path).path != "/session":
+        if self.path.partition("?")[0] != "/session":
             return self._json(404, {"error": "no route"})
         self._dispatch(lambda: (ex.stop_session(), self._json(200, {"ok": True})))
 
