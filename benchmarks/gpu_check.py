@@ -18,8 +18,9 @@ one leaves the others running; the exit status is 1 if any failed):
    against float32 learner, and against the bf16 FSDP2 learner each engine dtype (float32, `agentrl
    train`'s default; bfloat16; bfloat16_weights).
 4. agentrl_train: `agentrl train --env tool_use` for 2 iterations on that "1b" model, bf16, the engine's copy
-   on the learner's GPU. It needs Docker (sandboxes; `agentrl train` checks for it first), the sandbox image
-   and Ray: without them the check is skipped, with the reason.
+   on the learner's GPU, its sandboxes bubblewrap's and its env workers processes of the run (no Docker daemon,
+   no Ray runtime: what GPU hosts lack). It first probes bubblewrap (its namespaces, and a cgroup) and records
+   what it found; where bubblewrap cannot run the check is skipped, with the reason.
 5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
@@ -360,20 +361,13 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
             importlib.import_module(package)
         except ModuleNotFoundError:
             raise Skip(f"`agentrl train` needs the package {package}, not installed here") from None
-    from agentrl.sandbox import SandboxError
-    from agentrl.sandbox import image as sandbox_image
-    from agentrl.sandbox.docker_sandbox import docker_client
+    from agentrl.sandbox import SandboxConfig
 
-    try:
-        client = docker_client()
-    except SandboxError as e:
-        raise Skip(
-            f"`agentrl train` needs a Docker engine (its env workers keep their sandboxes there; it checks "
-            f"for one before it starts), and no Docker engine answers here: {e}"
-        ) from None
-    tag = sandbox_image.image_tag()
-    if not sandbox_image.image_exists(client, tag):
-        raise Skip(f"the sandbox image {tag} is missing: build it with `agentrl sandbox build` (offline if need be)")
+    sandbox = SandboxConfig(backend="bwrap")
+    why = sandbox.unavailable()
+    figures["bwrap"] = {"unavailable": why, "host": None if why else sandbox.describe()}
+    if why is not None:
+        raise Skip(f"`agentrl train` runs its sandboxes with bubblewrap here, which cannot run: {why}")
     need_cuda(ctx)
     path = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
     figures["model"] = harness.describe_model(harness.model_config(ctx.big))
@@ -387,6 +381,8 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
         f"out={run}",
         f"rollout.group_size={G}",
         f"rollout.groups_per_iteration={groups}",
+        "sandbox.backend=bwrap",
+        "rollout.env_workers=local",
         "rollout.num_workers=1",
         "rollout.sandboxes_per_worker=2",
         f"rollout.sampling.max_tokens={T}",

@@ -25,8 +25,8 @@ def gpu_check(*args: object, timeout: float, **extra_env: str) -> tuple[subproce
 
 
 @pytest.mark.slow  # ~1 min on 2 cores; the GPU run's failures below take seconds
-@pytest.mark.docker  # the agentrl_train check's sandboxes
-def test_the_cpu_dry_run_passes_every_check(tmp_path):
+def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
+    """agentrl_train runs as on a GPU host: bubblewrap sandboxes and env workers of the run, Docker out of reach."""
     r, report = gpu_check("--cpu-dry-run", "--out", tmp_path / "report.json", timeout=600)
     summary = [(c["name"], c["status"], c["error"] or c["reason"]) for c in report["checks"]]
     assert r.returncode == 0 and report["ok"], (summary, r.stderr[-4000:])
@@ -42,26 +42,28 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path):
     assert pairs["fp32"]["max_abs_diff"] < 1e-4  # the same math (tests/engine/test_hf.py's bound)
     assert all(0 < p["mean_abs_diff"] < 0.1 for name, p in pairs.items() if name != "fp32")  # bf16 rounding shows
     assert [i["policy_version"] for i in figures["agentrl_train"]["iterations"]] == [1, 2]
+    assert figures["agentrl_train"]["bwrap"]["unavailable"] is None
+    assert figures["agentrl_train"]["bwrap"]["host"].startswith("bwrap sandboxes as root")
     assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the dry run above covers the same code
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the GPU run would run")
 def test_without_a_gpu_the_gpu_run_fails_each_check_and_goes_on(tmp_path):
-    """No GPU: each check that needs one fails with the reason; agentrl_train, with no Docker engine in reach
-    (this test has no docker marker), is skipped first; the exit status is 1."""
+    """No GPU: each check that needs one fails with the reason, agentrl_train after its bubblewrap probe; the exit
+    status is 1."""
     only = ["fsdp_bf16", "agentrl_train", "train_step_bench"]
     r, report = gpu_check("--only", *only, "--out", tmp_path / "report.json", timeout=300)
     assert r.returncode == 1 and report["mode"] == "gpu" and not report["ok"]
     assert [(c["name"], c["status"]) for c in report["checks"]] == [
         ("fsdp_bf16", "failed"),
-        ("agentrl_train", "skipped"),
+        ("agentrl_train", "failed"),
         ("train_step_bench", "failed"),
     ]
-    assert report["counts"] == {"ok": 0, "failed": 2, "skipped": 1}
+    assert report["counts"] == {"ok": 0, "failed": 3, "skipped": 0}
     fsdp, train, bench = report["checks"]
-    assert all("torch.cuda.is_available() is False" in c["error"] for c in (fsdp, bench))
-    assert "no Docker engine answers" in train["reason"] and train["error"] is None
+    assert all("torch.cuda.is_available() is False" in c["error"] for c in (fsdp, train, bench))
+    assert train["figures"]["bwrap"]["unavailable"] is None
     assert all(c["seconds"] > 0 for c in report["checks"])
 
 
