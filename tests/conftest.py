@@ -135,7 +135,20 @@ def no_container_left_behind():
     yield
     if before is not None:
         left = (_engine_ours(orphans=not XDIST_WORKER) or set()) - before
-        assert not left, f"containers left behind: {sorted(left)}"
+        assert not left, f"containers left behind: {sorted(left)}, made by {_makers(left)}"
+
+
+def _makers(names: set[str]) -> list[str]:
+    """Who made each container: its owner's pid, and that process's command line while it lives."""
+    out = []
+    for name in sorted(names):
+        pid = _docker_client().containers.get(name).labels.get(reaper.PID_LABEL, "?")
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            cmd = "(gone)"
+        out.append(f"{name}: pid {pid} {cmd}")
+    return out
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

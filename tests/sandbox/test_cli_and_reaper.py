@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import docker.errors
 import pytest
@@ -115,18 +116,22 @@ def test_sigkill_orphans_are_removed_by_the_next_start(sandbox_image, docker_cli
 
 
 def bwrap_trees(pid: int) -> list[dict]:
-    """The bwrap sandbox trees owned by process `pid`, with their cgroup folders."""
+    """The bwrap sandbox trees owned by process `pid`, with their cgroup folders (one another process is making,
+    without its owner record yet, is not one of them)."""
     trees = []
     for tree in bwrap.runtime_dir().glob(f"{bwrap.TREE_PREFIX}*"):
-        owner = json.loads((tree / "owner.json").read_text())
+        try:
+            owner = json.loads((tree / "owner.json").read_text())
+        except (OSError, ValueError):
+            continue
         if owner[reaper.PID_LABEL] == str(pid):
             trees.append({"tree": tree, "cgroups": list(owner["cgroup"]["dirs"].values())})
     return trees
 
 
-def sandboxed_prog() -> bool:
-    """Whether the program `start_exec` runs is running (in its sandbox: not the `agentrl` command naming it)."""
-    return subprocess.run(["pgrep", "-f", "^python3 -u prog.py"], capture_output=True).returncode == 0
+def sandboxed(name: str) -> bool:
+    """Whether the program file `name` runs (in its sandbox: not the `agentrl` command naming it)."""
+    return subprocess.run(["pgrep", "-f", f"^python3 -u {name}"], capture_output=True).returncode == 0
 
 
 def test_bwrap_exec_json_and_timeout(bwrap_site, tmp_path):
@@ -151,9 +156,11 @@ def test_bwrap_exec_json_and_timeout(bwrap_site, tmp_path):
 
 @pytest.mark.parametrize("cleanup", ["gc", "next start"])
 def test_a_sigkilled_bwrap_owner_leaves_nothing_running_and_its_trees_go(bwrap_site, tmp_path, cleanup):
-    proc = start_exec(tmp_path, "import time; time.sleep(60)", "--timeout", "100", "--backend", "bwrap")
+    prog = tmp_path / f"prog-{uuid.uuid4().hex[:8]}.py"  # a name no other test's program has
+    prog.write_text("import time; time.sleep(60)")
+    proc = start_agentrl("sandbox", "exec", prog, "--timeout", "100", "--backend", "bwrap", stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    while len(bwrap_trees(proc.pid)) < 2 or not sandboxed_prog():
+    while len(bwrap_trees(proc.pid)) < 2 or not sandboxed(prog.name):
         assert proc.poll() is None and time.monotonic() < deadline, "the program never started"
         time.sleep(0.05)
     proc.kill()
@@ -161,7 +168,7 @@ def test_a_sigkilled_bwrap_owner_leaves_nothing_running_and_its_trees_go(bwrap_s
     trees = bwrap_trees(proc.pid)
     assert len(trees) == 2  # SIGKILL cannot be caught: the leased sandbox's tree and the spare's stay
     deadline = time.monotonic() + 10
-    while sandboxed_prog():  # it died with its owner
+    while sandboxed(prog.name):  # it died with its owner
         assert time.monotonic() < deadline, "a sandbox's program outlived its owner"
         time.sleep(0.05)
     if cleanup == "gc":
