@@ -96,6 +96,36 @@ class EnvWorkerHandle(abc.ABC):
     async def start_sandboxes(self) -> None: ...
 
 
+class CallingEnvWorker(EnvWorkerHandle):
+    """A worker in another process, every method one call of the same name there (`_call`): the Ray actor's and the
+    local process's."""
+
+    @abc.abstractmethod
+    async def _call(self, method: str, *args: Any, dead_ok: bool = False) -> Any:
+        """Call `method` in the worker; `dead_ok`: None instead of `WorkerDied` from a worker that is gone."""
+
+    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        return await self._call("reset", episode_id, task_id, seed)
+
+    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        return await self._call("step", episode_id, text)
+
+    async def replay(
+        self, episode_id: str, task_id: str, seed: int, actions: list[str]
+    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
+        return await self._call("replay", episode_id, task_id, seed, actions)
+
+    async def close(self, episode_id: str) -> None:
+        # a dead worker's sandboxes are reaped by owner pid; its replacement is for its next call to start
+        await self._call("close", episode_id, dead_ok=True)
+
+    async def sample_tasks(self, n: int, seed: int) -> list[str]:
+        return await self._call("sample_tasks", n, seed)
+
+    async def start_sandboxes(self) -> None:
+        await self._call("start_sandboxes")
+
+
 class EnvWorkerPool(abc.ABC):
     """The env workers of one rollout controller. `start()` before the first `pick`; `close()` stops every
     worker and removes what they left (sandboxes), and is safe to call twice.
@@ -170,7 +200,7 @@ def _reap_orphans(sandbox: SandboxConfig) -> None:
 _WORKER_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 
 
-class RayEnvWorker(EnvWorkerHandle):
+class RayEnvWorker(CallingEnvWorker):
     """An `agentrl.rollout.workers.EnvWorker` Ray actor (`actor`), pinned to `node_id` when placed."""
 
     def __init__(self, pool: RayEnvWorkerPool, actor: Any, node_id: str | None = None) -> None:
@@ -188,27 +218,6 @@ class RayEnvWorker(EnvWorkerHandle):
             raise WorkerDied(str(e) or type(e).__name__) from e
         except ray.exceptions.RayError as e:
             raise WorkerError(str(e) or type(e).__name__) from e
-
-    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        return await self._call("reset", episode_id, task_id, seed)
-
-    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        return await self._call("step", episode_id, text)
-
-    async def replay(
-        self, episode_id: str, task_id: str, seed: int, actions: list[str]
-    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
-        return await self._call("replay", episode_id, task_id, seed, actions)
-
-    async def close(self, episode_id: str) -> None:
-        # a dead worker's sandboxes are reaped by owner pid; its replacement is for its next call to start
-        await self._call("close", episode_id, dead_ok=True)
-
-    async def sample_tasks(self, n: int, seed: int) -> list[str]:
-        return await self._call("sample_tasks", n, seed)
-
-    async def start_sandboxes(self) -> None:
-        await self._call("start_sandboxes")
 
     async def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the actor: its pools close its sandboxes; one that does not answer (its node died) is killed,
@@ -380,7 +389,7 @@ class _Gone(Exception):
     """The worker's line closed with the call unanswered."""
 
 
-class LocalEnvWorker(EnvWorkerHandle):
+class LocalEnvWorker(CallingEnvWorker):
     """An `EnvWorker` in a process of the driver's (`agentrl.rollout.local_workers`), reached over a socket pair.
 
     Its process is spawned at once (a new interpreter: nothing of the driver's memory is inherited, no fork of a
@@ -471,26 +480,6 @@ class LocalEnvWorker(EnvWorkerHandle):
             return None
         await self._pool._replace(self)
         raise WorkerDied(self.gone or "env worker process gone")
-
-    async def reset(self, episode_id: str, task_id: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        return await self._call("reset", episode_id, task_id, seed)
-
-    async def step(self, episode_id: str, text: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        return await self._call("step", episode_id, text)
-
-    async def replay(
-        self, episode_id: str, task_id: str, seed: int, actions: list[str]
-    ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
-        return await self._call("replay", episode_id, task_id, seed, actions)
-
-    async def close(self, episode_id: str) -> None:
-        await self._call("close", episode_id, dead_ok=True)
-
-    async def sample_tasks(self, n: int, seed: int) -> list[str]:
-        return await self._call("sample_tasks", n, seed)
-
-    async def start_sandboxes(self) -> None:
-        await self._call("start_sandboxes")
 
     async def stop(self, timeout_s: float = 60.0) -> None:
         """Close the line: the worker closes its envs and sandboxes and exits; one that does not in time is killed.

@@ -99,17 +99,7 @@ async def test_env_workers_make_bwrap_sandboxes_on_every_env_node(ray_cluster, b
     default is "bwrap"), its sandboxes made there with bubblewrap, no image shipped; a killed worker's episode is
     retried on a replacement, and its node reaps the dead worker's sandbox trees; after close no tree is left."""
     a, b = ray_cluster.docker_nodes()
-    cfg = RolloutConfig(
-        env="code_sandbox",
-        env_kwargs={"max_turns": 12},
-        group_size=2,
-        groups_per_iteration=2,
-        sandboxes_per_worker=2,
-        sampling=SamplingParams(max_tokens=24),
-        max_episode_tokens=2000,
-        partial=False,
-        ray_address=ray_cluster.address,
-    )
+    cfg = config(ray_cluster.address, env_kwargs={"max_turns": 12})
     engine = HFEngine(tiny_model("qwen3_moe", seed=0))
     placement, sandbox = EnvPlacement(node_resource="docker"), SandboxConfig(backend="bwrap")
     async with engine, RolloutController(cfg, engine, chat(), placement, sandbox) as ctl:
