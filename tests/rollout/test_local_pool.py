@@ -103,6 +103,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # the fast tier is at its budget; the killed worker above covers the pool
 async def test_a_worker_and_its_sandboxes_end_with_a_killed_driver(bwrap_runtime):
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
     try:

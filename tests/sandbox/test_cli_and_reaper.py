@@ -154,7 +154,7 @@ def test_bwrap_exec_json_and_timeout(bwrap_site, tmp_path):
     assert bad.returncode != 0 and "--backend podman: choose docker, bwrap or local" in bad.stderr
 
 
-@pytest.mark.parametrize("cleanup", ["gc", "next start"])
+@pytest.mark.parametrize("cleanup", ["gc", pytest.param("next start", marks=pytest.mark.slow)])
 def test_a_sigkilled_bwrap_owner_leaves_nothing_running_and_its_trees_go(bwrap_site, tmp_path, cleanup):
     prog = tmp_path / f"prog-{uuid.uuid4().hex[:8]}.py"  # a name no other test's program has
     prog.write_text("import time; time.sleep(60)")

@@ -113,11 +113,26 @@ def host_processes_with_marker() -> str:
     return subprocess.run(["pgrep", "-af", MARK], capture_output=True, text=True).stdout.strip()
 
 
+# Cases the executor alone handles (output, stdin, exit), the same whatever contains it: on bwrap, slow tier only.
+EXECUTOR_ALONE = {"gigabyte_of_output", "non_utf8_output", "read_stdin", "exit_0", "os_exit_0"}
 # More programs that only end at the time limit: the fast tier keeps fork_bomb's.
 WAIT_OUT = {"busy_loop", "sleep_forever", "close_stdout_then_spin"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in WAIT_OUT else n for n in CASES])
+def backend_cases():
+    """Every case on every backend; slow: those that only end at the time limit (the fast tier keeps fork_bomb's),
+    and on bwrap those the executor alone handles (the fast tier runs them on docker)."""
+    for b in BACKENDS:
+        backend, marks = (b, []) if isinstance(b, str) else (b.values[0], list(b.marks))
+        for name in CASES:
+            if name in WAIT_OUT or (backend == "bwrap" and name in EXECUTOR_ALONE):
+                marks_here = [*marks, pytest.mark.slow]
+            else:
+                marks_here = marks
+            yield pytest.param(backend, name, marks=marks_here, id=f"{backend}-{name}")
+
+
+@pytest.mark.parametrize(("backend", "name"), list(backend_cases()), indirect=["backend"])
 async def test_hostile_program_is_contained(pool, backend, name):
     code, expected = CASES[name]
     if backend == "bwrap-userns" and name in TWO_UIDS:
