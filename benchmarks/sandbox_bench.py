@@ -272,10 +272,8 @@ async def bench_interleaved(args) -> dict:
 
 async def main(args) -> dict:
     if "docker" not in args.backends:  # bubblewrap alone: no Docker engine needed
-        from agentrl.sandbox import bwrap
-
         report = {"machine": harness.machine() | {"loadavg_1m": round(os.getloadavg()[0], 2)}}
-        report["bwrap_host"] = bwrap.host().describe(bwrap.resolve_rootfs(bwrap.BwrapSandboxConfig()))
+        report["bwrap_host"] = SandboxConfig(backend="bwrap").describe()
         report["backends"] = {"bwrap": await bench_backend("bwrap", args)}
         bw = report["backends"]["bwrap"]
         report["goal_bwrap_cold_create_p50_at_most_50_ms"] = bw["cold_create_p50_ms"] <= BWRAP_CREATE_GOAL_MS
@@ -298,10 +296,8 @@ async def main(args) -> dict:
     report |= await bench_acquire(lambda: DockerSandbox.create(cfg), args)
     report["backends"] = {b: await bench_backend(b, args) for b in args.backends}
     if "bwrap" in args.backends:
-        from agentrl.sandbox import bwrap
-
         bw = report["backends"]["bwrap"]
-        report["bwrap_host"] = bwrap.host().describe(bwrap.resolve_rootfs(bwrap.BwrapSandboxConfig()))
+        report["bwrap_host"] = SandboxConfig(backend="bwrap").describe()
         report["warm_call_interleaved"] = pair = await bench_interleaved(args)
         report["bwrap_warm_call_p50_over_docker"] = round(pair["bwrap_p50_ms"] / pair["docker_p50_ms"], 3)
         report["goal_bwrap_cold_create_p50_at_most_50_ms"] = bw["cold_create_p50_ms"] <= BWRAP_CREATE_GOAL_MS

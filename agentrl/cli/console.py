@@ -8,11 +8,14 @@ wrapped, so a log keeps one line per iteration (and a table one line per row) wh
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from agentrl.sandbox import SandboxConfig
 
 
 def _console(stderr: bool) -> Console:
@@ -34,3 +37,16 @@ def fail(message: object, code: int = 2) -> NoReturn:
     """Say what is wrong and exit with `code` (2: the command was used wrongly)."""
     error(message)
     raise typer.Exit(code)
+
+
+def sandbox_backend(backend: str) -> SandboxConfig:
+    """A command's `--backend`, refused in one line when unknown or unusable here (nothing started yet)."""
+    from agentrl.sandbox import SandboxConfig
+
+    try:
+        config = SandboxConfig(backend=backend)
+    except ValueError:
+        fail(f"--backend {backend}: choose docker, bwrap or local")
+    if (why := config.unavailable()) is not None:
+        fail(why)
+    return config

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from agentrl.cli.console import fail, out
+from agentrl.cli.console import fail, out, sandbox_backend
 
 app = typer.Typer(help="List, inspect and create environments.", no_args_is_help=True)
 
@@ -89,16 +89,11 @@ def validate_repos(
     import itertools
 
     from agentrl.env.repos import image_sandbox, validate_instance
-    from agentrl.sandbox import SandboxConfig, SandboxError
+    from agentrl.sandbox import SandboxError
     from agentrl.tasks.registry import load_tasks
     from agentrl.tasks.repos.taskset import RepoTaskSet
 
-    try:
-        config = SandboxConfig(backend=backend)
-    except ValueError:
-        fail(f"--backend {backend}: choose docker, bwrap or local")
-    if (why := config.unavailable()) is not None:
-        fail(why)
+    config = sandbox_backend(backend)
     try:
         task_set = load_tasks(tasks)
     except (ValueError, FileNotFoundError) as e:

@@ -12,8 +12,8 @@ from typing import Annotated
 import docker
 import typer
 
-from agentrl.cli.console import err, error, fail
-from agentrl.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxPool, bwrap, reaper
+from agentrl.cli.console import err, error, fail, sandbox_backend
+from agentrl.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, bwrap, reaper
 from agentrl.sandbox import image as sandbox_image
 from agentrl.sandbox.docker_sandbox import docker_client
 
@@ -99,12 +99,7 @@ def exec_(
     Exit status: 0 if the program exited 0, 1 if it failed (any other status),
     3 if the sandbox itself failed.
     """
-    try:
-        cfg = SandboxConfig(backend=backend)
-    except ValueError:
-        fail(f"--backend {backend}: choose docker, bwrap or local")
-    if (why := cfg.unavailable()) is not None:
-        fail(why)
+    cfg = sandbox_backend(backend)
     if backend == "docker":
         client = _client()
         if not sandbox_image.image_exists(client, sandbox_image.image_tag()):

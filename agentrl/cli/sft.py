@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from agentrl.cli.console import err, fail, out
+from agentrl.cli.console import err, fail, out, sandbox_backend
 
 
 def sft(
@@ -134,15 +134,9 @@ def demos(
     """Record a scripted expert's episodes through the real env (and sandboxes), as SFT data."""
     from agentrl.config import ConfigError, load, parse_sets
     from agentrl.env.demos import record
-    from agentrl.sandbox import SandboxConfig
     from agentrl.tasks.solutions import Expert
 
-    try:
-        sandbox = SandboxConfig(backend=backend)
-    except ValueError:
-        fail(f"--backend {backend}: choose docker, bwrap or local")
-    if (why := sandbox.unavailable()) is not None:
-        fail(why)
+    sandbox = sandbox_backend(backend)
     try:
         env_kwargs = parse_sets(set_)
         expert = load(

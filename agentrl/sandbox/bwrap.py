@@ -50,11 +50,12 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+from docker.utils import parse_bytes  # Docker's size notation, as DockerSandboxConfig's sizes are read
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox import reaper
 from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
-from agentrl.sandbox.image import rootfs_dir, sandboxes_dir, site_dir, size_bytes
+from agentrl.sandbox.image import rootfs_dir, sandboxes_dir, site_dir
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class Cgroup:
 
     @classmethod
     def create(cls, h: Host, name: str, cfg: BwrapSandboxConfig) -> Cgroup:
-        memory = size_bytes(cfg.memory)
+        memory = parse_bytes(cfg.memory)
         made: dict[str, Path] = {}
         try:
             for controller, parent in h.cgroup_parents.items():
@@ -352,8 +353,10 @@ def resolve_rootfs(cfg: BwrapSandboxConfig) -> Path | None:
     return exported if exported.is_dir() else None
 
 
-def _root_args(rootfs: Path | None) -> list[str]:
-    """The read-only root: a rootfs's entries, or the host's system folders and a generated /etc."""
+@cache
+def _root_args(rootfs: Path | None) -> tuple[str, ...]:
+    """The read-only root: a rootfs's entries, or the host's system folders and a generated /etc. Once per root and
+    process, off each sandbox's start (a root's top-level entries do not change under a run)."""
     args = ["--tmpfs", "/"]
     if rootfs is None:
         base, names = Path("/"), [n for n in HOST_DIRS if Path("/", n).exists()]
@@ -369,7 +372,7 @@ def _root_args(rootfs: Path | None) -> list[str]:
     python = next((p for p in ("usr/bin/python3", "usr/local/bin/python3") if (base / p).exists()), None)
     if python is None:
         raise SandboxError(f"no python3 in {base}/usr for the sandbox's executor")
-    return args
+    return tuple(args)
 
 
 @cache
@@ -442,7 +445,7 @@ class BwrapSandbox(ExecutorSandbox):
         if cgroup is None:  # the per-call rlimits stand in for the cgroup's limits
             limits = limits.model_copy(
                 update={
-                    "memory_bytes": limits.memory_bytes or size_bytes(cfg.memory),
+                    "memory_bytes": limits.memory_bytes or parse_bytes(cfg.memory),
                     "max_processes": limits.max_processes or cfg.pids,
                 }
             )
@@ -464,10 +467,10 @@ class BwrapSandbox(ExecutorSandbox):
         argv += _root_args(rootfs)
         argv += ["--dev", "/dev", "--mqueue", "/dev/mqueue", "--proc", "/proc"]
         argv += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]  # as Docker's shm_size default
-        argv += ["--perms", "1777", "--size", str(size_bytes(cfg.tmp_size)), "--tmpfs", "/tmp"]
+        argv += ["--perms", "1777", "--size", str(parse_bytes(cfg.tmp_size)), "--tmpfs", "/tmp"]
         # /work: the programs' (nobody's) home; tmpfs has no uid= option here, so it is open to all, and nobody else
         # is in the sandbox but the executor
-        argv += ["--perms", "0777", "--size", str(size_bytes(cfg.work_size)), "--tmpfs", "/work"]
+        argv += ["--perms", "0777", "--size", str(parse_bytes(cfg.work_size)), "--tmpfs", "/work"]
         argv += ["--perms", "0755", "--size", str(16 << 20), "--tmpfs", "/code"]  # executor-only
         argv += _executor_args(rootfs)
         argv += ["--dir", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]

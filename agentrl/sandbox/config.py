@@ -11,7 +11,6 @@ Nothing falls back from one to another: a backend that cannot run here is refuse
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -40,7 +39,7 @@ class SandboxConfig(BaseModel):
             return BwrapSandbox.create
         from agentrl.sandbox.local import LocalSandbox
 
-        return partial(LocalSandbox.create)
+        return LocalSandbox.create
 
     def unavailable(self) -> str | None:
         """Why this backend cannot make sandboxes on this machine, in one line naming what to do; None if it can."""

@@ -486,17 +486,6 @@ def python_version(root: Path) -> tuple[int, int] | None:
     return None
 
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def size_bytes(size: str | int) -> int:
-    """Docker's size notation ("512m", "1g", "65536"), binary units, as bytes."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)b?", str(size).strip().lower())
-    if m is None:
-        raise ValueError(f"not a size: {size!r} (bytes, or a number with k, m, g or t)")
-    return int(float(m[1]) * _UNITS[m[2]])
-
-
 def _pull(client: docker.DockerClient, ref: str, log: Callable[[str], None]) -> bool:
     if image_exists(client, ref):
         return True
