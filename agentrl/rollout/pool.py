@@ -137,6 +137,7 @@ class EnvWorkerPool(abc.ABC):
         self.workers: list[EnvWorkerHandle] = []  # in slots: a replacement takes its dead worker's slot
         self._dead: set[EnvWorkerHandle] = set()  # known dead, replacement not placed yet: `pick` skips them
         self._next = 0
+        self._background: set[asyncio.Task] = set()  # reaps of dead workers' sandboxes, referenced until done
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -162,6 +163,11 @@ class EnvWorkerPool(abc.ABC):
         """`rollout/nodes` (distinct nodes with env workers) and `rollout/env_workers`; {} when the pool does
         not choose nodes."""
         return {}
+
+    def _in_background(self, work: Coroutine) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def pick(self) -> EnvWorkerHandle:
         """The worker for a new episode (or a replay), round robin; one known dead whose replacement is being
@@ -239,7 +245,6 @@ class RayEnvWorkerPool(EnvWorkerPool):
         self.workers: list[RayEnvWorker] = []
         self._started_ray = False
         self._replaced = 0
-        self._background: set[asyncio.Task] = set()  # reaps, referenced until done
 
     async def start(self) -> None:
         self._init_ray()
@@ -263,11 +268,6 @@ class RayEnvWorkerPool(EnvWorkerPool):
         c = self.cfg
         actor = cls.remote(c.env, c.env_kwargs, c.sandboxes_per_worker, c.sandbox_reuse, self.sandbox)
         return RayEnvWorker(self, actor, node_id)
-
-    def _in_background(self, work: Coroutine) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _replace(self, dead: EnvWorkerHandle) -> None:
         """A fresh actor takes the dead one's slot, and the dead one's sandboxes (whose owner process is gone)
@@ -510,7 +510,6 @@ class LocalEnvWorkerPool(EnvWorkerPool):
         self.sandbox = sandbox
         self.workers: list[LocalEnvWorker] = []
         self._closed = False
-        self._background: set[asyncio.Task] = set()  # reaps, referenced until done
 
     async def start(self) -> None:
         self.workers = [self._new_worker() for _ in range(self.cfg.num_workers)]
@@ -534,9 +533,7 @@ class LocalEnvWorkerPool(EnvWorkerPool):
             if w is dead:
                 log.warning("env worker %d died (%s); starting a replacement", i, w.gone)
                 self.workers[i] = self._new_worker()
-                task = asyncio.ensure_future(self._reap(w))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._reap(w))
 
     async def _reap(self, dead: LocalEnvWorker) -> None:
         await dead.stop()  # its process is gone (no zombie): its sandboxes' owner reads as dead

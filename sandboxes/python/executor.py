@@ -968,7 +968,8 @@ class Handler(socketserver.StreamRequestHandler):
             if uid == user[0]:  # the sandboxed program itself: never served
                 return
         try:
-            method, self.path, _version = self.rfile.readline(65537).decode("latin-1").split()
+            method, path, _version = self.rfile.readline(65537).decode("latin-1").split()
+            self.route, _, self.query = path.partition("?")
             self.headers = {}
             for _ in range(MAX_HEADER_LINES):
                 line = self.rfile.readline(65537).decode("latin-1")
@@ -1016,14 +1017,14 @@ class Handler(socketserver.StreamRequestHandler):
     def _path_param(self) -> str:
         import urllib.parse  # here, not at start-up: a file request's alone (the import is a sandbox's cold start)
 
-        query = urllib.parse.parse_qs(self.path.partition("?")[2])
+        query = urllib.parse.parse_qs(self.query)
         if "path" not in query:
             raise BadRequest("missing ?path=")
         return query["path"][0]
 
     def do_GET(self) -> None:
         ex = self.server.executor
-        route = self.path.partition("?")[0]
+        route = self.route
         if route == "/health":
             self._dispatch(lambda: self._json(200, {"ok": True, "session": ex.session is not None}))
         elif route == "/files":
@@ -1033,13 +1034,13 @@ class Handler(socketserver.StreamRequestHandler):
 
     def do_PUT(self) -> None:
         ex = self.server.executor
-        if self.path.partition("?")[0] != "/files":
+        if self.route != "/files":
             return self._json(404, {"error": "no route"})
         self._dispatch(lambda: self._json(200, {"bytes": ex.write_file(self._path_param(), self._body())}))
 
     def do_POST(self) -> None:
         ex = self.server.executor
-        route = self.path.partition("?")[0]
+        route = self.route
         handlers = {"/run": ex.run, "/session": ex.run_session}
         if route == "/recycle":
             return self._dispatch(lambda: self._json(200, ex.recycle()))
@@ -1054,7 +1055,7 @@ class Handler(socketserver.StreamRequestHandler):
 
     def do_DELETE(self) -> None:
         ex = self.server.executor
-        if self.path.partition("?")[0] != "/session":
+        if self.route != "/session":
             return self._json(404, {"error": "no route"})
         self._dispatch(lambda: (ex.stop_session(), self._json(200, {"ok": True})))
 
