@@ -54,18 +54,26 @@ from docker.utils import parse_bytes  # Docker's size notation, as DockerSandbox
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox import reaper
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
-from agentrl.sandbox.image import rootfs_dir, sandboxes_dir, site_dir
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready
+from agentrl.sandbox.image import (
+    SANDBOX_MOUNTS,
+    cache_dir,
+    file_sha256,
+    python_version,
+    rootfs_dir,
+    sandboxes_dir,
+    site_dir,
+)
 
 log = logging.getLogger(__name__)
 
 TREE_PREFIX = "bwrap-"
 SOCKET_IN_SANDBOX = "/run/agentrl"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = (65534, 65534)
 # What a host-rooted sandbox gets of the host: the system's programs and libraries, read-only.
 HOST_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # A rootfs's top-level entries the sandbox makes anew (or leaves out) instead of binding.
-OWN_DIRS = {"dev", "proc", "sys", "tmp", "run", "work", "code", "agentrl"}
 ETC = {
     "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/usr/sbin/nologin\n",
     "group": "root:x:0:\nnogroup:x:65534:\n",
@@ -355,14 +363,18 @@ def resolve_rootfs(cfg: BwrapSandboxConfig) -> Path | None:
 
 @cache
 def _root_args(rootfs: Path | None) -> tuple[str, ...]:
-    """The read-only root: a rootfs's entries, or the host's system folders and a generated /etc. Once per root and
+    """The read-only root: a rootfs bound whole where it has every folder the sandbox mounts over (`SANDBOX_MOUNTS`:
+    agentrl's exported and unpacked roots do); else a tmpfs with the rootfs's entries, or the host's system folders
+    and a generated /etc, bound on it (a mount per entry: a fifth of bubblewrap's start-up more). Once per root and
     process, off each sandbox's start (a root's top-level entries do not change under a run)."""
-    args = ["--tmpfs", "/"]
-    if rootfs is None:
+    if rootfs is not None and all((rootfs / n).is_dir() and not (rootfs / n).is_symlink() for n in SANDBOX_MOUNTS):
+        base, names, args = rootfs, [], ["--ro-bind", str(rootfs), "/"]
+    elif rootfs is None:
         base, names = Path("/"), [n for n in HOST_DIRS if Path("/", n).exists()]
-        args += ["--ro-bind", str(_generated_etc()), "/etc"]
+        args = ["--tmpfs", "/", "--ro-bind", str(_generated_etc()), "/etc"]
     else:
-        base, names = rootfs, sorted(p.name for p in rootfs.iterdir() if p.name not in OWN_DIRS)
+        base, names = rootfs, sorted(p.name for p in rootfs.iterdir() if p.name not in SANDBOX_MOUNTS)
+        args = ["--tmpfs", "/"]
     for name in names:
         path = base / name
         if path.is_symlink():
@@ -387,14 +399,48 @@ def brings_pytest(rootfs: Path) -> bool:
     return any(next(rootfs.glob(p), None) is not None for p in places)
 
 
-def _executor_args(rootfs: Path | None) -> list[str]:
-    args = ["--perms", "0755", "--dir", "/agentrl"]  # else made 0700, and the session (run as nobody) cannot start
-    args += ["--ro-bind", str(sandboxes_dir() / "python" / "executor.py"), "/agentrl/executor.py"]
+def _executor_args(rootfs: Path | None, bytecode: Path | None) -> list[str]:
+    # a tmpfs (the root may be read-only already), 0755: else 0700, and the session (run as nobody) could not start
+    args = ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", "/agentrl"]
+    for name in ("main.py", "executor.py"):
+        args += ["--ro-bind", str(sandboxes_dir() / "python" / name), f"/agentrl/{name}"]
+    if bytecode is not None:
+        args += ["--ro-bind", str(bytecode), "/agentrl/__pycache__"]
     site = site_dir()
     # the host's root: always ours (whatever pytest the host has is not the sandbox image's)
     if site.is_dir() and (rootfs is None or not brings_pytest(rootfs)):
         args += ["--ro-bind", str(site), "/agentrl/site", "--setenv", "AGENTRL_SITE", "/agentrl/site"]
     return args
+
+
+# Checked against the source's hash at each import (not its mtime, which a checkout does not keep): a stale file is
+# read as absent, and the executor is compiled from source as before.
+COMPILE = (
+    "import py_compile as c; "
+    "c.compile('/agentrl/executor.py', doraise=True, invalidation_mode=c.PycInvalidationMode.CHECKED_HASH)"
+)
+
+
+@cache
+def _executor_bytecode(bwrap: str, privileged: bool, rootfs: Path | None) -> Path | None:
+    """A __pycache__ folder with the executor's bytecode for the root's python3, bound in beside it (see main.py): a
+    fifth of a cold start is compiling it. Compiled once per executor and Python version, by that python3, in a
+    sandbox on that root (its bytecode format is its own). None, with a warning, where it cannot be made."""
+    source = sandboxes_dir() / "python" / "executor.py"
+    version = python_version(rootfs or Path("/"))
+    folder = cache_dir() / "executor" / file_sha256(source)[:12] / "__pycache__"
+    if version is not None and (folder / f"executor.cpython-{version[0]}{version[1]}.pyc").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [bwrap, "--unshare-net", "--die-with-parent", "--clearenv", "--setenv", "PATH", PATH]
+    argv += [] if privileged else ["--unshare-user"]
+    argv += [*_root_args(rootfs), "--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/agentrl"]
+    argv += ["--ro-bind", str(source), "/agentrl/executor.py", "--bind", str(folder), "/agentrl/__pycache__"]
+    done = subprocess.run([*argv, "--", "python3", "-c", COMPILE], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        log.warning("bwrap: could not compile the executor (it starts from source): %s", done.stderr.strip()[-500:])
+        return None
+    return folder
 
 
 class BwrapSandbox(ExecutorSandbox):
@@ -414,6 +460,7 @@ class BwrapSandbox(ExecutorSandbox):
         _announce(h, cfg)
         install()
         rootfs = resolve_rootfs(cfg)
+        bytecode = _executor_bytecode(h.bwrap, h.privileged, rootfs)  # once per root and process, as install()
         name = f"{TREE_PREFIX}{secrets.token_hex(6)}"
         tree = runtime_dir() / name
         tree.mkdir(mode=0o700)
@@ -423,21 +470,29 @@ class BwrapSandbox(ExecutorSandbox):
                 cgroup = await asyncio.to_thread(Cgroup.create, h, name, cfg)
             owner = {**reaper.owner_labels(), "cgroup": cgroup.record() if cgroup else None}
             (tree / "owner.json").write_text(json.dumps(owner))
-            argv = cls._argv(h, cfg, rootfs, tree, cgroup)
+            ready_r, ready_w = os.pipe()  # the executor says "ready" on it (see executor_ready)
+            argv = [*cls._argv(h, cfg, rootfs, bytecode, tree, cgroup), "--ready-fd", str(ready_w)]
             # sh puts itself in the cgroup, then becomes bwrap: everything the sandbox starts is in it from the
             # first instruction (a preexec_fn would be unsafe in a threaded process)
             enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
-            with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
-                proc = await asyncio.create_subprocess_exec(
-                    "/bin/sh",
-                    "-c",
-                    f'{enter}exec "$@"',
-                    "sh",
-                    *argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stderr,
-                    stderr=stderr,
-                )
+            try:
+                with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
+                    proc = await asyncio.create_subprocess_exec(
+                        "/bin/sh",
+                        "-c",
+                        f'{enter}exec "$@"',
+                        "sh",
+                        *argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        pass_fds=(ready_w,),
+                    )
+            except BaseException:
+                os.close(ready_r)
+                raise
+            finally:
+                os.close(ready_w)
         except BaseException:
             await asyncio.to_thread(_remove_tree, tree, cgroup)
             raise
@@ -451,14 +506,16 @@ class BwrapSandbox(ExecutorSandbox):
             )
         sandbox = cls(proc, tree, cgroup, limits)
         try:
-            await sandbox._wait_for_socket(cfg.start_timeout_s)
+            await sandbox._wait_ready(ready_r, cfg.start_timeout_s)
         except BaseException:
             await sandbox.close()
             raise
         return sandbox
 
     @staticmethod
-    def _argv(h: Host, cfg: BwrapSandboxConfig, rootfs: Path | None, tree: Path, cgroup: Cgroup | None) -> list[str]:
+    def _argv(
+        h: Host, cfg: BwrapSandboxConfig, rootfs: Path | None, bytecode: Path | None, tree: Path, cgroup: Cgroup | None
+    ) -> list[str]:
         # not --unshare-all: it would map one uid as root too, and nobody could not be switched to
         argv = [h.bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
         argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
@@ -472,32 +529,32 @@ class BwrapSandbox(ExecutorSandbox):
         # is in the sandbox but the executor
         argv += ["--perms", "0777", "--size", str(parse_bytes(cfg.work_size)), "--tmpfs", "/work"]
         argv += ["--perms", "0755", "--size", str(16 << 20), "--tmpfs", "/code"]  # executor-only
-        argv += _executor_args(rootfs)
-        argv += ["--dir", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]
+        argv += _executor_args(rootfs, bytecode)
+        argv += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]
         if cgroup is not None:
             where, inside = cgroup.memory_dir
             argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
         argv += ["--remount-ro", "/", "--chdir", "/work"]
-        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        argv += ["--setenv", "PATH", path, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        argv += ["--setenv", "PATH", PATH, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         if h.privileged:
             argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         elif os.geteuid() == 0:  # root asked for a user namespace: none of root's capabilities in it either
             argv += ["--cap-drop", "ALL"]
-        argv += ["--", "python3", "/agentrl/executor.py", "--socket", f"{SOCKET_IN_SANDBOX}/exec.sock"]
+        argv += ["--", "python3", "/agentrl/main.py", "--socket", f"{SOCKET_IN_SANDBOX}/exec.sock"]
         if h.privileged:
             argv += ["--user", f"{NOBODY[0]}:{NOBODY[1]}"]
         return argv
 
-    async def _wait_for_socket(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.socket_path.exists():
-            if self.proc.returncode is not None:
-                said = (self.tree / "stderr").read_text(errors="replace").strip()[-2000:]
-                raise SandboxError(f"{self.name}: bubblewrap exited at start-up ({self.proc.returncode}): {said}")
-            if time.monotonic() > deadline:
-                raise SandboxError(f"{self.name}: executor did not start within {timeout_s}s")
-            await asyncio.sleep(0.002)
+    async def _wait_ready(self, fd: int, timeout_s: float) -> None:
+        try:
+            ready = await executor_ready(fd, timeout_s)
+        except TimeoutError:
+            raise SandboxError(f"{self.name}: executor did not start within {timeout_s}s") from None
+        if not ready:
+            with contextlib.suppress(TimeoutError):  # the pipe closes a moment before bwrap exits
+                await asyncio.wait_for(self.proc.wait(), 1.0)
+            said = (self.tree / "stderr").read_text(errors="replace").strip()[-2000:]
+            raise SandboxError(f"{self.name}: bubblewrap exited at start-up ({self.proc.returncode}): {said}")
 
     async def _diagnose(self, error: BaseException) -> str:
         with contextlib.suppress(TimeoutError):
@@ -510,7 +567,6 @@ class BwrapSandbox(ExecutorSandbox):
         if self._closed:
             return
         self._closed = True
-        await self._close_client()
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()  # bwrap's child dies with it (--die-with-parent), and the pid namespace with that

@@ -194,5 +194,4 @@ class DockerSandbox(ExecutorSandbox):
         if self._closed:
             return
         self._closed = True
-        await self._close_client()
         await asyncio.to_thread(reaper.remove, self.client, self.container)

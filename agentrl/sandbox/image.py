@@ -210,6 +210,18 @@ def ensure_site(*, wheels: Path | None = None, log: Callable[[str], None] = prin
     return dest
 
 
+SANDBOX_MOUNTS = ("dev", "proc", "sys", "tmp", "run", "work", "code", "agentrl")
+"""the folders a bwrap sandbox mounts its own over; the rest of its root filesystem is the image's, read-only"""
+
+
+def make_mount_points(root: Path) -> None:
+    """Make the `SANDBOX_MOUNTS` a root filesystem agentrl unpacked lacks (an image has no /code or /agentrl), so that
+    bubblewrap can bind it whole (see bwrap's root arguments). An entry the image has is left as it is."""
+    for name in SANDBOX_MOUNTS:
+        if not os.path.lexists(root / name):
+            (root / name).mkdir(mode=0o755)
+
+
 def export_rootfs(
     client: docker.DockerClient, tag: str, *, force: bool = False, log: Callable[[str], None] = print
 ) -> Path:
@@ -242,6 +254,7 @@ def export_rootfs(
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():
         dest.rename(old)
+    make_mount_points(staging)
     staging.chmod(0o755)
     staging.rename(dest)
     stamp.write_text(image_id)
@@ -289,6 +302,7 @@ def saved_image_rootfs(tarball: Path, *, log: Callable[[str], None] = print) -> 
                 f"the image in {tarball} has no python3 >= 3.9 in /usr/local/bin or /usr/bin (found {found}), "
                 "which a bwrap sandbox runs its executor with"
             )
+        make_mount_points(staging)
         staging.chmod(0o755)
         try:
             staging.rename(dest)

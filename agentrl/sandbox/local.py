@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready
 from agentrl.sandbox.image import sandboxes_dir
 
 log = logging.getLogger(__name__)
@@ -53,26 +53,43 @@ class LocalSandbox(ExecutorSandbox):
         (root / "work").mkdir()
         (root / "tmp").mkdir()
         (root / "code").mkdir()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(sandboxes_dir() / "python" / "executor.py"),
-            "--socket",
-            str(root / "exec.sock"),
-            "--workdir",
-            str(root / "work"),
-            "--tmpdir",
-            str(root / "tmp"),
-            "--codedir",
-            str(root / "code"),
-            start_new_session=True,
-        )
+        ready_r, ready_w = os.pipe()  # the executor says "ready" on it (see executor_ready)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(sandboxes_dir() / "python" / "main.py"),
+                "--socket",
+                str(root / "exec.sock"),
+                "--workdir",
+                str(root / "work"),
+                "--tmpdir",
+                str(root / "tmp"),
+                "--codedir",
+                str(root / "code"),
+                "--ready-fd",
+                str(ready_w),
+                start_new_session=True,
+                pass_fds=(ready_w,),
+            )
+        except BaseException:
+            os.close(ready_r)
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        finally:
+            os.close(ready_w)
         sandbox = cls(proc, root, cfg.limits)
-        deadline = time.monotonic() + cfg.start_timeout_s
-        while not sandbox.socket_path.exists():
-            if proc.returncode is not None or time.monotonic() > deadline:
-                await sandbox.close()
-                raise SandboxError(f"local executor did not start (exit code {proc.returncode})")
-            await asyncio.sleep(0.005)
+        try:
+            ready = await executor_ready(ready_r, cfg.start_timeout_s)
+        except TimeoutError:
+            ready = False
+        except BaseException:
+            await sandbox.close()
+            raise
+        if not ready:
+            await sandbox.close()
+            raise SandboxError(
+                f"local executor did not start within {cfg.start_timeout_s}s (exit code {proc.returncode})"
+            )
         return sandbox
 
     async def _diagnose(self, error: BaseException) -> str:
@@ -88,5 +105,4 @@ class LocalSandbox(ExecutorSandbox):
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
-        await self._close_client()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -27,7 +27,7 @@ trainer leaves out of the loss.
 
 Python source (`code`) runs in a spare fork of an already-started interpreter
 (see Spare), not in a new python3: that start-up would cost more than the rest
-of the call. The spares are forked from a zygote, this file started afresh,
+of the call. The spares are forked from a zygote, the executor started afresh,
 which never serves a request: so no program inherits what the executor's
 memory kept of earlier calls (see Zygote).
 
@@ -38,31 +38,33 @@ still its descendant and dies with the call.
 
 In local mode (LocalSandbox: no --user) the same program runs on the host as
 the calling user. That is NOT isolation; it only applies limits.
+
+It is started as `python3 main.py ARGS` (main.py beside it), so that this file
+loads as a module, from its bytecode when that is at hand.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import builtins
 import contextlib
-import ctypes
 import gc
-import json
-import linecache
 import math
 import os
 import resource
 import selectors
 import signal
 import socket
-import socketserver
 import stat
 import struct
 import sys
 import time
-import traceback
 
+# Imported where used, and by Server after its first answer (overlapping the zygote's imports for the first spare),
+# not at start: what the executor imports at start is only what answering a health probe needs, as that first answer
+# ends a sandbox's cold start (json, with re, was a tenth of it).
+LATER = ("json",)
+# What a sandbox starts: main.py, beside this file (see its docstring); the zygote and the session interpreter too.
+ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 # bwrap sandboxes: the test tools (requirements.txt), bound in from the host; an image has them on its path already
 SITE = os.environ.get("AGENTRL_SITE")
 if SITE and SITE not in sys.path:
@@ -405,6 +407,8 @@ class Spare:
 
         Not its stdin, which the program reads from its pipe: what a grader is sent there
         (hidden tests) must not be in the memory of the processes it forks."""
+        import json  # (after start-up: see LATER)
+
         call = {"path": path, "req": {k: v for k, v in req.items() if k != "stdin"}, "cwd": cwd, "env": env}
         with os.fdopen(self.req_w, "wb") as f:
             f.write(json.dumps(call).encode())
@@ -412,6 +416,8 @@ class Spare:
 
 def spare_main(ex: Executor, req_r: int, in_r: int, out_w: int, err_w: int) -> None:  # never returns: os._exit
     """The spare's life: wait for its call, enter it, run the source, exit."""
+    import json  # (after start-up: see LATER)
+
     code = 127
     try:
         for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2), (req_r, 3)):
@@ -423,11 +429,13 @@ def spare_main(ex: Executor, req_r: int, in_r: int, out_w: int, err_w: int) -> N
         with os.fdopen(3, "rb") as f:
             call = json.loads(f.read())
         ex._enter_call(call["req"], cpu_limit(call["req"]))
-        LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
+        libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setuid cleared it
         os.chdir(call["cwd"])
         code = run_main(call["path"], call["req"]["code"], call["env"])
     except BaseException:  # report, then exit whatever happened
         with contextlib.suppress(BaseException):
+            import traceback
+
             os.write(2, traceback.format_exc().encode())
     finally:
         os._exit(code)
@@ -454,7 +462,7 @@ class Zygote:
         import subprocess
 
         ours, theirs = socket.socketpair()
-        argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--zygote", str(theirs.fileno())]
+        argv = [sys.executable, ENTRY, *sys.argv[1:], "--zygote", str(theirs.fileno())]
         proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         return cls(proc, ours)
@@ -468,7 +476,10 @@ class Zygote:
         if pid == 0:
             try:
                 ours.close()
-                zygote_main(theirs.fileno(), ex)
+                keep = theirs.fileno()  # and stdio: nothing else of the executor's (its --ready-fd among them)
+                os.closerange(3, keep)
+                os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+                zygote_main(keep, ex)
             finally:
                 os._exit(0)
         theirs.close()
@@ -506,6 +517,9 @@ class Forked:
 def zygote_main(fd: int, ex: Executor) -> None:
     """Fork a spare for every byte read on the socket, until it closes."""
     sock = socket.socket(fileno=fd)
+    for name in RUNNER_MODULES:  # once here, for every spare (the executor starts without them)
+        __import__(name)
+    libc()  # spare_main's prctl
     gc.freeze()
     while sock.recv(1):
         req_r, req_w = os.pipe()
@@ -544,7 +558,7 @@ class Session:
     def start(cls, ex: Executor, req: dict) -> Session:
         ctl_r, ctl_w = os.pipe()
         reply_r, reply_w = os.pipe()
-        argv = [sys.executable, os.path.abspath(__file__), "--session", str(ctl_r), str(reply_w)]
+        argv = [sys.executable, ENTRY, "--session", str(ctl_r), str(reply_w)]
         # The interpreter lives across cells; it sets each cell's CPU limit itself.
         proc = ex._spawn(argv, req, None, pass_fds=(ctl_r, reply_w))
         os.close(ctl_r)
@@ -556,6 +570,8 @@ class Session:
         return self.exit_status is None and self.proc.poll() is None
 
     def run_cell(self, req: dict) -> dict:
+        import json  # (after start-up: see LATER)
+
         self.cap.reset(req["max_output_bytes"])
         msg = json.dumps({"code": req["code"], "cpu_s": cpu_limit(req)})
         oom_before = oom_kills()
@@ -595,6 +611,8 @@ class Session:
 
 def session_main(ctl_fd: int, reply_fd: int) -> None:
     """The persistent interpreter: runs cells in one namespace, like a notebook kernel."""
+    import json  # (after start-up: see LATER)
+
     ns = {"__name__": "__main__", "__builtins__": builtins}
     requests = os.fdopen(ctl_fd, "rb")
     replies = os.fdopen(reply_fd, "wb", buffering=0)
@@ -638,8 +656,17 @@ def run_main(path: str, source: str, env: dict) -> int:
     return code
 
 
+# What run_code and spare_main import: not at the executor's start, which is a sandbox's cold start, but in the
+# zygote (once, for every spare) and in the session interpreter.
+RUNNER_MODULES = ("ast", "json", "linecache", "traceback")
+
+
 def run_code(code: str, filename: str, ns: dict, *, echo: bool) -> int:
     """exec code in ns and return an exit code; echo: print a trailing expression's repr."""
+    import ast
+    import linecache
+    import traceback
+
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     try:
         tree = ast.parse(code, filename)
@@ -891,7 +918,7 @@ def remove_ipc() -> int:
     """Remove the IPC objects this (effective) user may remove; how many went. The caller checks none is left."""
     objects = ipc_objects()
     for kind, ident in objects:
-        getattr(LIBC, IPC_KINDS[kind])(ident, *((0,) if kind == "sem" else ()), IPC_RMID, None)
+        getattr(libc(), IPC_KINDS[kind])(ident, *((0,) if kind == "sem" else ()), IPC_RMID, None)
     return len(objects) - len(ipc_objects())
 
 
@@ -912,7 +939,17 @@ def user_processes(uid: int) -> list[int]:
 
 
 HAVE_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
-LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC = None
+
+
+def libc():
+    """The C library, through ctypes, loaded at its first use: not at the executor's start (a cold start)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
 
 
 def oom_kills() -> int:
@@ -932,7 +969,14 @@ def oom_kills() -> int:
 # ---------------------------------------------------------------- HTTP
 
 
-class Server(socketserver.UnixStreamServer):
+class Server:
+    """The Unix socket the host calls: one connection at a time, one request each.
+
+    Not socketserver: its import (threading with it) was a sixth of the executor's start-up, which is a sandbox's
+    cold start; and not http.server (with http.client, email and ssl), for the same reason: the host speaks one
+    small dialect of HTTP/1.0 to it, read by Handler.
+    """
+
     def __init__(self, path: str, executor: Executor):
         self.executor = executor
         # Bound and listening under another name, then renamed: the host waits for `path` to appear and connects
@@ -941,24 +985,42 @@ class Server(socketserver.UnixStreamServer):
         for stale in (path, staging):
             if os.path.exists(stale):
                 os.unlink(stale)
-        super().__init__(staging, Handler)
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.bind(staging)
+        self.socket.listen(16)
         os.chmod(staging, 0o666)  # the host side may be a non-root docker user
         os.rename(staging, path)
 
-    def service_actions(self) -> None:  # serve_forever calls this after every request
-        self.executor.ensure_spare()
+    def serve_forever(self) -> None:
+        while True:
+            conn, _ = self.socket.accept()
+            with conn:
+                conn.settimeout(Handler.timeout)  # a client that connects and says nothing does not stall the sandbox
+                try:
+                    Handler(conn, self).handle()
+                except OSError:  # the client went away, or timed out, mid-request
+                    pass
+                except Exception:  # a bug of ours: said, and the next request served
+                    import traceback
+
+                    traceback.print_exc()
+            for name in LATER:  # after the first answer (the end of a cold start); at once after that
+                __import__(name)
+            self.executor.ensure_spare()  # between requests, off the next call's path
 
 
-# Not http.server: importing it (with http.client, email and ssl) was over half of the executor's start-up, which is
-# a sandbox's cold start; the host speaks one small dialect of HTTP/1.0 to it, read here.
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 409: "Conflict", 500: "Internal Server Error"}
 MAX_HEADER_LINES = 64
 
 
-class Handler(socketserver.StreamRequestHandler):
+class Handler:
     """One HTTP/1.0 request per connection: a request line, headers, a Content-Length body."""
 
-    timeout = 30  # a client that connects and says nothing does not stall the sandbox
+    timeout = 30
+
+    def __init__(self, connection: socket.socket, server: Server):
+        self.connection, self.server = connection, server
+        self.rfile = connection.makefile("rb")
 
     def handle(self) -> None:
         user = self.server.executor.user
@@ -986,9 +1048,11 @@ class Handler(socketserver.StreamRequestHandler):
 
     def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         head = f"HTTP/1.0 {code} {REASONS[code]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
-        self.wfile.write(head.encode("latin-1") + body)
+        self.connection.sendall(head.encode("latin-1") + body)
 
     def _json(self, code: int, obj) -> None:
+        import json  # (after start-up: see LATER)
+
         self._reply(code, json.dumps(obj).encode())
 
     def _body(self) -> bytes:
@@ -1002,9 +1066,13 @@ class Handler(socketserver.StreamRequestHandler):
         except FileError as e:
             self._json(409, {"error": str(e), "errno": e.errno})
         except Exception as e:
+            import traceback  # here: an error's alone (see Server)
+
             self._json(500, {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
 
     def _request(self) -> dict:
+        import json  # (after start-up: see LATER)
+
         try:
             body = json.loads(self._body() or b"{}")
         except ValueError as e:
@@ -1025,8 +1093,8 @@ class Handler(socketserver.StreamRequestHandler):
     def do_GET(self) -> None:
         ex = self.server.executor
         route = self.route
-        if route == "/health":
-            self._dispatch(lambda: self._json(200, {"ok": True, "session": ex.session is not None}))
+        if route == "/health":  # written out: often the first request, answered before json is imported (LATER)
+            self._reply(200, b'{"ok": true, "session": %s}' % (b"true" if ex.session is not None else b"false"))
         elif route == "/files":
             self._dispatch(lambda: self._reply(200, ex.read_file(self._path_param()), "application/octet-stream"))
         else:
@@ -1060,45 +1128,67 @@ class Handler(socketserver.StreamRequestHandler):
         self._dispatch(lambda: (ex.stop_session(), self._json(200, {"ok": True})))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--socket", help="Unix socket path to serve on")
-    p.add_argument("--workdir", default="/work")
-    p.add_argument("--tmpdir", default="/tmp")
-    p.add_argument("--codedir", default="/code", help="executor-only dir for `code` requests")
-    p.add_argument("--user", help="UID:GID that programs run as (needs CAP_SETUID/SETGID)")
-    p.add_argument("--session", nargs=2, type=int, metavar=("CTL_FD", "REPLY_FD"), help=argparse.SUPPRESS)
-    p.add_argument("--zygote", type=int, metavar="SOCKET_FD", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.session:
-        return session_main(*args.session)
-    user = tuple(int(x) for x in args.user.split(":")) if args.user else None
-    if args.zygote is not None:
-        return zygote_main(args.zygote, Executor(args.workdir, args.tmpdir, args.codedir, user))
-    if not args.socket:
-        p.error("--socket is required")
+USAGE = "usage: main.py --socket PATH [--workdir DIR] [--tmpdir DIR] [--codedir DIR] [--user UID:GID] [--ready-fd FD]"
+
+
+def parse_args(argv: list[str]) -> dict:
+    """The command line, read by hand: importing argparse (with gettext and its own parsing) was a sixth of a
+    sandbox's cold start. --session and --zygote are the executor's own, for the interpreters it starts.
+
+    --ready-fd: a pipe to write "ready" to once the socket is served, and close (a sandbox started with a pipe: bwrap,
+    local); its host reads that, not the socket file's appearance, and an end of file says the executor is gone."""
+    opts: dict = {"socket": None, "workdir": "/work", "tmpdir": "/tmp", "codedir": "/code", "user": None}
+    opts.update({"ready-fd": None, "session": None, "zygote": None})
+    args = iter(argv)
+    for arg in args:
+        name = arg[2:] if arg.startswith("--") else ""
+        if name not in opts:
+            sys.exit(f"executor: unknown argument {arg!r}\n{USAGE}")
+        try:
+            if name == "session":
+                opts[name] = (int(next(args)), int(next(args)))
+            elif name in ("zygote", "ready-fd"):
+                opts[name] = int(next(args))
+            else:
+                opts[name] = next(args)
+        except (StopIteration, ValueError):
+            sys.exit(f"executor: {arg} needs {'two numbers' if name == 'session' else 'a value'}\n{USAGE}")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> None:
+    gc.enable()  # main.py loads this module without it; the zygote, its spares and the session inherit it
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args["session"]:
+        return session_main(*args["session"])
+    user = tuple(int(x) for x in args["user"].split(":")) if args["user"] else None
+    executor = Executor(args["workdir"], args["tmpdir"], args["codedir"], user)
+    if args["zygote"] is not None:
+        return zygote_main(args["zygote"], executor)
+    if not args["socket"]:
+        sys.exit(f"executor: --socket is required\n{USAGE}")
     # Python's KeyboardInterrupt handler would let a stray SIGINT kill the server.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
     os.umask(0o022)
-    executor = Executor(args.workdir, args.tmpdir, args.codedir, user)
 
     def terminate(signum, frame):  # leave nothing running behind us
         executor.zygote = None  # so the sweep kills it too
         executor.sweep(everything=True)
         os._exit(0)
 
+    # First, so that it imports what the spares need (RUNNER_MODULES) while the executor goes on with its start.
     executor.zygote = Zygote.fork(executor)  # before the SIGTERM handler, which is the executor's alone
     signal.signal(signal.SIGTERM, terminate)
-    # The zygote and the first spare before the socket: the host takes the socket's appearance as "ready", and a
-    # zygote still starting (over 10 s on a machine busy starting dozens of containers) would hold the first
-    # request, a health probe, past its timeout, and the pool would discard a healthy sandbox.
-    executor.ensure_spare()
-    server = Server(args.socket, executor)
+    if libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # before any request, which can leave orphans
+        import ctypes
+
+        sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
+    # The first spare after the socket, made while the host reads the first answer (Server.serve_forever): the
+    # zygote, forked, is ready at once (an exec-ed one took over 10 s on a machine busy starting dozens of
+    # containers, which held the first request, a health probe, past its timeout).
+    server = Server(args["socket"], executor)
+    if args["ready-fd"] is not None:
+        os.write(args["ready-fd"], b"ready\n")
+        os.close(args["ready-fd"])
     gc.freeze()  # forked children's GC then never walks (and copies) the executor's objects
     server.serve_forever()
-
-
-if __name__ == "__main__":
-    main()

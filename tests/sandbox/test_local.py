@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
+import time
 
 import pytest
 
@@ -151,11 +153,17 @@ def executor_module():
     return executor
 
 
-async def test_executor_is_ready_when_its_socket_appears(sb):
-    # The host waits for the socket and then probes: the zygote and the spare must be up by then, or on a busy
-    # machine the probe times out behind the zygote's start and a healthy sandbox is thrown away.
-    # (the first zygote is a fork of the executor, so neither is told apart by its command line)
-    assert len(executor_module().descendants(sb.proc.pid)) == 2
+async def test_executor_is_ready_with_its_zygote_up_and_makes_the_first_spare_after_its_first_answer(sb):
+    # Ready (said on --ready-fd) means the zygote is up, so a probe never waits behind its start (on a busy machine
+    # that timed out and threw a healthy sandbox away); the first spare is forked after the first answer, off the
+    # cold start. (the first zygote is a fork of the executor, so neither is told apart by its command line)
+    executor = executor_module()
+    assert len(executor.descendants(sb.proc.pid)) == 1
+    assert await sb.healthy()
+    deadline = time.monotonic() + 10
+    while len(executor.descendants(sb.proc.pid)) < 2:
+        assert time.monotonic() < deadline, "no spare after the first answer"
+        await asyncio.sleep(0.01)
 
 
 def test_executor_defaults_match_call_limits():
