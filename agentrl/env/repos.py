@@ -30,9 +30,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.env.grading import run_tests
 from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.docker_sandbox import DockerSandboxConfig, docker_client
 from agentrl.sandbox.image import instance_image, sandboxes_dir, saved_image_rootfs
+from agentrl.tasks import ValueTests
 from agentrl.tasks.repos.instance import PatchError, RepoInstance, apply_patch, make_patch
 from agentrl.tasks.repos.validate import (
     TestOutcome,
@@ -325,19 +327,51 @@ class RepoGrade(BaseModel):
         )
 
 
+VALUE_TEST_TIMEOUT_S = 10.0
+"""one value test's limit, its package's import included (a test that outruns it fails, `missing`)"""
+
+
+async def run_value_tests(
+    sandbox: Sandbox, instance: RepoInstance, tree: Mapping[str, str], *, timeout_s: float = 120.0
+) -> dict[str, TestOutcome]:
+    """Place `tree` (a repository without the hidden tests: they travel to the grader, never to a file) and run the
+    instance's value tests on it (`RepoInstance.checks`): the package runs in the grader's worker, which reports
+    only plain values, and the grader, out of its reach, judges each test (`sandboxes/programs/grader.py`). A test
+    cut short by a time-out or a dead worker is `missing`; a killed grader leaves every test `missing`."""
+    nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    await place(sandbox, tree)
+    root = f"{WORK}/{REPO}"
+    tests = ValueTests(root=root, tests=[instance.checks[n] for n in nodes])
+    prelude = f"import os, sys\nos.chdir({root!r})\nsys.path.insert(0, {root!r})\n"
+    result = await run_tests(sandbox, tests, prelude, test_timeout_s=VALUE_TEST_TIMEOUT_S, max_total_s=timeout_s)
+    ended: dict[str | None, TestOutcome] = {None: "passed", "timeout": "missing", "crash": "missing"}
+    return {
+        n: "passed" if o.passed else ended.get(o.where, "failed") for n, o in zip(nodes, result.outcomes, strict=True)
+    }
+
+
 async def grade(
     sandbox: Sandbox, instance: RepoInstance, patch: str, *, timeout_s: float = 120.0, plugins: bool = False
 ) -> RepoGrade:
-    """Grade `patch` (the agent's diff) on `instance` in `sandbox`, a fresh one: the base with the patch and the
-    hidden tests applied, the instance's tests run, and the test files checked afterwards."""
+    """Grade `patch` (the agent's diff) on `instance` in `sandbox`, a fresh one. With value tests (generated
+    instances): the base with the patch, graded out of the package's reach (`run_value_tests`). Otherwise the base
+    with the patch and the hidden tests applied, the instance's tests run by pytest, and the test files checked
+    afterwards."""
     failed = {
         "fail_to_pass": dict.fromkeys(instance.FAIL_TO_PASS, "missing"),
         "pass_to_pass": dict.fromkeys(instance.PASS_TO_PASS, "missing"),
     }
     try:
-        files = apply_patch(apply_patch(instance.repo, patch), instance.test_patch)
+        fixed = apply_patch(instance.repo, patch)
+        files = apply_patch(fixed, instance.test_patch)
     except PatchError as e:
         return RepoGrade(**failed, problem=f"the change and the hidden tests conflict ({e})")
+    if instance.checks is not None:
+        outcomes = await run_value_tests(sandbox, instance, fixed, timeout_s=timeout_s)
+        return RepoGrade(
+            fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
+            pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS},
+        )
     await place(sandbox, files)
     outcomes = await run_pytest(
         sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s, plugins=plugins
@@ -359,13 +393,18 @@ async def validate_instance(
     instance: RepoInstance, sandbox: Sandbox, *, timeout_s: float = 120.0, plugins: bool = False
 ) -> ValidationReport:
     """`agentrl.tasks.repos.validate` in a sandbox (the instance's own image, for a loaded one): FAIL_TO_PASS fails
-    and PASS_TO_PASS passes on the base, and everything passes with the gold patch, the hidden tests added to both."""
+    and PASS_TO_PASS passes on the base, and everything passes with the gold patch, graded as a fix is: by the value
+    tests where the instance has them, else by pytest with the hidden tests added to both trees."""
     try:
         base, gold = validation_trees(instance)
     except ValueError as e:
         return patch_problem(instance, e)
     nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
     outcomes = []
+    if instance.checks is not None:
+        for tree in (instance.repo, apply_patch(instance.repo, instance.patch)):
+            outcomes.append(await run_value_tests(sandbox, instance, tree, timeout_s=timeout_s))
+        return judge(instance, *outcomes)
     for tree in (base, gold):
         await place(sandbox, tree)
         outcomes.append(await run_pytest(sandbox, nodes, timeout_s=timeout_s, plugins=plugins))

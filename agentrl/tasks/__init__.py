@@ -13,6 +13,9 @@ from agentrl.tasks.base import (
     Task,
     TaskSet,
     Tests,
+    ValueCheck,
+    ValueTest,
+    ValueTests,
     in_test_split,
     test_count,
 )
@@ -30,6 +33,9 @@ __all__ = [
     "Task",
     "TaskSet",
     "Tests",
+    "ValueCheck",
+    "ValueTest",
+    "ValueTests",
     "in_test_split",
     "test_count",
 ]

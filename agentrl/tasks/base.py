@@ -92,7 +92,36 @@ class RepoTests(_Spec):
     """tests that pass before and must keep passing"""
 
 
-Tests = Annotated[CallTests | AssertTests | CheckTests | IOTests | RepoTests, Field(discriminator="kind")]
+class ValueCheck(_Spec):
+    """One checked expression of a value test: the outcome it must have, as the original code had it."""
+
+    compare: Literal["==", "is", "truth"] = "=="
+    """how the value is compared: `==`; `is` (None, True, False); `truth` (the value's truth, as a bare assert)"""
+    value: Any = None
+    """the expected value, in the grader's tagged plain-data encoding; unused with `raised`"""
+    raised: str | None = None
+    """the name of the exception class it must raise (that class or a subclass, as `pytest.raises`)"""
+
+
+class ValueTest(_Spec):
+    """A test whose code runs beside the code under test and reports only the plain values of its checked
+    expressions; the verdict is the grader's, which alone holds `checks`."""
+
+    code: str
+    """defines `test()`; each checked expression is a call `__agentrl_check__(thunk, compare)`"""
+    checks: list[ValueCheck]
+
+
+class ValueTests(_Spec):
+    """Value tests on a folder of code (a repository's package, imported from `root`, the working folder too);
+    each test is one test. What keeps a generated repository's grading out of its package's reach."""
+
+    kind: Literal["values"] = "values"
+    root: str
+    tests: list[ValueTest]
+
+
+Tests = Annotated[CallTests | AssertTests | CheckTests | IOTests | RepoTests | ValueTests, Field(discriminator="kind")]
 
 
 def test_count(tests: Tests) -> int:
@@ -102,6 +131,8 @@ def test_count(tests: Tests) -> int:
             return len(tests.cases)
         case AssertTests():
             return len(tests.asserts)
+        case ValueTests():
+            return len(tests.tests)
         case CheckTests():
             return 1
         case RepoTests():

@@ -1,7 +1,7 @@
 """Grade a solution against hidden tests it can neither see nor alter. Standard library only.
 
 The host runs this file with `Sandbox.run_python` and sends one JSON request on stdin:
-{"solution": str, "tests": <a CallTests / AssertTests / CheckTests dump>, "test_timeout_s": float}.
+{"solution": str, "tests": <a CallTests / AssertTests / CheckTests / ValueTests dump>, "test_timeout_s": float}.
 It prints one JSON report on stdout: {"load_error": str | null, "tests": [{"passed": bool,
 "error": str | null, "where": "solution" | "test" | "timeout" | "crash" | null}], "output": str}.
 
@@ -18,6 +18,13 @@ So a solution that prints "PASS", calls exit() or os._exit(), raises, monkeypatc
 `assert` helpers or the builtins, deletes files, or kills its parent (this grader) fails
 its tests: its prints go to a captured pipe, its patches live in the worker only, and a
 dead grader reports nothing, which the host scores as all tests failed.
+
+Value tests (a repository's: `ValueTests`) run the other way round: the test's own code has
+to build the package's objects, so it runs in the worker (`run_checks`), and what crosses
+is the plain value of each checked expression; this grader, which alone holds the values
+the original package gave, judges them (`judge_values`). The package can change what the
+worker reports, as it can change anything in that process, but to pass a test it must
+report the expected values, which it can learn only by computing them.
 """
 
 from __future__ import annotations
@@ -124,6 +131,9 @@ def worker_main() -> None:
                 exec(compile(req["load"], "solution.py", "exec"), ns)
                 reply(ok=True)
                 continue
+            if "run" in req:
+                reply(ok=True, **run_checks(req["run"]))
+                continue
             fn = resolve(ns, req["fn"])
             value = fn(*dec(req["args"]), **{k: dec(x) for k, x in req["kwargs"].items()})
         except BaseException as e:  # SystemExit included: exiting is a failure, not a verdict
@@ -133,6 +143,47 @@ def worker_main() -> None:
             reply(ok=True, value=enc(value))
         except (TypeError, ValueError) as e:
             reply(ok=False, error=f"the solution returned {e}", type="TypeError")
+
+
+CHECK = "__agentrl_check__"
+"""what a value test's code calls with each checked expression: CHECK(thunk, compare)"""
+
+
+class _Stop(BaseException):
+    """Ends a value test at its first checked expression that raised, as the failed assert or the
+    `pytest.raises` block it stands for would."""
+
+
+def run_checks(code: str) -> dict:
+    """Run one value test: `code` defines `test()`, which calls CHECK(thunk, compare) for each checked expression.
+
+    Each outcome is {"value": plain data} (with compare "truth": the value's truth), {"raised": the names of the
+    exception's class and its bases}, or {"unplain": what the value was}, each with its "compare"; "error" says how
+    the test ended outside a check (its own code raised), None when it did not. The host runs this too, on the
+    original package, for the expected outcomes: one definition of what a test reports."""
+    outcomes: list[dict] = []
+
+    def check(thunk, compare: str):
+        try:
+            value = thunk()
+        except Exception as e:  # SystemExit and the like end the test instead (an `error`)
+            outcomes.append({"compare": compare, "raised": [c.__name__ for c in type(e).__mro__]})
+            raise _Stop from None
+        try:
+            outcomes.append({"compare": compare, "value": enc(bool(value) if compare == "truth" else value)})
+        except (TypeError, ValueError) as e:
+            outcomes.append({"compare": compare, "unplain": str(e)})
+
+    namespace = {"__name__": "agentrl_value_test", "__builtins__": builtins, CHECK: check}
+    error = None
+    try:
+        exec(compile(code, "test.py", "exec"), namespace)
+        namespace["test"]()
+    except _Stop:
+        pass
+    except BaseException as e:  # SystemExit included: exiting is a failure
+        error = describe(e)
+    return {"outcomes": outcomes, "error": error}
 
 
 def resolve(ns: dict, name: str):
@@ -228,6 +279,12 @@ class Worker:
                 raise SolutionBroke(reply["error"]) from None
             raise error
         raise SolutionBroke(reply["error"])
+
+    def run(self, code: str, deadline: float) -> dict:
+        """A value test's outcomes, as the worker reports them (see run_checks)."""
+        if self.proc.poll() is not None:
+            raise SolutionBroke("the solution's process is gone")
+        return self._ask({"run": code}, deadline)
 
     def _ask(self, req: dict, deadline: float) -> dict:
         try:
@@ -336,9 +393,32 @@ def same(actual, expected, tol: float) -> bool:
     return type(actual) is type(expected) and actual == expected
 
 
-def build_tests(tests: dict, candidate) -> list:
-    """One thunk per test; each raises when its test fails. Test code runs here, in the grader."""
+def judge_values(checks: list[dict], reply: dict) -> None:
+    """AssertionError unless a value test's reported outcomes are the expected ones, check by check: the same
+    number of checks, each the same value (==, `is` for None/True/False, truth) or an exception of the expected
+    class or a subclass, and no error outside a check."""
+    got = reply["outcomes"]
+    if reply["error"] is not None or len(got) != len(checks):
+        raise AssertionError
+    for want, outcome in zip(checks, got, strict=True):
+        if want["raised"] is not None:
+            raised = outcome.get("raised")
+            ok = isinstance(raised, list) and want["raised"] in raised
+        elif "value" not in outcome:
+            ok = False
+        else:
+            actual, expected = dec(outcome["value"]), dec(want["value"])
+            ok = actual is expected if want["compare"] == "is" else actual == expected
+        if not ok:
+            raise AssertionError
+
+
+def build_tests(tests: dict, candidate, run) -> list:
+    """One thunk per test; each raises when its test fails. Test code runs here, in the grader, but a value test's:
+    that runs in the worker (`run`), and only its judgement here."""
     kind = tests["kind"]
+    if kind == "values":
+        return [lambda t=t: judge_values(t["checks"], run(t["code"])) for t in tests["tests"]]
     if kind == "call":
 
         def case(c: dict) -> None:
@@ -394,7 +474,7 @@ def grader_main() -> None:
         return worker.call(tests["entry_point"], args, kwargs, deadline[0])
 
     try:
-        thunks = build_tests(tests, candidate)
+        thunks = build_tests(tests, candidate, lambda code: worker.run(code, deadline[0]))
     except Exception:  # the task's own setup code is broken: not the solution's fault
         json.dump({"task_error": traceback.format_exc()[-2000:]}, report_to)
         worker.stop()

@@ -17,6 +17,8 @@ What an instance holds:
   package gives, computed by running it;
 - FAIL_TO_PASS: the dropped visible tests and the hidden tests whose session the bug changes (at least one of
   its own site's); PASS_TO_PASS: every other test, visible and hidden;
+- `checks`: each of those tests as a value test with the original package's outcomes (`checks.py`), which grading
+  runs out of the package's reach;
 - `problem_statement`: the site's symptom line and one failing session, as a REPL shows it, with the expected
   output; never the file, the code or the fix.
 """
@@ -33,6 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agentrl.tasks.repos.checks import value_tests
 from agentrl.tasks.repos.instance import RepoInstance, content_hash, make_patch
 from agentrl.tasks.repos.names import draw, renamable, rename, rename_path, words
 from agentrl.tasks.repos.sessions import Outcome, plain, run, split_session
@@ -162,6 +165,8 @@ def generate(instance_id: str) -> RepoInstance:
     fail_to_pass = broken + [f"{HIDDEN_TESTS}::{name}" for name in failing]
     pass_to_pass = [n for n in visible if n not in broken]
     pass_to_pass += [f"{HIDDEN_TESTS}::{name}" for name in names if name not in failing]
+    graded = [*fail_to_pass, *pass_to_pass]
+    checks = value_tests({**full, HIDDEN_TESTS: hidden}, graded, original, pkg)
     rng = _rng(instance_id, "")
     shown = rng.choice(own)
     return RepoInstance(
@@ -175,6 +180,7 @@ def generate(instance_id: str) -> RepoInstance:
         PASS_TO_PASS=pass_to_pass,
         template=template.name,
         family=site.family,
+        checks=checks,
     )
 
 

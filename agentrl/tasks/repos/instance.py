@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from agentrl.tasks.base import ValueTest
+
 NODE_ID = re.compile(r"^[\w./-]+\.py::\S+$")
 """a pytest node id: `tests/test_parse.py::test_empty_line` (a class level, `::Class::test`, allowed)"""
 
@@ -56,6 +58,10 @@ class RepoInstance(BaseModel):
     """the repository template a generated instance came from; None for loaded instances"""
     family: str | None = None
     """the planted bug's family (`off_by_one`, ...) for generated instances; None for loaded ones"""
+    checks: dict[str, ValueTest] | None = None
+    """every FAIL_TO_PASS and PASS_TO_PASS test as a value test (`agentrl.tasks.repos.checks`), with the outcomes the
+    original package gave: then grading runs them out of the package's reach, not in pytest. Generated instances
+    have them; None (loaded instances): graded by pytest, inside the package's process"""
 
     @model_validator(mode="after")
     def _check(self) -> RepoInstance:
@@ -67,6 +73,8 @@ class RepoInstance(BaseModel):
             raise ValueError(f"{self.instance_id}: tests in both FAIL_TO_PASS and PASS_TO_PASS: {both[:3]}")
         if not self.FAIL_TO_PASS:
             raise ValueError(f"{self.instance_id}: FAIL_TO_PASS is empty; an instance needs a test that shows the bug")
+        if self.checks is not None and set(self.checks) != {*self.FAIL_TO_PASS, *self.PASS_TO_PASS}:
+            raise ValueError(f"{self.instance_id}: `checks` must hold exactly the FAIL_TO_PASS and PASS_TO_PASS tests")
         return self
 
 

@@ -82,7 +82,7 @@ def run(files: Mapping[str, str], pkg: str, sessions: list[str], tests: list[str
 
     Tests run in this process, so they may import the package and the standard library only, not pytest.
     """
-    with _loaded(files, pkg) as module:
+    with loaded(files, pkg) as module:
         public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
         outcomes = [_run(session, dict(public), module.__name__, pkg) for session in sessions]
         modules: dict[str, dict[str, Any]] = {}
@@ -98,6 +98,14 @@ def run(files: Mapping[str, str], pkg: str, sessions: list[str], tests: list[str
 def _test_module(text: str, path: str, pkg: str, alias: str) -> dict[str, Any]:
     """A test file executed with its imports of `pkg` pointed at `alias`."""
     tree = ast.parse(text)
+    alias_imports(tree, pkg, alias, path)
+    namespace: dict[str, Any] = {"__name__": path}
+    exec(compile(tree, path, "exec"), namespace)
+    return namespace
+
+
+def alias_imports(tree: ast.AST, pkg: str, alias: str, path: str) -> None:
+    """Point the imports of `pkg` in `tree` at `alias` (a package `loaded` under a private name), in place."""
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == pkg or node.module.startswith(pkg + "."):
@@ -108,9 +116,6 @@ def _test_module(text: str, path: str, pkg: str, alias: str) -> dict[str, Any]:
                     a.name, a.asname = alias, a.asname or pkg
                 elif a.name.startswith(pkg + "."):
                     raise ValueError(f"{path}: write `from {a.name} import ...` rather than `import {a.name}`")
-    namespace: dict[str, Any] = {"__name__": path}
-    exec(compile(tree, path, "exec"), namespace)
-    return namespace
 
 
 def _passes(test: Any) -> bool:
@@ -175,7 +180,8 @@ class _Importer(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextmanager
-def _loaded(files: Mapping[str, str], pkg: str) -> Iterator[types.ModuleType]:
+def loaded(files: Mapping[str, str], pkg: str) -> Iterator[types.ModuleType]:
+    """The package `pkg` of `files` imported under a private name (its `__name__`), for the `with` block."""
     alias = f"_agentrl_repo_{next(_counter)}"
     importer = _Importer(alias, pkg, files)
     with _lock:  # sys.meta_path and sys.modules are process-wide
