@@ -284,7 +284,7 @@ HOSTILE = {
         call("create", path="evil-1.0.dist-info/METADATA", content="Name: evil\nVersion: 1.0\n"),
     ],
     "exits_on_import": [call("bash", command="echo 'import os; os._exit(0)' >> inifile/__init__.py")],
-    "tampers_with_the_hidden_tests": [],  # the real fix, plus code that rewrites the hidden tests when graded
+    "tampers_with_the_hidden_tests": [],  # the real fix, plus code that would rewrite the hidden tests when graded
 }
 
 
@@ -304,9 +304,12 @@ async def test_a_hostile_agent_earns_nothing_and_breaks_nothing(reused, name):
         assert all(len(m["content"]) <= env.cfg.max_observation_chars + 100 for m in obs)  # output stays capped
     _, reward, term, trunc, info = await env.astep(call("submit"))
     assert term and info["failure"] is FailureClass.OK
-    assert reward == 0.0 and not info["resolved"], info
     if name == "tampers_with_the_hidden_tests":
-        assert info["grading"].startswith("the tests were changed while they ran")
+        # graded by value tests, which never put the hidden tests in a file: nothing to rewrite, and the real fix
+        # earns what it earns (the pytest path's check of the test files: tests/env/test_repo_grading.py)
+        assert reward == 1.0 and info["resolved"], info
+    else:
+        assert reward == 0.0 and not info["resolved"], info
     reward, _, second = await expert_episode(env)
     assert reward == 1.0 and second == first  # the same container, recycled, serves an honest episode
     await env.aclose()

@@ -199,3 +199,30 @@ async def test_the_gold_patch_passes_and_the_base_fails_in_a_sandbox(fresh):
     init = f"{variant(INSTANCES[0]).pkg}/__init__.py"
     both = make_patch(instance.repo, {**gold, init: gold[init] + PATCHES_PYTEST_REPORTS})
     assert (await graded(fresh, INSTANCES[0], both)).resolved
+
+
+def pytest_graded(instance_id: str):
+    """The generated instance without its value tests: graded by pytest, as a loaded (`swebench:`) instance is."""
+    return generate(instance_id).model_copy(update={"checks": None})
+
+
+async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_nothing(fresh):
+    instance = pytest_graded(INSTANCES[0])
+    gold = apply_patch(instance.repo, instance.patch)
+    init = f"{variant(INSTANCES[0]).pkg}/__init__.py"
+    rewrite = (
+        "\nimport pathlib as _p\n_t = _p.Path(__file__).resolve().parents[1] / 'tests' / 'test_regressions.py'\n"
+        "if _t.exists():\n    _t.write_text('def test_ok():\\n    pass\\n')\n"
+    )
+    sandbox = await fresh()
+    try:
+        honest = await grade(sandbox, instance, instance.patch, timeout_s=60.0)
+    finally:
+        await sandbox.close()
+    assert honest.resolved
+    sandbox = await fresh()
+    try:
+        result = await grade(sandbox, instance, make_patch(instance.repo, {**gold, init: gold[init] + rewrite}))
+    finally:
+        await sandbox.close()
+    assert result.problem.startswith("the tests were changed while they ran") and result.outcome("fraction") == 0.0
