@@ -11,6 +11,8 @@ Measures, in one run, for `--env code_sandbox` (default) or `--env repo_fix`:
   0). code_sandbox: reset, a run_python step, a submit of the reference solution graded on 10 hidden tests.
   repo_fix: the scripted expert (view the file, edit it, sometimes run the visible tests, submit: its diff graded
   by the hidden tests in a new sandbox).
+- gradings (repo_fix): `--gradings` expert episodes one after another, the wall time of each `submit` step (the
+  grading of its diff in a fresh sandbox); `--only-gradings` measures these alone.
 
 Prints one JSON object. Run: `python benchmarks/env_bench.py` (about a minute), or `--quick`.
 Needs a Docker engine and the sandbox image (`agentrl sandbox build`).
@@ -92,6 +94,29 @@ async def serial(env_name: str, steps: int) -> dict:
     }
 
 
+async def gradings(episodes: int) -> dict:
+    """repo_fix's grading alone: `episodes` scripted-expert episodes one after another on one warm sandbox, the wall
+    time of each `submit` step (a fresh sandbox, the diff placed, the hidden tests run and judged), and its
+    reward."""
+    pool = SandboxPool(DockerSandbox.create, size=1)
+    submits, rewards = [], []
+    try:
+        for i in range(episodes):
+            env = agentrl.make("repo_fix", sandboxes=SandboxSource(pool))
+            await env.areset(seed=i)
+            *work, submit = env.demonstration(env.task, random.Random(i))
+            for action in work:
+                await env.astep(action)
+            t0 = time.perf_counter()
+            _, reward, *_ = await env.astep(submit)
+            submits.append(time.perf_counter() - t0)
+            rewards.append(reward)
+            await env.aclose()
+    finally:
+        await pool.close()
+    return {"episodes": episodes, "submit_step": ms(submits), "rewards_mean": statistics.fmean(rewards)}
+
+
 async def concurrent(env_name: str, episodes: int, pool_size: int) -> dict:
     client = docker_client()
     mine = {"label": f"{reaper.SESSION_LABEL}={reaper.SESSION_ID}"}
@@ -145,19 +170,20 @@ async def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--pool-size", type=int, default=8)
+    p.add_argument("--gradings", type=int, default=30, help="repo_fix: serial episodes whose grading is timed")
+    p.add_argument("--only-gradings", action="store_true", help="repo_fix: measure the gradings alone")
     args = p.parse_args()
     if args.quick:
-        args.steps, args.episodes = 20, 10
+        args.steps, args.episodes, args.gradings = 20, 10, 5
     if not image_exists(docker_client(), image_tag()):
         raise SystemExit(f"no image {image_tag()}: run `agentrl sandbox build` first")
     load = os.getloadavg()
-    result = {
-        "machine": harness.machine() | {"load_before": load},
-        "image": image_tag(),
-        "env": args.env,
-        "serial": await serial(args.env, args.steps),
-        "concurrent": await concurrent(args.env, args.episodes, args.pool_size),
-    }
+    result = {"machine": harness.machine() | {"load_before": load}, "image": image_tag(), "env": args.env}
+    if args.env == "repo_fix":
+        result["gradings"] = await gradings(args.gradings)
+    if not args.only_gradings:
+        result["serial"] = await serial(args.env, args.steps)
+        result["concurrent"] = await concurrent(args.env, args.episodes, args.pool_size)
     result["machine"]["load_after"] = os.getloadavg()
     print(json.dumps(result, indent=2))
 

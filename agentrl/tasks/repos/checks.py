@@ -52,8 +52,9 @@ def grader() -> ModuleType:
 
 def value_tests(files: Mapping[str, str], nodes: Sequence[str], original: Mapping[str, str], pkg: str) -> dict:
     """node id -> `ValueTest` for each of `nodes` (`tests/test_x.py::test_y`) of the test files in `files`, with
-    the outcomes the package `pkg` of `original` gives. ValueError for a test of another shape, or one that fails
-    on the original."""
+    the outcomes the package `pkg` of `original` gives. ValueError for a test of another shape, or one that raises
+    or errs on the original. The tests must pass on the original: an assert's other side is not evaluated (`A == 3`
+    expects what A gave); `generate` runs the visible tests on it and builds the hidden ones from its values."""
     parsed: dict[str, ast.Module] = {}  # each file once: the tests of a file share its top-level statements
     modules = {}
     for node in nodes:
