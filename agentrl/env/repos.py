@@ -3,13 +3,21 @@ SWE-bench does (docs/design.md, "Repository tasks").
 
 Grading never happens where the agent worked. The agent's diff is taken from its sandbox, filtered (test files,
 `conftest.py`, `.pth` files, `sitecustomize`/`usercustomize`, pytest and packaging config and package metadata are
-left out: changing how tests run is not a fix), applied to a clean checkout in a fresh sandbox, the hidden tests
-added there, and the FAIL_TO_PASS and PASS_TO_PASS tests run. The hidden tests never enter the agent's sandbox.
+left out: changing how tests run is not a fix), applied to a clean checkout in a fresh sandbox, and graded there.
+The hidden tests never enter the agent's sandbox.
 
-What the agent's code can still do, as in SWE-bench: it runs inside the pytest process that grades it. Two things
-are checked after the run: every test file still holds what was placed (a fix that rewrites the tests it is
-graded by is caught and scores 0), and a test pytest did not report counts as failed (a fix that exits the
-process, or stops collection, scores 0).
+Two ways to grade, by what the instance holds:
+
+- value tests (`RepoInstance.checks`: every generated instance): each FAIL_TO_PASS and PASS_TO_PASS test's code runs
+  in the grader's worker beside the package and reports only the plain values of its checked expressions; the
+  grader, a separate non-dumpable process that never imports the repository, holds the expected values and judges
+  (`run_value_tests`, `sandboxes/programs/grader.py`). The hidden tests are sent to it, never written to a file. The
+  package can change what its own process reports, but passing takes the expected values, which it can only learn
+  by computing them.
+- pytest (loaded, `swebench:` instances): the base, the diff and the hidden tests placed, pytest run on them. The
+  package runs inside the pytest process that grades it, so this is best effort, with its limits in the README:
+  every test file must still hold what was placed after the run (a fix that rewrites its tests scores 0), and a
+  test pytest did not report counts as failed (a fix that exits the process or stops collection scores 0).
 """
 
 from __future__ import annotations
