@@ -36,6 +36,9 @@ class FailureClass(enum.StrEnum):
     """the agent's message was malformed: bad tool-call JSON, an unknown tool, wrong arguments, no action"""
     INFRA = "infra_error"
     """the environment could not do its job: the sandbox died, the task is broken, a bug in the env"""
+    TAMPERED = "tampered"
+    """the agent's submission tampered with its grading (repo_fix on pytest: its diff reaches into the test
+    framework, or the run's integrity check failed): scored 0, and kept in the loss as any 0 is"""
 
 
 class Message(TypedDict):

@@ -34,10 +34,11 @@ import tarfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.env import tamper
 from agentrl.env.grading import run_tests
 from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.docker_sandbox import DockerSandboxConfig, docker_client
@@ -250,42 +251,65 @@ def bash_argv(command: str) -> list[str]:
     return ["bash", "-c", program("shell.sh"), "agentrl-bash", command]
 
 
-def pytest_argv(args: Sequence[str]) -> list[str]:
+def pytest_argv(args: Sequence[str], *, plugin_dir: str | None = None) -> list[str]:
     """python3 running pytest on `args` in the repository's folder: pytest is imported before the repository joins
     the path, so no file of the repository can stand in for it; isolated mode ignores PYTHON* variables. Among them
     is the PYTHONPATH a bwrap sandbox's executor gives every program, with the test tools bound in from the host:
-    it is appended after the interpreter's own path, where a Docker sandbox image's .pth file puts them."""
+    it is appended after the interpreter's own path, where a Docker sandbox image's .pth file puts them. A
+    `plugin_dir` (the integrity plugin's, outside the repository) joins the path after them."""
+    extra = f" + [{plugin_dir!r}]" if plugin_dir else ""
     code = (
-        "import os, sys; sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+        f"import os, sys; sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]{extra}; "
         "import pytest; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
     )
     return ["python3", "-I", "-c", code, "-p", "no:cacheprovider", *args]
 
 
+class PytestRun(NamedTuple):
+    outcomes: dict[str, TestOutcome]
+    tampered: str | None
+    """why the run does not count (the integrity plugin's verdict: `agentrl.env.tamper`), None when it does"""
+
+
 async def run_pytest(
     sandbox: Sandbox, node_ids: Sequence[str], *, root: str = REPO, timeout_s: float = 60.0, plugins: bool = False
-) -> dict[str, TestOutcome]:
+) -> PytestRun:
     """Run the files of `node_ids` at `root` and say how each node ended; `missing` when pytest did not report it
-    (a collection error, a time-out, a process that died). Plugins installed in the image load only if `plugins`."""
+    (a collection error, a time-out, a process that died). Plugins installed in the image load only if `plugins`.
+
+    The integrity plugin (`sandboxes/programs/pytest_integrity.py`, written to a folder of its own with a fresh
+    token) watches pytest's reporting machinery from inside the run; a run whose verdict is not `clean` is
+    `tampered`, whatever the report says (best effort: the package runs in that process too)."""
     outcomes: dict[str, TestOutcome] = dict.fromkeys(node_ids, "missing")
     files = sorted({n.split("::")[0] for n in node_ids})
-    report = f"/tmp/agentrl-junit-{secrets.token_hex(6)}.xml"
-    args = ["-q", "--continue-on-collection-errors", f"--rootdir={WORK}/{root}", f"--junitxml={report}", *files]
-    env = {} if plugins else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    r = await sandbox.run(pytest_argv(args), cwd=root, env=env, timeout_s=timeout_s)
+    token = secrets.token_hex(16)
+    report, verdict = f"/tmp/agentrl-junit-{token[:12]}.xml", f"/tmp/agentrl-integrity-{token[:12]}"
+    plugin_dir = f"/tmp/agentrl-plugin-{token[:12]}"
+    await sandbox.write_file(f"{plugin_dir}/{tamper.PLUGIN}.py", program(f"{tamper.PLUGIN}.py"))
+    args = ["-q", "--continue-on-collection-errors", f"--rootdir={WORK}/{root}", f"--junitxml={report}"]
+    args += ["-p", tamper.PLUGIN, *files]
+    env = tamper.integrity_env(token, verdict) | ({} if plugins else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    r = await sandbox.run(pytest_argv(args, plugin_dir=plugin_dir), cwd=root, env=env, timeout_s=timeout_s)
     if r.status == "timeout":
-        return outcomes
+        return PytestRun(outcomes, None)
+    try:
+        said = (await sandbox.read_file(verdict)).decode(errors="replace")
+    except OSError:
+        said = None
+    # No verdict (pytest's session never ended: an exit on import) voids the run too: nothing it reported counts.
+    if (tampered := tamper.integrity_verdict(said, token)) is not None:
+        return PytestRun(outcomes, tampered)
     try:
         xml = (await sandbox.read_file(report)).decode(errors="replace")
     except OSError:  # no report: pytest never got to write it
-        return outcomes
+        return PytestRun(outcomes, None)
     try:
         for node, outcome in parse_junit(xml, dict.fromkeys(files, "")).items():
             if node in outcomes:
                 outcomes[node] = outcome
     except Exception:  # a report the agent's code garbled: nothing in it counts
-        return dict.fromkeys(node_ids, "missing")
-    return outcomes
+        return PytestRun(dict.fromkeys(node_ids, "missing"), None)
+    return PytestRun(outcomes, None)
 
 
 class RepoGrade(BaseModel):
@@ -297,6 +321,9 @@ class RepoGrade(BaseModel):
     pass_to_pass: dict[str, TestOutcome]
     problem: str | None = None
     """why nothing ran or nothing counts: the diff did not apply, or the tests were tampered with"""
+    tampered: bool = False
+    """the grade is void because the diff or the run tampered with pytest's grading (pytest path only: the scan of
+    the diff, or the integrity plugin); the problem says how"""
 
     @property
     def broke(self) -> int:
@@ -380,10 +407,15 @@ async def grade(
             fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
             pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS},
         )
+    if (reason := tamper.tampering(patch)) is not None:
+        return RepoGrade(**failed, problem=f"tampered: {reason}", tampered=True)
     await place(sandbox, files)
-    outcomes = await run_pytest(
+    run = await run_pytest(
         sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s, plugins=plugins
     )
+    if run.tampered is not None:
+        return RepoGrade(**failed, problem=f"tampered: {run.tampered}", tampered=True)
+    outcomes = run.outcomes
     try:
         after = await changes(sandbox, files)
     except RepoError:
@@ -413,7 +445,12 @@ async def validate_instance(
         for tree in (instance.repo, apply_patch(instance.repo, instance.patch)):
             outcomes.append(await run_value_tests(sandbox, instance, tree, timeout_s=timeout_s))
         return judge(instance, *outcomes)
-    for tree in (base, gold):
+    tampered = []
+    for name, tree in (("base", base), ("gold patch", gold)):
         await place(sandbox, tree)
-        outcomes.append(await run_pytest(sandbox, nodes, timeout_s=timeout_s, plugins=plugins))
-    return judge(instance, *outcomes)
+        run = await run_pytest(sandbox, nodes, timeout_s=timeout_s, plugins=plugins)
+        outcomes.append(run.outcomes)
+        if run.tampered is not None:  # a false alarm of the integrity plugin, on the instance's own code
+            tampered.append(f"the integrity check voids the run on the {name}: {run.tampered}")
+    report = judge(instance, *outcomes)
+    return report.model_copy(update={"problems": [*tampered, *report.problems]}) if tampered else report

@@ -78,6 +78,7 @@ class ToolEnv(TextEnv):
         for error in parsed.errors:
             penalise(error)
         terminated = False
+        declared: FailureClass | None = None  # a tool's own verdict on the step (ToolOutput.failure)
         for i, call in enumerate(parsed.calls):
             tool = self.tools.get(call.name)
             if i >= self.cfg.max_calls_per_turn:
@@ -99,10 +100,11 @@ class ToolEnv(TextEnv):
                 for name, value in out.reward.items():
                     reward[name] = reward.get(name, 0.0) + value
                 info.update(out.info)
+                declared = out.failure or declared
                 if out.terminated:
                     terminated = True
                     break
-        failure = FailureClass.AGENT if problems else FailureClass.OK
+        failure = declared or (FailureClass.AGENT if problems else FailureClass.OK)
         error = "; ".join(problems) if problems else None
         return StepResult(
             observation=obs, reward_breakdown=reward, terminated=terminated, failure=failure, error=error, info=info

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from transformers.utils import get_json_schema
 
+from agentrl.env.base import FailureClass
 from agentrl.sandbox import ExecResult
 
 
@@ -46,6 +47,8 @@ class ToolOutput(BaseModel):
     """keys added to the step's info"""
     run: ExecResult | None = None
     """the sandbox run behind the result, if one: its status and streams go to the step's record of calls"""
+    failure: FailureClass | None = None
+    """the step's failure class when this result sets it (repo_fix's `tampered`); None: as the step goes"""
 
 
 class Tool:

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from agentrl.env import StepResult, ToolEnv, ToolEnvConfig
-from agentrl.env.base import Message
+from agentrl.env.base import FailureClass, Message
 from agentrl.env.demos import Mistake
 from agentrl.env.repos import (
     REPO,
@@ -370,12 +370,15 @@ class RepoFixEnv(ToolEnv):
         }
         if result.problem is not None:
             info["grading"] = result.problem
+        failure = FailureClass.TAMPERED if result.tampered else None
         lines = [result.summary()]
         if not diff.files:
             lines.append("You changed no non-test file.")
         if diff.left_out:
             lines.append(f"Left out of your change: {', '.join(f'{p} ({w})' for p, w in diff.left_out.items())}.")
-        return ToolOutput(content=" ".join(lines), reward={"outcome": outcome}, terminated=True, info=info)
+        return ToolOutput(
+            content=" ".join(lines), reward={"outcome": outcome}, terminated=True, info=info, failure=failure
+        )
 
     # ---- the scripted expert
 

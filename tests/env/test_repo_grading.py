@@ -9,6 +9,7 @@ as passes (it earned 1.0 where doing nothing earns 0 before the value tests).
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 
@@ -226,3 +227,65 @@ async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_no
     finally:
         await sandbox.close()
     assert result.problem.startswith("the tests were changed while they ran") and result.outcome("fraction") == 0.0
+
+
+# A hack the diff scan cannot see (every internal name built from strings): the integrity plugin catches it.
+EVADES_THE_SCAN = """
+_reports = __import__("_py" + "test.reports", fromlist=["x"])
+_cls = getattr(_reports, "Test" + "Report")
+_make = getattr(_cls, "from_item_and_call").__func__
+
+
+def _passed(cls, item, call):
+    report = _make(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+
+
+setattr(_cls, "from_item_and_call", classmethod(_passed))
+"""
+
+
+async def test_on_the_pytest_path_tampering_voids_the_grade_and_the_gold_patch_is_not_voided(fresh):
+    """Best effort where the package runs inside pytest: the hack is voided by the scan of the diff, one that hides
+    its names from the scan by the integrity plugin, and neither voids the gold patch."""
+    instance = pytest_graded(INSTANCES[0])
+    results = {}
+    for name, patch in [
+        ("gold", instance.patch),
+        ("scanned", hacked(INSTANCES[0], PATCHES_PYTEST_REPORTS)),
+        ("watched", hacked(INSTANCES[0], EVADES_THE_SCAN)),
+    ]:
+        sandbox = await fresh()
+        try:
+            results[name] = await grade(sandbox, instance, patch, timeout_s=60.0)
+        finally:
+            await sandbox.close()
+    assert results["gold"].resolved and not results["gold"].tampered
+    assert results["scanned"].tampered and "references _pytest" in results["scanned"].problem
+    assert results["watched"].tampered and "TestReport.from_item_and_call replaced" in results["watched"].problem
+    assert results["scanned"].outcome("fraction") == results["watched"].outcome("fraction") == 0.0
+
+
+async def test_a_tampering_submission_of_a_loaded_instance_ends_with_the_failure_class_tampered(bwrap_site, tmp_path):
+    from repo_data import BUGGY, git_repo, record, write_jsonl
+
+    import agentrl
+    from agentrl.env import FailureClass, SandboxSource
+    from agentrl.sandbox import SandboxConfig, SandboxPool
+
+    data = write_jsonl(tmp_path / "data.jsonl", record("mathy", git_repo(tmp_path / "mathy", BUGGY)))
+    factory = functools.partial(BwrapSandbox.create, BwrapSandboxConfig(rootfs="host"))
+    pool = SandboxPool(factory, size=1)
+    source = SandboxSource(pool, factory=factory, sandbox=SandboxConfig(backend="bwrap"))
+    env = agentrl.make("repo_fix", tasks=f"swebench:{data}", split="all", sandboxes=source)
+    (iid,) = env.repo_tasks.ids()
+    await env.areset(options={"task_id": iid})
+    hack = json.dumps({"name": "create", "arguments": {"path": "mathy/_speed.py", "content": PATCHES_PYTEST_REPORTS}})
+    _, _, term, _, info = await env.astep(f"<tool_call>{hack}</tool_call>")
+    assert not term and info["failure"] is FailureClass.OK
+    _, reward, term, _, info = await env.astep('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+    assert term and reward == 0.0 and info["failure"] is FailureClass.TAMPERED
+    assert info["grading"].startswith("tampered: mathy/_speed.py references _pytest")
+    await env.aclose()
+    await pool.close()
