@@ -328,13 +328,16 @@ class _State:
                 continue
             now = caller.get_hookimpls()
             bad = False
+            # A plugin unregistered and registered again (flask's tests do so with pytest's logging plugin) has new
+            # implementations of the same functions: they stand for the old ones.
+            present = {(id(impl.plugin), id(_function(impl.function) or impl.function)) for impl in now}
             for impl, function in recorded[1]:
-                if impl not in now:
+                if impl in now and impl.function is not function:
                     bad = True
-                    self.found(f"the hook {name}: an implementation removed")
-                elif impl.function is not function:
+                    self.found(f"the hook {name}: {impl.plugin_name}'s implementation replaced")
+                elif impl not in now and (id(impl.plugin), id(_function(function) or function)) not in present:
                     bad = True
-                    self.found(f"the hook {name}: an implementation's function replaced")
+                    self.found(f"the hook {name}: {impl.plugin_name}'s implementation removed")
             known = [impl for impl, _ in recorded[1]]
             for impl in now:
                 if impl not in known and (why := self.origin(impl.function, code=True)) is not None:

@@ -54,6 +54,40 @@ def _run(self, result=None):
 unittest.TestCase.run = _run
 """
 EXIT_HACK = "\nimport os\n\nos._exit(0)\n"
+# The report hack again, its names built from strings: the scan cannot see it.
+HIDDEN_HACK = """
+import importlib
+
+_cls = getattr(importlib.import_module("_py" + "test.reports"), "Test" + "Report")
+_make = getattr(_cls, "from_item" + "_and_call").__func__
+
+
+def _passing(cls, item, call):
+    report = _make(cls, item, call)
+    report.outcome, report.longrepr = ("passed", None) if report.when == "call" else (report.outcome, report.longrepr)
+    return report
+
+
+setattr(_cls, "from_item" + "_and_call", classmethod(_passing))
+"""
+# A hook of the package's, registered through the config object found on the heap.
+HOOK_HACK = """
+import gc
+
+import pytest
+
+
+class _Pass:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        if report.when == "call":
+            report.outcome, report.longrepr = "passed", None
+
+
+_config = next(o for o in gc.get_objects() if type(o).__name__ == "Config" and hasattr(o, "pluginmanager"))
+_config.pluginmanager.register(_Pass())
+"""
 
 
 def diff(added: str, path: str = "pkg/ops.py") -> str:
@@ -156,10 +190,10 @@ def test_only_added_python_code_outside_pytests_own_source_counts():
 
 
 def test_what_the_scan_cannot_see():
-    """Documented limits: names built from strings, and values that lie."""
-    built = "m = __import__('_py' + 'test.reports')\n"
+    """Documented limits: names built from strings (the plugin's test below catches this hack), and values that
+    lie."""
     liar = "class Anything:\n    def __eq__(self, other):\n        return True\n"
-    assert tampering(diff(built)) is None and tampering(diff(liar)) is None
+    assert tampering(diff(HIDDEN_HACK)) is None and tampering(diff(liar)) is None
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
@@ -230,7 +264,18 @@ def run_graded(tmp_path: Path, package: str) -> tuple[subprocess.CompletedProces
         "PYTHONPATH": str(sandboxes_dir() / "programs"),
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", PLUGIN, "-p", "no:cacheprovider", "tests"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        PLUGIN,
+        "-p",
+        "no:cacheprovider",
+        "--junitxml=junit.xml",
+        "tests",
+    ]
     run = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
     return run, integrity_verdict(verdict.read_text() if verdict.exists() else None, token)
 
@@ -249,9 +294,11 @@ def test_an_honest_package_gets_a_clean_verdict(tmp_path):
     [
         (REPORT_HACK, "4 passed", "_pytest.reports.TestReport.from_item_and_call replaced"),
         (TESTCASE_HACK, "1 failed, 3 passed", "unittest.case.TestCase.run replaced"),
+        (HIDDEN_HACK, "4 passed", "_pytest.reports.TestReport.from_item_and_call replaced"),
+        (HOOK_HACK, "4 passed", "the hook pytest_runtest_makereport implemented in pkg/__init__.py"),
         (EXIT_HACK, "", "no verdict"),
     ],
-    ids=["report", "testcase_run", "os_exit"],
+    ids=["report", "testcase_run", "hidden_from_the_scan", "hook", "os_exit"],
 )
 def test_a_package_that_has_failures_pass_gets_a_reason(tmp_path, hack, summary, found):
     run, reason = run_graded(tmp_path, ADD + hack)
