@@ -147,6 +147,10 @@ def hacked(instance_id: str, hack: str) -> str:
     return make_patch(instance.repo, {**instance.repo, init: instance.repo[init] + "\n" + hack})
 
 
+DOCKER_SLOW = pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow])
+"""Docker's copy of a case bwrap runs in the fast tier: the same grading code on either backend"""
+
+
 @pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
 def fresh(request):
     """A factory of fresh grading sandboxes of the backend (bwrap on the host's /usr: no Docker needed)."""
@@ -184,6 +188,7 @@ async def test_a_hostile_package_earns_no_more_than_no_change(fresh, name):
         assert not result.resolved
 
 
+@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
 async def test_the_gold_patch_passes_and_the_base_fails_in_a_sandbox(fresh):
     """Both instances validate with the value tests: the base fails FAIL_TO_PASS and passes PASS_TO_PASS, the gold
     patch passes everything; and the gold patch grades resolved next to a hack that only reports (it changes
@@ -207,6 +212,7 @@ def pytest_graded(instance_id: str):
     return generate(instance_id).model_copy(update={"checks": None})
 
 
+@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
 async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_nothing(fresh):
     instance = pytest_graded(INSTANCES[0])
     gold = apply_patch(instance.repo, instance.patch)
@@ -246,6 +252,7 @@ setattr(_cls, "from_item_and_call", classmethod(_passed))
 """
 
 
+@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
 async def test_on_the_pytest_path_tampering_voids_the_grade_and_the_gold_patch_is_not_voided(fresh):
     """Best effort where the package runs inside pytest: the hack is voided by the scan of the diff, one that hides
     its names from the scan by the integrity plugin, and neither voids the gold patch."""
