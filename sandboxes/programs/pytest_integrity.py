@@ -20,8 +20,9 @@ What it watches, against what it recorded when imported (before any conftest or 
 - each test function: the same function and code at its run as at its collection, and no `runtest` of its own.
 It checks before the first test, after each test (a hookwrapper on `pytest_runtest_protocol`; nothing runs between
 two tests' protocols, so that is also before the next), and when the session ends, after the JUnit report is written.
-Changes made before pytest's configure by code outside the repository's non-test files are pytest's own set-up
-and taken as recorded; after that, any change counts.
+Before pytest's configure, changes by code outside the repository's non-test files are pytest's own set-up and
+taken as recorded. After it, a watched attribute that changes counts, whoever changed it; a new hook implementation,
+tracer, import hook or test function counts when its code is in the repository's non-test files or in no file.
 
 Best effort: the code under test runs in this process and can do anything this plugin can. Known ways past it:
 - the token: it is removed from os.environ at import, before any repository code runs, but stays in this process's
@@ -32,6 +33,8 @@ Best effort: the code under test runs in this process and can do anything this p
   test module's namespace (its `pytest`, a fake whose `raises` passes everything);
 - anything after the verdict: an `atexit` handler or a forked process that rewrites the JUnit report;
 - pytest's own repository, where the code under test is pytest itself.
+False alarms it can raise: a repository whose pytest plugin lives in its non-test code (anyio's, hypothesis's), and
+a fixture wider than a test that patches a watched attribute (a session fixture replacing `builtins.input`).
 """
 
 from __future__ import annotations
@@ -220,6 +223,7 @@ class _State:
         )
 
     def found(self, what: str) -> None:
+        what = what[:200]  # names can be the package's own, of any length
         if what not in self.problems:
             self.problems.append(what)
 
