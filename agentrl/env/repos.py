@@ -255,12 +255,17 @@ def pytest_argv(args: Sequence[str], *, plugin_dir: str | None = None) -> list[s
     """python3 running pytest on `args` in the repository's folder: pytest is imported before the repository joins
     the path, so no file of the repository can stand in for it; isolated mode ignores PYTHON* variables. Among them
     is the PYTHONPATH a bwrap sandbox's executor gives every program, with the test tools bound in from the host:
-    it is appended after the interpreter's own path, where a Docker sandbox image's .pth file puts them. A
-    `plugin_dir` (the integrity plugin's, outside the repository) joins the path after them."""
-    extra = f" + [{plugin_dir!r}]" if plugin_dir else ""
+    it is appended after the interpreter's own path, where a Docker sandbox image's .pth file puts them. With a
+    `plugin_dir`, the integrity plugin there is imported with pytest, before the repository joins the path (so no
+    file of it stands in for the plugin either, and the plugin takes its token from the environment first), and
+    loaded (`-p`)."""
+    imports = "pytest"
+    if plugin_dir:
+        imports += f"; sys.path.append({plugin_dir!r}); import {tamper.PLUGIN}; sys.path.remove({plugin_dir!r})"
+        args = ["-p", tamper.PLUGIN, *args]
     code = (
-        f"import os, sys; sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]{extra}; "
-        "import pytest; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
+        "import os, sys; sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+        f"import {imports}; sys.path.insert(0, '.'); sys.exit(pytest.main(sys.argv[1:]))"
     )
     return ["python3", "-I", "-c", code, "-p", "no:cacheprovider", *args]
 
@@ -282,12 +287,11 @@ async def run_pytest(
     `tampered`, whatever the report says (best effort: the package runs in that process too)."""
     outcomes: dict[str, TestOutcome] = dict.fromkeys(node_ids, "missing")
     files = sorted({n.split("::")[0] for n in node_ids})
-    token = secrets.token_hex(16)
-    report, verdict = f"/tmp/agentrl-junit-{token[:12]}.xml", f"/tmp/agentrl-integrity-{token[:12]}"
-    plugin_dir = f"/tmp/agentrl-plugin-{token[:12]}"
+    token = secrets.token_hex(16)  # the files' names are other random words: the junit path is in pytest's argv
+    report, verdict = (f"/tmp/agentrl-{kind}-{secrets.token_hex(8)}" for kind in ("junit", "integrity"))
+    plugin_dir = f"/tmp/agentrl-plugin-{secrets.token_hex(8)}"
     await sandbox.write_file(f"{plugin_dir}/{tamper.PLUGIN}.py", program(f"{tamper.PLUGIN}.py"))
-    args = ["-q", "--continue-on-collection-errors", f"--rootdir={WORK}/{root}", f"--junitxml={report}"]
-    args += ["-p", tamper.PLUGIN, *files]
+    args = ["-q", "--continue-on-collection-errors", f"--rootdir={WORK}/{root}", f"--junitxml={report}.xml", *files]
     env = tamper.integrity_env(token, verdict) | ({} if plugins else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     r = await sandbox.run(pytest_argv(args, plugin_dir=plugin_dir), cwd=root, env=env, timeout_s=timeout_s)
     if r.status == "timeout":
@@ -300,7 +304,7 @@ async def run_pytest(
     if (tampered := tamper.integrity_verdict(said, token)) is not None:
         return PytestRun(outcomes, tampered)
     try:
-        xml = (await sandbox.read_file(report)).decode(errors="replace")
+        xml = (await sandbox.read_file(f"{report}.xml")).decode(errors="replace")
     except OSError:  # no report: pytest never got to write it
         return PytestRun(outcomes, None)
     try:
