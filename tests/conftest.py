@@ -138,8 +138,21 @@ def no_container_left_behind():
         assert not left, f"containers left behind: {sorted(left)}, made by {_makers(left)}"
 
 
+_SEEN: dict[str, str] = {}
+"""container -> the Docker test after which this process first saw it: a leak's likely maker"""
+
+
+@pytest.fixture(autouse=True)
+def _note_new_containers(request):
+    yield
+    if request.node.get_closest_marker("docker") is not None:
+        for name in _engine_ours(orphans=False) or ():
+            _SEEN.setdefault(name, request.node.nodeid)
+
+
 def _makers(names: set[str]) -> list[str]:
-    """Who made each container: its owner's pid, and that process's command line while it lives."""
+    """Who made each container: its owner's pid, that process's command line while it lives, and the test after
+    which it was first seen."""
     out = []
     for name in sorted(names):
         pid = _docker_client().containers.get(name).labels.get(reaper.PID_LABEL, "?")
@@ -147,7 +160,7 @@ def _makers(names: set[str]) -> list[str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
         except OSError:
             cmd = "(gone)"
-        out.append(f"{name}: pid {pid} {cmd}")
+        out.append(f"{name}: pid {pid} {cmd}, first seen after {_SEEN.get(name, 'no docker test')}")
     return out
 
 
