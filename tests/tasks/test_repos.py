@@ -107,7 +107,10 @@ def test_modules_call_each_other():
 def test_generate_is_deterministic(instances):
     iid = ALL_IDS[len(ALL_IDS) // 2]
     assert generate(iid) == instances[iid]
-    # another process, another string-hash salt: the same bytes
+    # another process, another string-hash salt: the same bytes, on every fourth instance (all templates among them;
+    # all 705 took 21 s of the fast tier once value tests came with every instance)
+    sample = ALL_IDS[::4]
+    assert {instances[i].template for i in sample} == set(TEMPLATES)
     code = (
         "import hashlib, sys\n"
         "from agentrl.tasks.repos import generate\n"
@@ -117,8 +120,8 @@ def test_generate_is_deterministic(instances):
         "print(h.hexdigest())\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, *ALL_IDS], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == _digest(instances)
+    out = subprocess.run([sys.executable, "-c", code, *sample], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == _digest({i: instances[i] for i in sample})
 
 
 def test_instances_of_a_template_differ(instances):
