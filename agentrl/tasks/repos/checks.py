@@ -50,7 +50,9 @@ def grader() -> ModuleType:
     return module
 
 
-def value_tests(files: Mapping[str, str], nodes: Sequence[str], original: Mapping[str, str], pkg: str) -> dict:
+def value_tests(
+    files: Mapping[str, str], nodes: Sequence[str], original: Mapping[str, str], pkg: str
+) -> dict[str, ValueTest]:
     """node id -> `ValueTest` for each of `nodes` (`tests/test_x.py::test_y`) of the test files in `files`, with
     the outcomes the package `pkg` of `original` gives. ValueError for a test of another shape, or one that raises
     or errs on the original. The tests must pass on the original: an assert's other side is not evaluated (`A == 3`
