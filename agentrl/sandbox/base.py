@@ -169,10 +169,25 @@ class Sandbox(abc.ABC):
         await self.close()
 
 
+async def start_executor(*argv: str, **kw) -> tuple[asyncio.subprocess.Process, int]:
+    """Start `argv`, a command that ends in the executor's own arguments, with `--ready-fd` added: the process, and
+    the pipe's read end for `executor_ready` (the write end is the child's alone). `kw` go to the subprocess."""
+    ready_r, ready_w = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, "--ready-fd", str(ready_w), pass_fds=(ready_w,), **kw)
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(ready_w)
+    return proc, ready_r
+
+
 async def executor_ready(fd: int, timeout_s: float) -> bool:
-    """Wait for an executor started with `--ready-fd` to say it serves: True when it does, False when the pipe closed
-    without a word (the executor, or what started it, exited). TimeoutError past `timeout_s`. Takes `fd` (the read
-    end) and closes it. Not a poll of the socket file: no sleep between looks, and an exit is seen at once."""
+    """Wait for an executor started with `--ready-fd` (`start_executor`) to say it serves: True when it does, False
+    when the pipe closed without a word (the executor, or what started it, exited). TimeoutError past `timeout_s`.
+    Takes `fd` (the read end) and closes it. Not a poll of the socket file: no sleep between looks, and an exit is
+    seen at once."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(

@@ -54,7 +54,7 @@ from docker.utils import parse_bytes  # Docker's size notation, as DockerSandbox
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox import reaper
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready, start_executor
 from agentrl.sandbox.image import (
     SANDBOX_MOUNTS,
     cache_dir,
@@ -470,29 +470,21 @@ class BwrapSandbox(ExecutorSandbox):
                 cgroup = await asyncio.to_thread(Cgroup.create, h, name, cfg)
             owner = {**reaper.owner_labels(), "cgroup": cgroup.record() if cgroup else None}
             (tree / "owner.json").write_text(json.dumps(owner))
-            ready_r, ready_w = os.pipe()  # the executor says "ready" on it (see executor_ready)
-            argv = [*cls._argv(h, cfg, rootfs, bytecode, tree, cgroup), "--ready-fd", str(ready_w)]
+            argv = cls._argv(h, cfg, rootfs, bytecode, tree, cgroup)
             # sh puts itself in the cgroup, then becomes bwrap: everything the sandbox starts is in it from the
             # first instruction (a preexec_fn would be unsafe in a threaded process)
             enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
-            try:
-                with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
-                    proc = await asyncio.create_subprocess_exec(
-                        "/bin/sh",
-                        "-c",
-                        f'{enter}exec "$@"',
-                        "sh",
-                        *argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=stderr,
-                        stderr=stderr,
-                        pass_fds=(ready_w,),
-                    )
-            except BaseException:
-                os.close(ready_r)
-                raise
-            finally:
-                os.close(ready_w)
+            with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
+                proc, ready = await start_executor(
+                    "/bin/sh",
+                    "-c",
+                    f'{enter}exec "$@"',
+                    "sh",
+                    *argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                )
         except BaseException:
             await asyncio.to_thread(_remove_tree, tree, cgroup)
             raise
@@ -506,7 +498,7 @@ class BwrapSandbox(ExecutorSandbox):
             )
         sandbox = cls(proc, tree, cgroup, limits)
         try:
-            await sandbox._wait_ready(ready_r, cfg.start_timeout_s)
+            await sandbox._wait_ready(ready, cfg.start_timeout_s)
         except BaseException:
             await sandbox.close()
             raise

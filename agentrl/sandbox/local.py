@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready, start_executor
 from agentrl.sandbox.image import sandboxes_dir
 
 log = logging.getLogger(__name__)
@@ -53,9 +52,8 @@ class LocalSandbox(ExecutorSandbox):
         (root / "work").mkdir()
         (root / "tmp").mkdir()
         (root / "code").mkdir()
-        ready_r, ready_w = os.pipe()  # the executor says "ready" on it (see executor_ready)
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc, ready_fd = await start_executor(
                 sys.executable,
                 str(sandboxes_dir() / "python" / "main.py"),
                 "--socket",
@@ -66,20 +64,14 @@ class LocalSandbox(ExecutorSandbox):
                 str(root / "tmp"),
                 "--codedir",
                 str(root / "code"),
-                "--ready-fd",
-                str(ready_w),
                 start_new_session=True,
-                pass_fds=(ready_w,),
             )
         except BaseException:
-            os.close(ready_r)
             shutil.rmtree(root, ignore_errors=True)
             raise
-        finally:
-            os.close(ready_w)
         sandbox = cls(proc, root, cfg.limits)
         try:
-            ready = await executor_ready(ready_r, cfg.start_timeout_s)
+            ready = await executor_ready(ready_fd, cfg.start_timeout_s)
         except TimeoutError:
             ready = False
         except BaseException:
