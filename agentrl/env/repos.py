@@ -380,8 +380,8 @@ async def run_value_tests(
     nodes = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
     await place(sandbox, tree)
     root = f"{WORK}/{REPO}"
-    tests = ValueTests(root=root, tests=[instance.checks[n] for n in nodes])
-    prelude = f"import os, sys\nos.chdir({root!r})\nsys.path.insert(0, {root!r})\n"
+    tests = ValueTests(tests=[instance.checks[n] for n in nodes])
+    prelude = f"import os, sys\nos.chdir({root!r})\nsys.path.insert(0, {root!r})\n"  # the worker's load: where from
     result = await run_tests(sandbox, tests, prelude, test_timeout_s=VALUE_TEST_TIMEOUT_S, max_total_s=timeout_s)
     ended: dict[str | None, TestOutcome] = {None: "passed", "timeout": "missing", "crash": "missing"}
     return {
@@ -407,26 +407,24 @@ async def grade(
         return RepoGrade(**failed, problem=f"the change and the hidden tests conflict ({e})")
     if instance.checks is not None:
         outcomes = await run_value_tests(sandbox, instance, fixed, timeout_s=timeout_s)
-        return RepoGrade(
-            fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
-            pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS},
+    else:
+        if (reason := tamper.tampering(patch)) is not None:
+            return RepoGrade(**failed, problem=f"tampered: {reason}", tampered=True)
+        await place(sandbox, files)
+        run = await run_pytest(
+            sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s, plugins=plugins
         )
-    if (reason := tamper.tampering(patch)) is not None:
-        return RepoGrade(**failed, problem=f"tampered: {reason}", tampered=True)
-    await place(sandbox, files)
-    run = await run_pytest(
-        sandbox, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS], timeout_s=timeout_s, plugins=plugins
-    )
-    if run.tampered is not None:
-        return RepoGrade(**failed, problem=f"tampered: {run.tampered}", tampered=True)
-    outcomes = run.outcomes
-    try:
-        after = await changes(sandbox, files)
-    except RepoError:
-        return RepoGrade(**failed, problem="the test files could not be checked after the run")
-    touched = [p for p in [*after.changed, *after.deleted] if p in files and is_test_path(p)]
-    if touched:
-        return RepoGrade(**failed, problem=f"the tests were changed while they ran ({', '.join(sorted(touched)[:3])})")
+        if run.tampered is not None:
+            return RepoGrade(**failed, problem=f"tampered: {run.tampered}", tampered=True)
+        outcomes = run.outcomes
+        try:
+            after = await changes(sandbox, files)
+        except RepoError:
+            return RepoGrade(**failed, problem="the test files could not be checked after the run")
+        touched = [p for p in [*after.changed, *after.deleted] if p in files and is_test_path(p)]
+        if touched:
+            touched_list = ", ".join(sorted(touched)[:3])
+            return RepoGrade(**failed, problem=f"the tests were changed while they ran ({touched_list})")
     return RepoGrade(
         fail_to_pass={n: outcomes[n] for n in instance.FAIL_TO_PASS},
         pass_to_pass={n: outcomes[n] for n in instance.PASS_TO_PASS},

@@ -113,11 +113,10 @@ class ValueTest(_Spec):
 
 
 class ValueTests(_Spec):
-    """Value tests on a folder of code (a repository's package, imported from `root`, the working folder too);
+    """Value tests on the code the solution loads (a repository's package: the solution puts its folder on the path);
     each test is one test. What keeps a generated repository's grading out of its package's reach."""
 
     kind: Literal["values"] = "values"
-    root: str
     tests: list[ValueTest]
 
 
