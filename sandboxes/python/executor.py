@@ -1156,9 +1156,9 @@ def parse_args(argv: list[str]) -> dict:
     return opts
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
     gc.enable()  # main.py loads this module without it; the zygote, its spares and the session inherit it
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:])
     if args["session"]:
         return session_main(*args["session"])
     user = tuple(int(x) for x in args["user"].split(":")) if args["user"] else None
