@@ -8,6 +8,7 @@ uses a Docker fixture without it is refused at collection.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 from filelock import FileLock
 from ownership import descends_from_us
 
-from agentrl.sandbox import SandboxError, reaper
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, SandboxError, reaper
 from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
 
 # Fixtures that need the engine: a test using one (directly or through another fixture) needs the marker.
@@ -96,6 +97,17 @@ def bwrap_site() -> Path:
 
     with FileLock(Path(tempfile.gettempdir()) / "agentrl-site.lock"):  # one pip under pytest-xdist
         return ensure_site()
+
+
+@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
+def isolating_factory(request):
+    """A factory of sandboxes of each backend that isolates, for a case run on both: Docker's default, and bwrap's
+    on the host's /usr (no Docker needed; the test tools bound in)."""
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_image")
+        return DockerSandbox.create
+    request.getfixturevalue("bwrap_site")
+    return functools.partial(BwrapSandbox.create, BwrapSandboxConfig(rootfs="host"))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from agentrl.env.repos import grade, validate_instance
-from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig
 from agentrl.tasks.repos import apply_patch, generate, make_patch
 from agentrl.tasks.repos.generate import variant
 
@@ -151,28 +151,15 @@ DOCKER_SLOW = pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow
 """Docker's copy of a case bwrap runs in the fast tier: the same grading code on either backend"""
 
 
-@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
-def fresh(request):
-    """A factory of fresh grading sandboxes of the backend (bwrap on the host's /usr: no Docker needed)."""
-    if request.param == "docker":
-        request.getfixturevalue("sandbox_image")
-        return DockerSandbox.create
-    request.getfixturevalue("bwrap_site")
-    return functools.partial(BwrapSandbox.create, BwrapSandboxConfig(rootfs="host"))
-
-
-async def graded(fresh, instance_id: str, patch: str):
-    sandbox = await fresh()
-    try:
+async def graded(isolating_factory, instance_id: str, patch: str):
+    async with await isolating_factory() as sandbox:
         return await grade(sandbox, generate(instance_id), patch, timeout_s=60.0)
-    finally:
-        await sandbox.close()
 
 
-async def test_a_package_that_rewrites_pytests_reports_earns_nothing(fresh):
+async def test_a_package_that_rewrites_pytests_reports_earns_nothing(isolating_factory):
     for instance_id in INSTANCES:
-        nothing = await graded(fresh, instance_id, "")
-        result = await graded(fresh, instance_id, hacked(instance_id, PATCHES_PYTEST_REPORTS))
+        nothing = await graded(isolating_factory, instance_id, "")
+        result = await graded(isolating_factory, instance_id, hacked(instance_id, PATCHES_PYTEST_REPORTS))
         assert nothing.outcome("fraction") == 0.0 and nothing.broke == 0
         assert (result.outcome("fraction"), result.resolved) == (0.0, False), result
         assert result.fixed == 0 and result.broke == 0  # the tests ran, and the package is the buggy one
@@ -180,31 +167,28 @@ async def test_a_package_that_rewrites_pytests_reports_earns_nothing(fresh):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(HACKS) - {"patches_pytest_reports"}))
-async def test_a_hostile_package_earns_no_more_than_no_change(fresh, name):
+async def test_a_hostile_package_earns_no_more_than_no_change(isolating_factory, name):
     for instance_id in INSTANCES:
-        nothing = await graded(fresh, instance_id, "")
-        result = await graded(fresh, instance_id, hacked(instance_id, HACKS[name]))
+        nothing = await graded(isolating_factory, instance_id, "")
+        result = await graded(isolating_factory, instance_id, hacked(instance_id, HACKS[name]))
         assert result.outcome("fraction") <= nothing.outcome("fraction") == 0.0, result
         assert not result.resolved
 
 
-@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
-async def test_the_gold_patch_passes_and_the_base_fails_in_a_sandbox(fresh):
+@pytest.mark.parametrize("isolating_factory", [DOCKER_SLOW, "bwrap"], indirect=True)
+async def test_the_gold_patch_passes_and_the_base_fails_in_a_sandbox(isolating_factory):
     """Both instances validate with the value tests: the base fails FAIL_TO_PASS and passes PASS_TO_PASS, the gold
     patch passes everything; and the gold patch grades resolved next to a hack that only reports (it changes
     nothing of what the package computes)."""
     for instance_id in INSTANCES:
-        sandbox = await fresh()
-        try:
+        async with await isolating_factory() as sandbox:
             report = await validate_instance(generate(instance_id), sandbox, timeout_s=60.0)
-        finally:
-            await sandbox.close()
         assert report.problems == [], report.problems
     instance = generate(INSTANCES[0])
     gold = apply_patch(instance.repo, instance.patch)
     init = f"{variant(INSTANCES[0]).pkg}/__init__.py"
     both = make_patch(instance.repo, {**gold, init: gold[init] + PATCHES_PYTEST_REPORTS})
-    assert (await graded(fresh, INSTANCES[0], both)).resolved
+    assert (await graded(isolating_factory, INSTANCES[0], both)).resolved
 
 
 def pytest_graded(instance_id: str):
@@ -212,8 +196,8 @@ def pytest_graded(instance_id: str):
     return generate(instance_id).model_copy(update={"checks": None})
 
 
-@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
-async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_nothing(fresh):
+@pytest.mark.parametrize("isolating_factory", [DOCKER_SLOW, "bwrap"], indirect=True)
+async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_nothing(isolating_factory):
     instance = pytest_graded(INSTANCES[0])
     gold = apply_patch(instance.repo, instance.patch)
     init = f"{variant(INSTANCES[0]).pkg}/__init__.py"
@@ -221,17 +205,11 @@ async def test_on_the_pytest_path_a_fix_that_rewrites_the_hidden_tests_scores_no
         "\nimport pathlib as _p\n_t = _p.Path(__file__).resolve().parents[1] / 'tests' / 'test_regressions.py'\n"
         "if _t.exists():\n    _t.write_text('def test_ok():\\n    pass\\n')\n"
     )
-    sandbox = await fresh()
-    try:
+    async with await isolating_factory() as sandbox:
         honest = await grade(sandbox, instance, instance.patch, timeout_s=60.0)
-    finally:
-        await sandbox.close()
     assert honest.resolved
-    sandbox = await fresh()
-    try:
+    async with await isolating_factory() as sandbox:
         result = await grade(sandbox, instance, make_patch(instance.repo, {**gold, init: gold[init] + rewrite}))
-    finally:
-        await sandbox.close()
     assert result.problem.startswith("the tests were changed while they ran") and result.outcome("fraction") == 0.0
 
 
@@ -252,8 +230,8 @@ setattr(_cls, "from_item_and_call", classmethod(_passed))
 """
 
 
-@pytest.mark.parametrize("fresh", [DOCKER_SLOW, "bwrap"], indirect=True)
-async def test_on_the_pytest_path_tampering_voids_the_grade_and_the_gold_patch_is_not_voided(fresh):
+@pytest.mark.parametrize("isolating_factory", [DOCKER_SLOW, "bwrap"], indirect=True)
+async def test_on_the_pytest_path_tampering_voids_the_grade_and_the_gold_patch_is_not_voided(isolating_factory):
     """Best effort where the package runs inside pytest: the hack is voided by the scan of the diff, one that hides
     its names from the scan by the integrity plugin, and neither voids the gold patch."""
     instance = pytest_graded(INSTANCES[0])
@@ -263,11 +241,8 @@ async def test_on_the_pytest_path_tampering_voids_the_grade_and_the_gold_patch_i
         ("scanned", hacked(INSTANCES[0], PATCHES_PYTEST_REPORTS)),
         ("watched", hacked(INSTANCES[0], EVADES_THE_SCAN)),
     ]:
-        sandbox = await fresh()
-        try:
+        async with await isolating_factory() as sandbox:
             results[name] = await grade(sandbox, instance, patch, timeout_s=60.0)
-        finally:
-            await sandbox.close()
     assert results["gold"].resolved and not results["gold"].tampered
     assert results["scanned"].tampered and "references _pytest" in results["scanned"].problem
     assert results["watched"].tampered and "TestReport.from_item_and_call replaced" in results["watched"].problem

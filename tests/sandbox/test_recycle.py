@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, LocalSandbox, SandboxPool
+from agentrl.sandbox import DockerSandbox, LocalSandbox, SandboxPool
 
 # What an episode's program could leave for the next one, in every place the sandbox user can write.
 LEAVE_BEHIND = r"""
@@ -25,18 +25,9 @@ CHECK = "ls -A /work /tmp /dev/shm /dev/mqueue; tail -n +2 /proc/sysvipc/shm /pr
 EMPTY = "/dev/mqueue:\n\n/dev/shm:\n\n/tmp:\n\n/work:\n"
 
 
-@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
-def factory(request):
+async def test_a_recycled_sandbox_is_as_new(isolating_factory):
     """The same recycle on both backends that isolate."""
-    if request.param == "docker":
-        request.getfixturevalue("sandbox_image")
-        return DockerSandbox.create
-    request.getfixturevalue("bwrap_site")
-    return lambda: BwrapSandbox.create(BwrapSandboxConfig(rootfs="host"))
-
-
-async def test_a_recycled_sandbox_is_as_new(factory):
-    async with SandboxPool(factory, size=1, reuse=3) as pool:
+    async with SandboxPool(isolating_factory, size=1, reuse=3) as pool:
         async with pool.sandbox() as sb:
             first = sb.name
             r = await sb.run_python(LEAVE_BEHIND)
@@ -54,8 +45,8 @@ async def test_a_recycled_sandbox_is_as_new(factory):
         assert pool.stats["recycled"] == 1 and pool.stats["started"] == 1
 
 
-async def test_what_cannot_be_proven_clean_is_discarded(factory):
-    async with SandboxPool(factory, size=1, reuse=3) as pool:
+async def test_what_cannot_be_proven_clean_is_discarded(isolating_factory):
+    async with SandboxPool(isolating_factory, size=1, reuse=3) as pool:
         async with pool.sandbox() as sb:
             first = sb.name
             # nested deeper than the recycler descends: it cannot show the place empty
