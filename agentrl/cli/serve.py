@@ -1,8 +1,10 @@
-"""`agentrl serve`: an inference engine behind the OpenAI completions API, token ids in and out."""
+"""`agentrl serve`: an inference engine behind the OpenAI API: completions (token ids in and out) and chat
+completions (messages in, tool calls out, token ids as extension fields)."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
 import socket
 import tempfile
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 from agentrl.cli.console import err, fail
 from agentrl.models.lora import LoraSettings
 
+API_KEY_ENV = "AGENTRL_API_KEY"
 _LORA = LoraSettings()  # the run's defaults, so that a plain --lora-rank matches a plain model.lora
 
 # Requests still running this long after SIGINT/SIGTERM are cut off (`_Server.shutdown` aborted
@@ -29,7 +32,8 @@ GRACE_S = 10
 
 def serve(
     model: Annotated[
-        Path | None, typer.Option(help="Checkpoint directory (save_pretrained output).", exists=True, file_okay=False)
+        str | None,
+        typer.Option(help='Checkpoint directory (save_pretrained output), or "default" (the shipped policy).'),
     ] = None,
     tiny: Annotated[
         str | None, typer.Option(help="Serve a fresh random-init tiny model of this architecture, e.g. qwen3_moe.")
@@ -46,10 +50,21 @@ def serve(
         str, typer.Option(help="Comma-separated modules with adapters (the run's model.lora.target_modules).")
     ] = ",".join(_LORA.target_modules),
     lora_experts: Annotated[bool, typer.Option(help="Adapters on the MoE expert projections too.")] = False,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_envvar=True,
+            help="Every endpoint but /health needs `Authorization: Bearer KEY`; required off loopback.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over HTTP (OpenAI completions, token ids in and out) until SIGINT or SIGTERM.
 
     Prints `agentrl serve: NAME on http://HOST:PORT` once it is listening.
+
+    POST /v1/chat/completions renders messages with the model's chat template and parses its tool calls
+    (Hermes) into `tool_calls`: the `openai` SDK works against it unchanged.
 
     It takes weight updates too (POST /agentrl/weights): `OpenAIEngine` drives it as a policy. For
     a LoRA run, start it with the run's adapter shape (--lora-rank, --lora-alpha, --lora-targets,
@@ -57,21 +72,31 @@ def serve(
     """
     if (model is None) == (tiny is None):
         fail("pass exactly one of --model DIR and --tiny ARCH")
+    api_key = (api_key or "").strip() or None  # an empty AGENTRL_API_KEY is no key
+    if api_key is None and not _loopback(host):
+        fail(
+            f"--host {host} is reachable from other machines: give a key (--api-key KEY, or {API_KEY_ENV}) that "
+            "every request, weight uploads included, must carry"
+        )
+
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
     from agentrl.config import ConfigError, load
     from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_unavailable
     from agentrl.engine.server import create_app
+    from agentrl.models.default import resolve_path
     from agentrl.models.tiny import save_tiny
 
     transformers_logging.disable_progress_bar()  # stderr stays readable: the URL line, warnings, "stopped"
     with tempfile.TemporaryDirectory(prefix="agentrl-serve-") as tmp:
         try:
-            path = model if model is not None else save_tiny(tmp, tiny, seed=seed)
-        except ValueError as e:  # an unknown architecture; the message lists the known ones
+            path = resolve_path(model) if model is not None else save_tiny(tmp, tiny, seed=seed)
+        except (ValueError, FileNotFoundError) as e:  # an unknown architecture (the message lists the known ones)
             fail(e)
-        name = str(model) if model is not None else f"tiny-{tiny}"
+        if model is not None and model != "default" and not Path(path).is_dir():
+            fail(f"--model {model}: no such checkpoint folder")
+        name = model if model is not None else f"tiny-{tiny}"
         try:  # a bad setting, or --lora-experts on a dense model: one line, not a traceback
             cfg = load(
                 EngineConfig,
@@ -94,9 +119,26 @@ def serve(
         except (OSError, ValueError):  # no tokenizer files: replies carry ids only, no `text`
             tokenizer = None
         vocab_size = AutoConfig.from_pretrained(path).vocab_size
-        app = create_app(eng, model_name=name, tokenizer=tokenizer, vocab_size=vocab_size)
+        app = create_app(eng, model_name=name, tokenizer=tokenizer, vocab_size=vocab_size, api_key=api_key)
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            from agentrl.rollout import ChatFormat
+            from agentrl.rollout.chat_api import ChatCompletions
+
+            ChatCompletions(eng, ChatFormat(tokenizer), model_name=name).add_routes(app)
+        else:
+            err.print(f"agentrl serve: {name} has no chat template: /v1/chat/completions is not served")
         asyncio.run(_serve(app, eng, name, host, port))
     err.print("agentrl serve: stopped")
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 class _Server(uvicorn.Server):

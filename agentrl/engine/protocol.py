@@ -211,6 +211,192 @@ class PolicyVersion(_Reply):
     """GET /agentrl/version: the updates POST /agentrl/weights takes ("full", "lora": the served engine's)"""
 
 
+# -- chat completions: POST /v1/chat/completions (agentrl serve, and the session gateway of a training run)
+
+
+class ChatFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str = "{}"
+    """the arguments as a JSON object's text, as OpenAI sends them"""
+
+
+class ChatToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: str = "function"
+    function: ChatFunction
+
+
+class ChatMessage(BaseModel):
+    """One message of a request. Fields the SDK echoes back from a reply (refusal, annotations, audio) are ignored;
+    content parts other than text are refused."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as one string (text parts joined); "" for none."""
+        if isinstance(self.content, list):
+            return "".join(part.get("text", "") for part in self.content)
+        return self.content or ""
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list) and (bad := sorted({str(p.get("type")) for p in v} - {"text"})):
+            raise ValueError(f"content parts of type {bad} are not supported: text only")
+        return v
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = "function"
+    function: dict[str, Any]
+    """name, description, parameters (a JSON schema), as OpenAI takes them"""
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions: OpenAI's request, rendered with the served model's chat template.
+
+    Strict as the completions request is: a setting the server would ignore is an error naming it. Sampling
+    settings are the completions request's; `logprobs: true` returns the sampled tokens' logprobs (no alternatives:
+    `top_logprobs` is 0 or absent); `return_token_ids` (vLLM's extension) returns `prompt_token_ids` and
+    `choices[].token_ids`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """auto (the default with tools) or none; required and a named function need constrained decoding: refused"""
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """OpenAI's newer name for max_tokens; None for both: as many as the context leaves"""
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False
+    user: str | None = None
+    stop: list[str] | str | None = None
+    n: int = NEUTRAL["n"]
+    presence_penalty: float = NEUTRAL["presence_penalty"]
+    frequency_penalty: float = NEUTRAL["frequency_penalty"]
+
+    @model_validator(mode="after")
+    def _no_ignored_settings(self) -> ChatCompletionRequest:
+        if self.n != 1:
+            raise ValueError(
+                f"n={self.n} is not supported: one choice per request (a group is G requests, each its own session)"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != NEUTRAL[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported (only 0.0)")
+        if self.stop:
+            raise ValueError("`stop` strings are not supported: generation ends at the chat template's end of turn")
+        if isinstance(self.tool_choice, dict) or self.tool_choice not in (None, "auto", "none"):
+            raise ValueError(
+                f"tool_choice={self.tool_choice!r} is not supported: only auto and none (the engines do not constrain "
+                "decoding to a call)"
+            )
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChatReplyMessage(_Reply):
+    role: str = "assistant"
+    content: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
+
+
+class ChatTokenLogprob(_Reply):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[dict[str, Any]] = []
+
+
+class ChatLogprobs(_Reply):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatChoice(_Reply):
+    index: int = 0
+    message: ChatReplyMessage
+    finish_reason: str | None = None
+    """stop, length, tool_calls, or abort"""
+    logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None
+    policy_versions: list[int] | None = None
+    """agentrl extension, as in completions"""
+    policy_kv_versions: list[int] | None = None
+
+
+class ChatCompletion(_Reply):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+    """with `return_token_ids`: the prompt as the server laid it out"""
+
+
+class ChatDeltaToolCall(_Reply):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: ChatFunction | None = None
+
+
+class ChatDelta(_Reply):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[ChatDeltaToolCall] | None = None
+
+
+class ChatChunkChoice(_Reply):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None
+    policy_versions: list[int] | None = None
+    policy_kv_versions: list[int] | None = None
+
+
+class ChatCompletionChunk(_Reply):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
 # vLLM's own endpoints, with which `OpenAIEngine` installs weights on a `vllm serve` server (shapes as in
 # vLLM 0.16.0's vllm/entrypoints/serve/lora/protocol.py and serve/rpc/api_router.py; vLLM ignores extra fields).
 

@@ -22,9 +22,10 @@ refuses gets 400 with a message naming the field, as vLLM does.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import safetensors.torch
@@ -34,7 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine
+from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
 from agentrl.engine.protocol import (
     AbortRequest,
     Completion,
@@ -59,26 +60,32 @@ def create_app(
     model_name: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
     vocab_size: int | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The app; the caller owns `engine` and closes it after the server stops.
 
     tokenizer: only for the `text` fields of replies (generation never decodes).
     vocab_size: refuse prompt ids outside the vocabulary with a 400 (before the model sees them).
+    api_key: every endpoint but GET /health needs `Authorization: Bearer KEY` (401 otherwise).
 
     `await app.state.stop()` before shutting the server down: new requests get 503 and running
-    ones are aborted, so their replies go out at once with the tokens made so far.
+    ones are aborted, so their replies go out at once with the tokens made so far. Other routes
+    (`agentrl.rollout.chat_api`'s) start their requests with `submit` so that this holds for them too.
     """
     app = FastAPI(title="agentrl serve")
     created = int(time.time())
-    running: set[str] = set()  # request ids the engine holds
+    app.state.running = set()  # request ids the engine holds
+    app.state.created = created
 
     async def stop() -> None:
         app.state.stopping = True
-        for rid in list(running):
+        for rid in list(app.state.running):
             await engine.abort(rid)
 
     app.state.stopping = False
     app.state.stop = stop
+    if api_key is not None:
+        require_key(app, lambda _: api_key, open_paths={"/health"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -133,19 +140,16 @@ def create_app(
         except ContextTooLong as e:
             return error(400, str(e), "max_tokens", code="context_length_exceeded")
         rid = req.request_id or uuid.uuid4().hex
-        task = asyncio.ensure_future(engine.generate(req.prompt, params, request_id=rid))
-        await asyncio.sleep(0)  # engines register the request before their first await: an abort now finds it
-        if task.done() and task.exception() is not None:  # refused, e.g. its request id is in flight already
-            return _failed(task.exception())
-        running.add(rid)
-        task.add_done_callback(lambda _: running.discard(rid))
+        task = await submit(app, engine, req.prompt, params, rid)
+        if isinstance(task, JSONResponse):
+            return task
         reply = _Reply(req, rid, model_name, created, tokenizer)
         if req.stream:
             return StreamingResponse(reply.events(engine, task, request), media_type="text/event-stream")
         try:
-            gen = await _until_done(engine, task, rid, request)
+            gen = await until_done(engine, task, rid, request)
         except Exception as e:
-            return _failed(e)
+            return failed(e)
         if gen is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return JSONResponse(reply.completion(gen).model_dump(mode="json"))
@@ -170,7 +174,7 @@ class _Reply:
     ) -> AsyncIterator[str]:
         yield _sse(self._wrap([self._choice(None, prompt=True)]))
         try:
-            gen = await _until_done(engine, task, self.rid, request)
+            gen = await until_done(engine, task, self.rid, request)
         except Exception as e:  # the status line has gone out: report the failure in the stream, as vLLM does
             yield _sse(_error_body(e))
             return
@@ -240,7 +244,40 @@ class _Reply:
         return Completion(id=f"cmpl-{self.rid}", created=self.created, model=self.model, choices=choices, usage=usage)
 
 
-async def _until_done(
+async def submit(
+    app: FastAPI, engine: InferenceEngine, prompt: list[int], params: SamplingParams, rid: str
+) -> asyncio.Future[Generation] | JSONResponse:
+    """Hand a request to the engine: its task, tracked so that `app.state.stop()` aborts it, or the error reply
+    when the engine refused it at once (e.g. its request id is in flight already)."""
+    task = asyncio.ensure_future(engine.generate(prompt, params, request_id=rid))
+    await asyncio.sleep(0)  # engines register the request before their first await: an abort now finds it
+    if task.done() and task.exception() is not None:
+        return failed(task.exception())
+    app.state.running.add(rid)
+    task.add_done_callback(lambda _: app.state.running.discard(rid))
+    return task
+
+
+def require_key(app: FastAPI, key_for: Callable[[str], str | None], *, open_paths: set[str] = frozenset()) -> None:
+    """Every request to `app` but those to `open_paths` needs `Authorization: Bearer K`, K = `key_for(path)`
+    (None: the path has no key, 404), compared in constant time; 401 otherwise, OpenAI-shaped."""
+
+    @app.middleware("http")
+    async def _check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        path = request.url.path
+        if path in open_paths:
+            return await call_next(request)
+        key = key_for(path)
+        if key is None:
+            return error(404, f"nothing is served at {path}", code="not_found")
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            return error(401, "a valid API key is required: send `Authorization: Bearer KEY`", code="invalid_api_key")
+        return await call_next(request)
+
+
+async def until_done(
     engine: InferenceEngine, task: asyncio.Future[Generation], rid: str, request: Request
 ) -> Generation | None:
     """The request's Generation, or None when the client disconnected first.
@@ -272,7 +309,8 @@ def _sse(obj: Completion | ErrorResponse) -> str:
 
 def error(status: int, message: str, param: str | None = None, *, code: str | None = None) -> JSONResponse:
     """An OpenAI-shaped error reply."""
-    kind = "invalid_request_error" if status < 500 else "internal_error"
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
+    kind = kind if status < 500 else "internal_error"
     body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
     return JSONResponse(body.model_dump(mode="json"), status_code=status)
 
@@ -282,7 +320,7 @@ def _error_body(e: BaseException) -> ErrorResponse:
     return ErrorResponse(error=ErrorInfo(message=f"{type(e).__name__}: {e}", type=kind))
 
 
-def _failed(e: BaseException) -> JSONResponse:
+def failed(e: BaseException) -> JSONResponse:
     """A request the engine raised on: its ValueErrors (a request id already in flight, ...) are the client's."""
     return JSONResponse(_error_body(e).model_dump(mode="json"), status_code=400 if isinstance(e, ValueError) else 500)
 

@@ -1,0 +1,250 @@
+"""The session gateway: an OpenAI-compatible endpoint per agent episode, recording every call token-exactly.
+
+A training run hands each episode of an agent written outside agentrl (the OpenAI SDK, LangChain, its own loop)
+a base URL and a key of its own: `http://HOST:PORT/sessions/{id}/v1`. The agent talks to the policy only
+through it (`POST …/chat/completions`, `GET …/models`), and every call records into the episode's `Trajectory`:
+its prompt ids, the completion ids, the engine's logprobs and the policy version per token.
+
+- **Token-exact turns.** The gateway knows what it returned. A request is laid out as `agentrl serve` lays one
+  out (`agentrl.rollout.chat_api`), finding the k-th assistant message of its history among the session's own
+  replies by position (unchanged: same content and calls): the recorded completion ids are reused, never
+  re-encoded. When that layout extends the trajectory (its prefix is the trajectory, and something follows),
+  the new messages' tokens are appended as an observation and the reply as the next turn.
+- **Rewritten histories.** When the agent dropped, edited or summarised its history, the call is still served
+  (laid out the same way, from what it holds), but the episode now holds more than one token sequence: it is
+  marked `rewritten` and recorded no further. Such an episode is left out of the loss and counted
+  (`rollout/rewritten`), never trained on wrongly.
+- **Retries.** A request with the same `Idempotency-Key`, or the same body, as one the session answered is
+  answered from the record, not sampled again (the SDK retries a timed-out call with the same body). An agent
+  that wants a second sample of the same history asks in another session.
+- **One at a time.** A session's calls are served in the order they arrive, one after the other (a turn follows
+  the one before it). A group is G sessions; `n > 1` is refused.
+- **Sampling.** The run's `rollout.sampling` decides how tokens are sampled: the loss trains the distribution
+  the engine sampled from. A request's temperature, top_p and seed are not used; its max_tokens only lowers the
+  turn's budget (`sampling.max_tokens`), and the episode's tokens are bounded by `max_episode_tokens`.
+- **Sticky routing.** A session's requests carry its id as the engine's request id: a fleet sends a session's
+  turns to the replica that holds its prefix in cache.
+- **Keys.** Each session has its own key; a call with another key, or to another session's id, gets 401, to a
+  closed or unknown session 404. The keys live in this process only (never in a trajectory, a run folder or the
+  viewer). The gateway listens on loopback by default; bound elsewhere, the keys are what guard it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+import secrets
+import socket
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from agentrl.engine.server import error, require_key
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
+from agentrl.rollout.trajectory import Trajectory
+
+_SESSION_PATH = re.compile(r"^/sessions/([^/]+)/v1/")
+
+
+@dataclass(frozen=True)
+class SessionAccess:
+    """What an agent is given: where its episode's model is, and the key to it."""
+
+    session_id: str
+    base_url: str
+    api_key: str = field(repr=False)
+
+
+@dataclass(eq=False)
+class Session:
+    """One episode's calls: its trajectory, the replies in it, and the answers by request."""
+
+    id: str
+    key: str = field(repr=False)
+    trajectory: Trajectory
+    seed: int
+    replies: list[Reply] = field(default_factory=list)
+    answered: dict[str, ChatCompletion] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    calls: int = 0
+    retries: int = 0
+    """calls answered from the record (a retry of one answered before)"""
+    rewritten: bool = False
+    """the agent's history stopped being the trajectory's: not recorded further, left out of the loss"""
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
+
+    def find(self, k: int, m: object) -> Reply | None:
+        """The k-th reply of this session, if `m` is it unchanged."""
+        return self.replies[k] if k < len(self.replies) and self.replies[k].matches(m) else None
+
+
+class Gateway:
+    """Sessions over one engine. `async with` starts the server (on `host`:`port`, 0: a free port) and stops it.
+
+    `sampling`: the run's sampling; `max_episode_tokens`: an episode's budget (prompt, generated and observation
+    tokens); `model_name`: what `/models` lists and a request may name."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        chat: ChatFormat,
+        *,
+        sampling: SamplingParams,
+        max_episode_tokens: int,
+        model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        parser: str = "hermes",
+    ) -> None:
+        self.engine, self.sampling, self.max_episode_tokens = engine, sampling, max_episode_tokens
+        self.host, self.port = host, port
+        self.chat = ChatCompletions(engine, chat, model_name=model_name, parser=parser)
+        self.sessions: dict[str, Session] = {}
+        self.app = self._make_app()
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+        self.base_url = ""
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def open(self, trajectory: Trajectory, seed: int = 0) -> SessionAccess:
+        """A session recording into `trajectory` (empty); `seed` seeds its requests' sampling."""
+        if trajectory.token_ids:
+            raise ValueError("a session records from the first call: give it an empty trajectory")
+        sid = secrets.token_hex(12)
+        session = Session(id=sid, key=secrets.token_urlsafe(24), trajectory=trajectory, seed=seed)
+        self.sessions[sid] = session
+        return SessionAccess(sid, f"{self.base_url}/sessions/{sid}/v1", session.key)
+
+    async def close_session(self, session_id: str) -> Session | None:
+        """End a session: later calls get 404, and a call in flight is aborted. Returns it (None if unknown)."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            await self.engine.abort(session_id)
+        return session
+
+    # -- the server -------------------------------------------------------------------
+
+    async def start(self) -> Gateway:
+        if self._task is not None:
+            return self
+        sock = socket.create_server(
+            (self.host, self.port), family=socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        )
+        host, port = sock.getsockname()[:2]
+        self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        self._server = _Server(config)
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()  # raises why it could not start
+        return self
+
+    async def close(self) -> None:
+        for sid in list(self.sessions):
+            await self.close_session(sid)
+        if self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> Gateway:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _key_for(self, path: str) -> str | None:
+        match = _SESSION_PATH.match(path)
+        session = self.sessions.get(match.group(1)) if match else None
+        return session.key if session else None
+
+    def _make_app(self) -> FastAPI:
+        app = FastAPI(title="agentrl gateway")
+        app.state.running, app.state.stopping = set(), False
+        require_key(app, self._key_for)
+
+        @app.get("/sessions/{sid}/v1/models")
+        async def models(sid: str) -> ModelList:
+            return ModelList(data=[ModelCard(id=self.chat.model_name, max_model_len=self.engine.max_context)])
+
+        @app.post("/sessions/{sid}/v1/chat/completions", response_model=None)
+        async def chat_completions(sid: str, req: ChatCompletionRequest, request: Request) -> Response:
+            session = self.sessions.get(sid)
+            if session is None:  # closed while the body was read
+                return error(404, f"session {sid} is closed", code="not_found")
+            token = request.headers.get("idempotency-key") or hashlib.sha256(await request.body()).hexdigest()
+            async with session.lock:
+                return await self._call(app, session, req, request, token)
+
+        return app
+
+    async def _call(
+        self, app: FastAPI, s: Session, req: ChatCompletionRequest, request: Request, token: str
+    ) -> Response:
+        if (done := s.answered.get(token)) is not None:
+            s.retries += 1
+            return answer(done, req)
+        traj = s.trajectory
+        try:
+            self.chat.check(req)
+            prompt = self.chat.layout.prompt_ids(req.messages, self.chat.tools(req), s.find)
+            n = len(traj.token_ids)
+            extends = n == 0 or (prompt[:n] == traj.token_ids and len(prompt) > n and not traj.turn_open)
+            room = self.max_episode_tokens - len(prompt)
+            budget = min(self.sampling.max_tokens, req.token_limit or room, room)
+            if budget < 1:
+                raise ContextTooLong(
+                    f"the prompt of {len(prompt)} tokens leaves no room in the episode's {self.max_episode_tokens}"
+                )
+            params = self.sampling.model_copy(
+                update={
+                    "max_tokens": budget,
+                    "stop_token_ids": self.chat.chat.stop_token_ids,
+                    "seed": zlib.crc32(f"{s.seed}/{len(prompt)}".encode()),
+                }
+            )
+            self.engine.check_fits(len(prompt), params)
+        except ChatRequestError as e:
+            return error(e.status, str(e), e.param, code=e.code)
+        except ContextTooLong as e:
+            return error(400, str(e), "messages", code="context_length_exceeded")
+        s.calls += 1
+        s.rewritten = s.rewritten or not extends
+
+        def record(gen: Generation, completion: ChatCompletion, reply: Reply) -> None:
+            s.answered[token] = completion
+            s.usage["prompt_tokens"] += len(prompt)
+            s.usage["completion_tokens"] += len(gen.token_ids)
+            if s.rewritten or gen.finish_reason == "aborted" or s.id not in self.sessions:
+                return
+            if not traj.token_ids:
+                traj.append_prompt(prompt)
+            else:
+                traj.append_observation(prompt[len(traj.token_ids) :])
+            traj.append_generation(gen)
+            s.replies.append(reply)
+
+        return await self.chat.respond(
+            app, req, request, prompt, params, request_id=s.id, on_reply=record, live_stream=False
+        )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn in the driver's event loop: the driver's own signal handling stays as it is."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
