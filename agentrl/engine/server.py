@@ -87,10 +87,7 @@ def create_app(
     if api_key is not None:
         require_key(app, lambda _: api_key, open_paths={"/health"})
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        return error(400, _describe(exc.errors()), param=".".join(str(x) for x in first["loc"][1:]) or None)
+    refuse_invalid(app)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -256,6 +253,15 @@ async def submit(
     app.state.running.add(rid)
     task.add_done_callback(lambda _: app.state.running.discard(rid))
     return task
+
+
+def refuse_invalid(app: FastAPI) -> None:
+    """A body that does not parse or validate gets 400 naming the field, OpenAI-shaped (FastAPI's own is a 422)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        return error(400, _describe(exc.errors()), param=".".join(str(x) for x in first["loc"][1:]) or None)
 
 
 def require_key(app: FastAPI, key_for: Callable[[str], str | None], *, open_paths: set[str] = frozenset()) -> None:

@@ -316,14 +316,15 @@ class ChatCompletions:
         """Generate and answer (JSON, or a stream); `on_reply` sees what was generated before the answer goes.
         live_stream: a stream's first chunk goes once the engine holds the request; False: once it is done (so the
         caller's work around `respond` spans the generation)."""
-        rid = request_id or uuid.uuid4().hex
+        cid = uuid.uuid4().hex  # the completion's own id: a session's requests share one engine request id
+        rid = request_id or cid
         created = int(time.time())
         task = await submit(app, self.engine, prompt, params, rid)
         if isinstance(task, JSONResponse):
             return task
 
         def finish(gen: Generation) -> ChatCompletion:
-            completion, reply = self.completion(gen, req, prompt, rid, created)
+            completion, reply = self.completion(gen, req, prompt, cid, created)
             self.book.add(reply)
             on_reply(gen, completion, reply)
             return completion
@@ -333,7 +334,7 @@ class ChatCompletions:
             async def events() -> AsyncIterator[str]:
                 yield _sse(
                     ChatCompletionChunk(
-                        id=f"chatcmpl-{rid}",
+                        id=f"chatcmpl-{cid}",
                         created=created,
                         model=self.model_name,
                         choices=[ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))],
@@ -360,7 +361,7 @@ class ChatCompletions:
         return answer(finish(gen), req)
 
     def completion(
-        self, gen: Generation, req: ChatCompletionRequest, prompt: list[int], rid: str, created: int
+        self, gen: Generation, req: ChatCompletionRequest, prompt: list[int], cid: str, created: int
     ) -> tuple[ChatCompletion, Reply]:
         message, reply = self.layout.read(gen.token_ids)
         finish = FINISH[gen.finish_reason]
@@ -385,7 +386,7 @@ class ChatCompletions:
         )
         n_prompt, n_out = len(prompt), len(gen.token_ids)
         completion = ChatCompletion(
-            id=f"chatcmpl-{rid}",
+            id=f"chatcmpl-{cid}",
             created=created,
             model=self.model_name,
             choices=[choice],

@@ -47,7 +47,7 @@ from fastapi.responses import Response
 
 from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
 from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
-from agentrl.engine.server import error, require_key
+from agentrl.engine.server import error, refuse_invalid, require_key
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
 from agentrl.rollout.trajectory import Trajectory
@@ -174,6 +174,7 @@ class Gateway:
     def _make_app(self) -> FastAPI:
         app = FastAPI(title="agentrl gateway")
         app.state.running, app.state.stopping = set(), False
+        refuse_invalid(app)
         require_key(app, self._key_for)
 
         @app.get("/sessions/{sid}/v1/models")

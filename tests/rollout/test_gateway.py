@@ -1,0 +1,165 @@
+"""The session gateway: SDK-written agents, each episode its own base URL and key, recorded token-exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+import httpx
+import openai
+import pytest
+import torch
+from test_chat_serve import OPENING, TOOLS
+from transformers import AutoTokenizer
+
+from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
+from agentrl.models.default import resolve_path
+from agentrl.rollout import ChatFormat, Segment, Trajectory
+from agentrl.rollout.gateway import Gateway
+
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=40)
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    path = resolve_path("default")
+    async with build_engine(EngineConfig(), EngineModel(path)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatFormat(AutoTokenizer.from_pretrained(resolve_path("default")))
+
+
+@pytest.fixture
+async def gateway(engine, chat):
+    async with Gateway(engine, chat, sampling=SAMPLING, max_episode_tokens=2048) as g:
+        yield g
+
+
+def new_trajectory(i: int = 0) -> Trajectory:
+    return Trajectory(episode_id=f"e{i}", group_id="g", task_id="t", sampling=SAMPLING)
+
+
+def client(access) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=access.base_url, api_key=access.api_key, max_retries=0)
+
+
+async def sdk_agent(access, turns: int = 3) -> list:
+    """A plain SDK agent: each reply goes back as the SDK returned it, each call answered with a tool message."""
+    replies, messages = [], list(OPENING)
+    async with client(access) as c:
+        for t in range(turns):
+            r = await c.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, logprobs=True, extra_body={"return_token_ids": True}
+            )
+            replies.append(r)
+            message = r.choices[0].message
+            messages.append(message)
+            if message.tool_calls:
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": f"out {t}"} for c in message.tool_calls]
+            else:
+                messages.append({"role": "user", "content": "Use a tool."})
+    return replies
+
+
+async def test_64_concurrent_sessions_record_what_a_replay_of_their_calls_gives(gateway, engine):
+    trajectories = [new_trajectory(i) for i in range(64)]
+    accesses = [gateway.open(t, seed=i) for i, t in enumerate(trajectories)]
+    assert len({a.api_key for a in accesses}) == 64 and all(
+        a.base_url.startswith("http://127.0.0.1:") for a in accesses
+    )
+    calls = await asyncio.gather(*(sdk_agent(a) for a in accesses))
+    sessions = [gateway.sessions[a.session_id] for a in accesses]
+    assert not any(s.rewritten for s in sessions) and all(s.calls == 3 for s in sessions)
+    replays = []
+    for i, (traj, replies) in enumerate(zip(trajectories, calls, strict=True)):
+        assert len(traj.turns) == 3
+        for turn, reply in zip(traj.turns, replies, strict=True):
+            # what the agent was sent is what the trajectory holds, token for token, with the engine's logprobs
+            assert reply.model_extra["prompt_token_ids"] == traj.token_ids[: turn.start]
+            assert reply.choices[0].model_extra["token_ids"] == traj.token_ids[turn.start : turn.end]
+            assert [t.logprob for t in reply.choices[0].logprobs.content] == traj.logprobs[turn.start : turn.end]
+            assert set(traj.segments[turn.start : turn.end]) == {Segment.GENERATED}
+            prompt = traj.token_ids[: turn.start]
+            params = SAMPLING.model_copy(
+                update={
+                    "stop_token_ids": gateway.chat.chat.stop_token_ids,
+                    "seed": zlib.crc32(f"{i}/{len(prompt)}".encode()),
+                }
+            )
+            replays.append((traj, turn, engine.generate(prompt, params)))
+        assert traj.versions[traj.turns[0].start :] and set(traj.policy_versions) == {0}
+    # every turn sampled again from its recorded prompt and seed: the same tokens and logprobs
+    for (traj, turn, _), gen in zip(replays, await asyncio.gather(*(r[2] for r in replays)), strict=True):
+        assert gen.token_ids == traj.token_ids[turn.start : turn.end]
+        torch.testing.assert_close(
+            torch.tensor(gen.logprobs), torch.tensor(traj.logprobs[turn.start : turn.end]), atol=1e-4, rtol=0
+        )
+
+
+async def test_a_rewritten_history_is_served_and_the_episode_marked(gateway):
+    traj = new_trajectory()
+    access = gateway.open(traj)
+    async with client(access) as c:
+        first = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
+        n = len(traj.token_ids)
+        summarised = [{"role": "system", "content": "Summary: the agent tried once."}, OPENING[1]]
+        second = await c.chat.completions.create(model="policy", messages=summarised, tools=TOOLS)
+    assert first.choices and second.choices[0].message is not None
+    session = gateway.sessions[access.session_id]
+    assert session.rewritten and session.calls == 2
+    assert len(traj.token_ids) == n and len(traj.turns) == 1  # nothing recorded after the rewrite
+
+
+async def test_a_retried_request_is_answered_from_the_record(gateway):
+    traj = new_trajectory()
+    access = gateway.open(traj)
+    async with client(access) as c:
+        a = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
+        b = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)  # the same body
+        d = await c.chat.completions.create(
+            model="policy", messages=OPENING, tools=TOOLS, max_tokens=7, extra_headers={"Idempotency-Key": "k1"}
+        )
+        e = await c.chat.completions.create(
+            model="policy", messages=OPENING, tools=TOOLS, max_tokens=9, extra_headers={"Idempotency-Key": "k1"}
+        )
+    assert a.id == b.id and a.choices[0].message == b.choices[0].message
+    assert d.id == e.id and d.id != a.id
+    session = gateway.sessions[access.session_id]
+    assert session.retries == 2 and len(traj.turns) == 1 and session.rewritten  # d re-asked turn 0: a second branch
+
+
+async def test_bad_input_gets_an_openai_error_and_leaves_the_session_as_it_was(gateway):
+    traj = new_trajectory()
+    access = gateway.open(traj)
+    async with client(access) as c:
+        with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
+            await c.chat.completions.create(model="policy", messages=OPENING, n=2)
+        with pytest.raises(openai.BadRequestError, match="did not make"):
+            await c.chat.completions.create(
+                model="policy", messages=[*OPENING, {"role": "tool", "tool_call_id": "x", "content": "1"}]
+            )
+        with pytest.raises(openai.NotFoundError, match="not served here"):
+            await c.chat.completions.create(model="gpt-4o", messages=OPENING)
+        with pytest.raises(openai.BadRequestError, match="more than a context"):
+            await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 10_000_000}])
+        r = await c.chat.completions.create(model="policy", messages=OPENING)
+    session = gateway.sessions[access.session_id]
+    assert session.calls == 1 and not session.rewritten and len(traj.turns) == 1 and r.choices
+
+
+async def test_keys_are_per_session(gateway):
+    a, b = gateway.open(new_trajectory(1)), gateway.open(new_trajectory(2))
+    body = {"model": "policy", "messages": OPENING, "max_tokens": 2}
+    async with httpx.AsyncClient() as h:
+        url = f"{a.base_url}/chat/completions"
+        assert (await h.post(url, json=body)).status_code == 401
+        assert (await h.post(url, json=body, headers={"Authorization": f"Bearer {b.api_key}"})).status_code == 401
+        assert (
+            await h.get(f"{a.base_url}/models", headers={"Authorization": f"Bearer {a.api_key}"})
+        ).status_code == 200
+        await gateway.close_session(a.session_id)
+        r = await h.post(url, json=body, headers={"Authorization": f"Bearer {a.api_key}"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
