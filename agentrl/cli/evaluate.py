@@ -25,6 +25,9 @@ def eval_(
         str, typer.Option(help="Inference engine: hf, vllm (GPU), openai (a server), or one a package registers.")
     ] = "hf",
     base_url: Annotated[str | None, typer.Option(help="openai engine: the server (e.g. agentrl serve).")] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="openai engine: the environment variable holding the server's API key.")
+    ] = None,
     samples: Annotated[int, typer.Option(help="Samples per problem (n of pass@k).")] = 1,
     k: Annotated[str, typer.Option(help="pass@k to report, comma-separated: 1,10.")] = "1",
     turns: Annotated[int, typer.Option(help="Attempts per problem, with test feedback between them.")] = 1,
@@ -60,7 +63,10 @@ def eval_(
             merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks}, parse_sets(set_)),
             source="eval settings",
         )
-        engine_cfg = load(EngineConfig, {"kind": engine, "base_url": base_url}, source="--engine/--base-url")
+        keyed = {"api_key_env": api_key_env} if api_key_env is not None else {}
+        engine_cfg = load(
+            EngineConfig, {"kind": engine, "base_url": base_url, **keyed}, source="--engine/--base-url/--api-key-env"
+        )
     except (ConfigError, ValueError) as e:
         fail(e)
     if completions is None and (why := engine_unavailable(engine_cfg)):

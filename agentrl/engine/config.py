@@ -3,6 +3,7 @@ settings) and `EngineModel` (what it serves). `agentrl.engine.build_engine` take
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +45,9 @@ class EngineConfig(BaseModel):
     learner's dtype"""
     base_url: str | None = None
     """openai: the server, e.g. http://127.0.0.1:8000 (agentrl serve; vLLM with --logprobs-mode processed_logprobs)"""
+    api_key_env: str | None = None
+    """openai: the environment variable holding the servers' API key (sent as a bearer token); the key itself is
+    never a setting, so it never reaches a run folder"""
     served_model: str | None = None
     """openai: the served model to ask for; None: the first the server lists"""
     server: Literal["auto", "agentrl", "vllm"] = "auto"
@@ -79,6 +83,15 @@ class EngineConfig(BaseModel):
     # the cluster's layout is said in one place.
     _placement: InferencePlacement = PrivateAttr(default_factory=InferencePlacement)
 
+    def api_key(self) -> str | None:
+        """The key `api_key_env` names, read now (None without one)."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env, "").strip()
+        if not key:
+            raise ValueError(f"engine.api_key_env names {self.api_key_env}, which is not set: export the server's key")
+        return key
+
     @property
     def placement(self) -> InferencePlacement:
         """What each replica reserves on a Ray cluster beyond the defaults (GPUs, CPUs, custom node resources)."""
@@ -107,6 +120,10 @@ class EngineConfig(BaseModel):
         if self.kind == "openai" and (self.base_url is None) == (not self.base_urls):
             raise ValueError(
                 "engine.base_url is required with engine.kind=openai (one server), or engine.base_urls (several)"
+            )
+        if self.kind != "openai" and self.api_key_env is not None:
+            raise ValueError(
+                "engine.api_key_env is the key of the servers an openai engine calls: it needs kind=openai"
             )
         if self.kind != "openai" and (self.base_url is not None or self.base_urls):
             raise ValueError(

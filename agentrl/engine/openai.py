@@ -151,6 +151,7 @@ class OpenAIEngine(InferenceEngine):
         serve sends a request's tokens when it ends: keep it above the longest generation).
     max_retries: further attempts after a connection error, timeout or 5xx reply.
     max_context: the context length; None reads `max_model_len` from `/v1/models`.
+    api_key: sent as `Authorization: Bearer KEY` on every request (agentrl serve --api-key, vllm serve --api-key).
 
     Policy versions: each token carries the server's `policy_versions` and `policy_kv_versions` when it
     sends them (agentrl serve), else, for both, this engine's own version when the request was sent
@@ -182,6 +183,7 @@ class OpenAIEngine(InferenceEngine):
         weights_dir: str | Path | None = None,
         policy: EngineModel | None = None,
         version: int = 0,
+        api_key: str | None = None,
     ) -> None:
         if max_retries < 0 or retry_backoff_s < 0 or timeout_s <= 0:
             raise ValueError("need max_retries >= 0, retry_backoff_s >= 0 and timeout_s > 0")
@@ -193,7 +195,8 @@ class OpenAIEngine(InferenceEngine):
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.policy = policy or EngineModel()
         self._max_context = max_context
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s), headers=headers)
         self._version = version
         self._dialect: ServerDialect | None = None  # chosen when it connects
         self._connecting = asyncio.Lock()
@@ -209,13 +212,15 @@ class OpenAIEngine(InferenceEngine):
             weights_dir=cfg.weights_dir,
             policy=model,
             version=version,
+            api_key=cfg.api_key(),
         )
 
     @classmethod
     def unavailable(cls, cfg: EngineConfig) -> str | None:
         url = f"{cfg.base_url.rstrip('/').removesuffix('/v1')}/v1/models"
         try:
-            httpx.get(url, timeout=5).raise_for_status()
+            key = cfg.api_key()
+            httpx.get(url, timeout=5, headers={"Authorization": f"Bearer {key}"} if key else None).raise_for_status()
         except httpx.HTTPError as e:
             return f"{url} does not answer ({type(e).__name__}: {e}): start the server (agentrl serve --model DIR)"
         if cfg.weights_dir is not None and not Path(cfg.weights_dir).is_dir():

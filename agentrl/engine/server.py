@@ -13,6 +13,9 @@ Token ids in, token ids out, as vLLM serves them (the wire format is `agentrl.en
 - `POST /agentrl/weights` (body: a safetensors state dict; `?lora=1`: a LoRA adapter) installs new
   weights and returns the new policy version; `GET /agentrl/version`.
 
+`agentrl.rollout.chat_api` adds `POST /v1/chat/completions` to this app (it renders chat templates, a job above
+the engine layer). With an API key every endpoint but `GET /health` needs `Authorization: Bearer KEY`.
+
 The engine contract hands over a request's tokens when it ends, so the token chunks of a
 stream are sent together then. Logprobs keep the engine's `logprob_semantics`. Every error is
 OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; a request the server

@@ -198,3 +198,20 @@ def test_every_endpoint_but_health_needs_the_key(url, client):
 def test_serve_refuses_to_listen_off_loopback_without_a_key():
     r = agentrl("serve", "--model", "default", "--host", "0.0.0.0", check=False, extra_env={"AGENTRL_API_KEY": ""})
     assert r.returncode != 0 and "give a key" in r.stderr
+
+
+async def test_the_openai_engine_sends_the_key_its_setting_names(url, monkeypatch):
+    from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
+    from agentrl.engine.openai import RequestRejected
+
+    cfg = EngineConfig(kind="openai", base_url=url, api_key_env="SERVE_KEY")
+    with pytest.raises(ValueError, match="SERVE_KEY, which is not set"):
+        build_engine(cfg, EngineModel())
+    monkeypatch.setenv("SERVE_KEY", KEY)
+    async with build_engine(cfg, EngineModel()) as engine:
+        gen = await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3))
+    assert len(gen.token_ids) == 3
+    monkeypatch.setenv("SERVE_KEY", "wrong")
+    with pytest.raises(RequestRejected, match="401"):
+        async with build_engine(cfg, EngineModel()) as engine:
+            await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3))
