@@ -18,7 +18,7 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.env.sandboxes import DEFAULT_POOL_SIZE, SandboxSource
-from agentrl.sandbox import Sandbox, SandboxError
+from agentrl.sandbox import ExecResult, Sandbox, SandboxError
 from agentrl.tasks import Task, TaskSet
 from agentrl.tasks.registry import load_tasks
 from agentrl.tasks.solutions import PERFECT, Expert
@@ -191,6 +191,9 @@ class TextEnv(gymnasium.Env[list[Message], str]):
     reward_doc: ClassVar[str]
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    hosts_agents: ClassVar[bool] = False
+    """the env can host an agent program (`agentrl.register(name, agent=..., env=THIS)`): after `reset`, the agent's
+    commands run in the episode's workspace (`agent_run`), and `agent_grade` grades what it left there"""
 
     def __init__(self, *, sandboxes: SandboxSource | None = None, task_set: TaskSet | None = None, **kwargs: Any):
         self.cfg = make_config(self.Config, kwargs, type(self).__name__)
@@ -217,6 +220,16 @@ class TextEnv(gymnasium.Env[list[Message], str]):
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return []
+
+    async def agent_run(self, command: str) -> ExecResult:
+        """Where `hosts_agents`: run a hosted agent's bash `command` in the episode's workspace."""
+        raise NotImplementedError(f"{type(self).__name__} does not host agent programs (hosts_agents is False)")
+
+    async def agent_grade(self) -> tuple[float | None, dict[str, Any]]:
+        """Where `hosts_agents`: grade what the hosted agent left in the workspace, as the env's own loop grades a
+        submission: (the outcome reward, the info of the step that would have ended the episode); None: the env
+        grades nothing (the agent's `run` returns its reward). The episode ends."""
+        raise NotImplementedError(f"{type(self).__name__} does not host agent programs (hosts_agents is False)")
 
     def demonstration(self, task: Task, rng: random.Random, *, expert: Expert = PERFECT) -> list[str]:
         """A scripted expert's messages for `task`, played in order from reset (supervised

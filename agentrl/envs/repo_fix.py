@@ -17,7 +17,7 @@ import json
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -40,7 +40,7 @@ from agentrl.env.repos import (
 )
 from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.envs._format import run_output
-from agentrl.sandbox import Sandbox, SandboxConfig
+from agentrl.sandbox import ExecResult, Sandbox, SandboxConfig
 from agentrl.tasks import Task
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.taskset import RepoTaskSet
@@ -192,6 +192,23 @@ class RepoFixEnv(ToolEnv):
 
     async def _no_call(self, text: str) -> StepResult:
         return self.malformed("no tool call found. Call a tool in <tool_call> tags; submit() when done.", role="user")
+
+    # ---- a hosted agent program (`agentrl.register(name, agent=..., env="repo_fix")`)
+
+    hosts_agents = True
+
+    async def agent_run(self, command: str) -> ExecResult:
+        """The agent's command, as the `bash` tool runs it: in the repository, its cwd and exports kept."""
+        sandbox = await self.sandbox()
+        return await self.timed(sandbox.run(bash_argv(command), timeout_s=self.cfg.bash_timeout_s))
+
+    async def agent_grade(self) -> tuple[float | None, dict[str, Any]]:
+        """What the agent left in the repository, graded as a `submit` is."""
+        out = await self._grade(autosubmitted=False)
+        self._done = True
+        await self._release_sandbox()
+        info = dict(out.info) | {"failure": out.failure or FailureClass.OK}
+        return out.reward["outcome"], info
 
     # ---- tools
 

@@ -64,6 +64,12 @@ class RolloutConfig(EnvWorkersConfig):
     """seeds task order and every request's sampling generator"""
     ray_address: str | None = None
     """an existing Ray cluster; None starts a local one"""
+    agent_timeout_s: float = Field(600.0, gt=0)
+    """an agent program's episode (`agentrl.register(name, agent=...)`): the longest its `run` may take; past it the
+    episode fails (never scored)"""
+    gateway_host: str = "127.0.0.1"
+    """agent programs: the interface the session gateway listens on (every session needs its own key wherever it
+    listens; loopback: only agents on this machine reach it)"""
     env_workers: EnvWorkersAt = "ray"
     """where the env workers run: ray: Ray actors (a local Ray unless ray_address names a cluster); local: processes
     of this one on this machine, no Ray runtime"""

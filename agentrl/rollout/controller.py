@@ -21,6 +21,12 @@ An infrastructure failure (the env reports infra_error, or a call to its worker 
 `WorkerError`) never becomes a zero reward: the episode is restarted (`on_infra_failure="retry"`)
 or marked failed, left out of the loss, and counted either way.
 
+An env registered as an agent program (`agentrl.register(name, agent=...)`, `agentrl.env.agents`) is played by
+the agent instead: each episode resets its host env on a worker, then runs the agent's `run` in this process with
+a session of the controller's gateway (`agentrl.rollout.gateway`) as its model and the worker's workspace as its
+sandbox; the session records the trajectory, and the host env grades what the agent left. Such episodes are never
+parked: an iteration waits for them.
+
 The env workers, where they run and their replacement are the pool's (`agentrl.rollout.pool`):
 the controller asks it for a worker per episode and knows nothing of Ray.
 """
@@ -29,22 +35,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import math
 import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
+import openai
 from pydantic import BaseModel
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine
+from agentrl.env.agents import AgentSandbox, AgentTask
 from agentrl.env.base import FailureClass
+from agentrl.env.registry import agent_of
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.gateway import Gateway
 from agentrl.rollout.placement import NodeWorkers
 from agentrl.rollout.pool import EnvWorkerHandle, EnvWorkerPool, WorkerError, env_worker_pool
 from agentrl.rollout.trajectory import Status, Trajectory
+from agentrl.rollout.workers import env_name
 from agentrl.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -97,6 +111,8 @@ class RolloutStats(BaseModel):
     retried: int
     """episode restarts after infrastructure failures"""
     truncated: int
+    rewritten: int = 0
+    """agent programs' episodes whose history the agent rewrote (left out of the loss)"""
     max_staleness: int
     """most policy versions between the oldest and the newest token of a returned trajectory"""
 
@@ -134,6 +150,7 @@ class _Counts:
     failed: int = 0
     retried: int = 0
     truncated: int = 0
+    rewritten: int = 0
     complete_groups: set[str] = field(default_factory=set)
 
 
@@ -157,6 +174,13 @@ class RolloutController:
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
+        self.agent = agent_of(env_name(cfg.env))
+        """the agent program that plays this env's episodes (None: the controller's own loop)"""
+        if self.agent is not None and not self.agent.host_class().hosts_agents:
+            raise ValueError(
+                f"{cfg.env} runs its agent on env {self.agent.env!r}, which does not host agent programs: name one "
+                "that does (repo_fix), or none (the agent grades itself)"
+            )
         self.iteration = 0
         self.pool: EnvWorkerPool = env_worker_pool(cfg, placement, sandbox)
         self._groups: dict[str, list[_Episode]] = {}  # live groups, in start order
@@ -164,10 +188,20 @@ class RolloutController:
         self._counts = _Counts()
         self._partial = cfg.partial
         self._background: set[asyncio.Task] = set()  # aborts, referenced until done
+        self.gateway: Gateway | None = None
 
     async def start(self) -> RolloutController:
         await self.engine.start()  # a client learns its server's context length (idempotent)
         await self.pool.start()
+        if self.agent is not None and self.gateway is None:
+            self.gateway = Gateway(
+                self.engine,
+                self.chat,
+                sampling=self.cfg.sampling,
+                max_episode_tokens=min(self.cfg.max_episode_tokens, self.engine.max_context),
+                host=self.cfg.gateway_host,
+            )
+            await self.gateway.start()
         return self
 
     # -- where the workers are ------------------------------------------------------------
@@ -315,6 +349,7 @@ class RolloutController:
             failed=c.failed,
             retried=c.retried,
             truncated=c.truncated,
+            rewritten=c.rewritten,
             max_staleness=max(stale, default=0),
         )
         self.iteration += 1
@@ -363,7 +398,7 @@ class RolloutController:
     async def _drive(self, ep: _Episode) -> None:
         while True:
             try:
-                await self._play(ep)
+                await (self._play(ep) if self.agent is None else self._play_agent(ep))
             except (WorkerError, _InfraFailure) as e:  # a dead worker is replaced already (WorkerDied)
                 await self._close_env(ep)
                 if self.cfg.on_infra_failure == "retry" and ep.attempt < self.cfg.max_retries:
@@ -374,10 +409,7 @@ class RolloutController:
                     self._counts.retried += 1
                     continue
                 log.warning("episode %s: infrastructure failure, masked out: %s", ep.traj.episode_id, e)
-                ep.traj.status = Status.FAILED
-                ep.traj.failure = FailureClass.INFRA
-                ep.traj.error = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
-                self._counts.failed += 1
+                self._fail(ep, FailureClass.INFRA, str(e).strip().splitlines()[0][:500] if str(e).strip() else "")
             finally:
                 ep.generating = False
             self._note_complete_groups()
@@ -422,6 +454,57 @@ class RolloutController:
             traj.append_observation(delta)
         # stopping: parked at a turn boundary, its env (and sandbox) kept on the worker
 
+    async def _play_agent(self, ep: _Episode) -> None:
+        """An agent program's episode (see the module doc): its failures (it raised, never called the model, ran
+        past `agent_timeout_s`, or returned no number where it grades itself) fail the episode, never scored."""
+        traj = ep.traj
+        ep.worker = worker = self.pool.pick()
+        obs, info = await worker.reset(traj.episode_id, traj.task_id, ep.seed)
+        access = self.gateway.open(traj, seed=ep.seed)
+        task = AgentTask(traj.task_id, obs, info.get("tools", []), info.get("metadata", {}))
+        sandbox = AgentSandbox(functools.partial(worker.agent_run, traj.episode_id))
+        limit = self.cfg.agent_timeout_s
+        problem, returned = None, None
+        client = openai.AsyncOpenAI(base_url=access.base_url, api_key=access.api_key, max_retries=2, timeout=limit)
+        try:
+            returned = await asyncio.wait_for(self.agent.load()(task, client, sandbox), limit)
+        except TimeoutError:
+            problem = f"the agent ran past rollout.agent_timeout_s={limit:g} s"
+        except WorkerError:
+            raise
+        except Exception as e:  # the agent's own code: its episode fails, the run goes on
+            problem = f"the agent raised {type(e).__name__}: {e}"
+        finally:
+            session = await self.gateway.close_session(access.session_id)
+            await client.close()
+            self._counts.tokens += traj.num_generated
+        if problem is None and session.calls == 0:
+            problem = "the agent never called the model"
+        if problem is None and session.rewritten:
+            await self._close_env(ep)
+            traj.status, traj.error = Status.REWRITTEN, "the agent rewrote its history: more than one token sequence"
+            self._counts.rewritten += 1
+            return
+        if problem is None:
+            reward, grading = await worker.agent_grade(traj.episode_id)
+            if reward is None:  # no env grades: the agent did
+                reward, grading = _own_reward(returned), {"outcome": _own_reward(returned)}
+                if reward is None:
+                    problem = f"the agent grades itself (no env named) and returned {returned!r}, not a number"
+        if problem is not None:
+            log.warning("episode %s: %s", traj.episode_id, problem)
+            await self._close_env(ep)
+            return self._fail(ep, FailureClass.AGENT, problem)
+        if not traj.turns:  # every call of a session records a turn; none recorded: the calls all failed
+            await self._close_env(ep)
+            return self._fail(ep, FailureClass.AGENT, "no call of the agent's was answered")
+        traj.turns[-1].reward, traj.turns[-1].info = reward, grading
+        await self._finish(ep, terminated=True)
+
+    def _fail(self, ep: _Episode, failure: FailureClass, error: str) -> None:
+        ep.traj.status, ep.traj.failure, ep.traj.error = Status.FAILED, failure, error or failure.value
+        self._counts.failed += 1
+
     async def _finish(self, ep: _Episode, *, terminated: bool = False, truncation: str | None = None) -> None:
         t = ep.traj
         t.status = Status.FINISHED
@@ -443,4 +526,12 @@ class RolloutController:
         for ep in self._live():
             await self._close_env(ep)
         self._groups.clear()
+        if self.gateway is not None:
+            await self.gateway.close()
         await self.pool.close()
+
+
+def _own_reward(returned: Any) -> float | None:
+    """What a self-grading agent's `run` returned, as a reward (None: not a finite number)."""
+    ok = isinstance(returned, int | float) and not isinstance(returned, bool) and math.isfinite(returned)
+    return float(returned) if ok else None

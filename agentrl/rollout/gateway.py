@@ -48,6 +48,7 @@ from fastapi.responses import Response
 from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
 from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from agentrl.engine.server import error, refuse_invalid, require_key
+from agentrl.env.agents import MODEL
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
 from agentrl.rollout.trajectory import Trajectory
@@ -100,7 +101,7 @@ class Gateway:
         *,
         sampling: SamplingParams,
         max_episode_tokens: int,
-        model_name: str = "policy",
+        model_name: str = MODEL,
         host: str = "127.0.0.1",
         port: int = 0,
         parser: str = "hermes",

@@ -39,7 +39,7 @@ from agentrl.rollout import local_workers
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.placement import EnvPlacer, NodeWorkers, pinned
 from agentrl.rollout.workers import RemoteEnvWorker
-from agentrl.sandbox import SandboxConfig
+from agentrl.sandbox import ExecResult, SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ class EnvWorkerHandle(abc.ABC):
     - `replay(episode_id, task_id, seed, actions) -> (observation, info, steps)` rebuilds an episode's env
       after a restart: reset as before, then each action stepped; `steps` holds each step's (observation,
       reward, terminated, truncated), for the caller to compare with its record.
+    - `agent_run(episode_id, command) -> ExecResult`: a hosted agent program's command, in the episode's workspace
+      (`TextEnv.agent_run`); `agent_grade(episode_id) -> (reward, info)` grades what it left there and closes
+      the episode's env (`TextEnv.agent_grade`).
     - `close(episode_id)` releases the episode's env and its sandbox. An unknown id, or a worker that died
       (its envs went with it), is a no-op: it never raises `WorkerDied`.
     - `sample_tasks(n, seed) -> task ids` drawn from the env's task set, the same for the same seed.
@@ -85,6 +88,12 @@ class EnvWorkerHandle(abc.ABC):
     async def replay(
         self, episode_id: str, task_id: str, seed: int, actions: list[str]
     ) -> tuple[list[Message], dict[str, Any], list[tuple]]: ...
+
+    @abc.abstractmethod
+    async def agent_run(self, episode_id: str, command: str) -> ExecResult: ...
+
+    @abc.abstractmethod
+    async def agent_grade(self, episode_id: str) -> tuple[float | None, dict[str, Any]]: ...
 
     @abc.abstractmethod
     async def close(self, episode_id: str) -> None: ...
@@ -114,6 +123,12 @@ class CallingEnvWorker(EnvWorkerHandle):
         self, episode_id: str, task_id: str, seed: int, actions: list[str]
     ) -> tuple[list[Message], dict[str, Any], list[tuple]]:
         return await self._call("replay", episode_id, task_id, seed, actions)
+
+    async def agent_run(self, episode_id: str, command: str) -> ExecResult:
+        return await self._call("agent_run", episode_id, command)
+
+    async def agent_grade(self, episode_id: str) -> tuple[float | None, dict[str, Any]]:
+        return await self._call("agent_grade", episode_id)
 
     async def close(self, episode_id: str) -> None:
         # a dead worker's sandboxes are reaped by owner pid; its replacement is for its next call to start

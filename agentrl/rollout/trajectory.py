@@ -45,6 +45,9 @@ class Status(enum.StrEnum):
     """an infrastructure failure: left out of the loss (and counted), never scored as 0"""
     DROPPED = "dropped"
     """past the staleness bound (too many policy versions behind): left out and counted"""
+    REWRITTEN = "rewritten"
+    """an agent program rewrote its history (dropped, edited or summarised messages), so the episode holds more
+    than one token sequence: left out and counted until trajectories hold several"""
 
 
 class TrajectoryError(RuntimeError):

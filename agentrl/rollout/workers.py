@@ -26,19 +26,24 @@ import ray
 
 from agentrl.env.base import Message, TextEnv
 from agentrl.env.sandboxes import SandboxSource
-from agentrl.sandbox import SandboxConfig, reaper
+from agentrl.sandbox import ExecResult, SandboxConfig, reaper
 
 log = logging.getLogger(__name__)
 
 
-def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
-    """`agentrl.make`, also for Gymnasium's "module:name" (importing the module registers the env)."""
-    import agentrl
-
+def env_name(name: str) -> str:
+    """An env's registered name; Gymnasium's "module:name" imports the module first (importing it registers it)."""
     module, _, name = name.rpartition(":")
     if module:
         importlib.import_module(module)
-    return agentrl.make(name, **env_kwargs, **kw)
+    return name
+
+
+def make_env(name: str, env_kwargs: dict[str, Any], **kw: Any) -> TextEnv:
+    """`agentrl.make`, also for Gymnasium's "module:name"."""
+    import agentrl
+
+    return agentrl.make(env_name(name), **env_kwargs, **kw)
 
 
 def task_ids(name: str, env_kwargs: dict[str, Any], n: int | None = None) -> list[str]:
@@ -131,6 +136,15 @@ class EnvWorker:
         if terminated or truncated:
             await self.close(episode_id)
         return obs, float(reward), terminated, truncated, dict(info)
+
+    async def agent_run(self, episode_id: str, command: str) -> ExecResult:
+        return await self.envs[episode_id].agent_run(command)
+
+    async def agent_grade(self, episode_id: str) -> tuple[float | None, dict[str, Any]]:
+        try:
+            return await self.envs[episode_id].agent_grade()
+        finally:
+            await self.close(episode_id)
 
     async def close(self, episode_id: str) -> None:
         env = self.envs.pop(episode_id, None)

@@ -279,6 +279,7 @@ def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:
         "rollout/failed": s.failed,
         "rollout/retried": s.retried,
         "rollout/truncated": s.truncated,
+        "rollout/rewritten": s.rewritten,
         "rollout/max_staleness": s.max_staleness,
     }
 
