@@ -38,3 +38,14 @@ def test_envs_new_writes_the_package_in_process(tmp_path):
     assert "class WordCountEnv" in env
     again = CliRunner().invoke(app, ["envs", "new", "word_count", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "already exists" in again.output
+
+
+def test_envs_new_agent_writes_an_agent_package(tmp_path):
+    result = CliRunner().invoke(app, ["envs", "new", "--agent", "bash_loop", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    root = tmp_path / "bash_loop"
+    pyproject = (root / "pyproject.toml").read_text()
+    assert 'bash_loop = "bash_loop_agent.agent:AGENT"' in pyproject
+    agent = (root / "bash_loop_agent" / "agent.py").read_text()
+    compile(agent, "agent.py", "exec")
+    assert "async def run(task" in agent and 'env="repo_fix"' in agent

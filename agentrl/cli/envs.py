@@ -58,12 +58,15 @@ def show(name: Annotated[str, typer.Argument(help="env name, e.g. code_sandbox")
 def new(
     name: Annotated[str, typer.Argument(help="env name (a Python identifier)")],
     directory: Annotated[Path, typer.Option("--dir", help="where to create the package")] = Path("."),
+    agent: Annotated[
+        bool, typer.Option("--agent", help="an agent program (OpenAI SDK) on repo_fix instead of an env")
+    ] = False,
 ) -> None:
-    """Scaffold a package with a custom env, its entry point and a test."""
+    """Scaffold a package with a custom env (or, with --agent, an agent program), its entry point and a test."""
     from agentrl.env.scaffold import scaffold
 
     try:
-        root = scaffold(name, directory)
+        root = scaffold(name, directory, agent=agent)
     except (ValueError, FileExistsError) as e:
         fail(e, 1)
     out.print(f"created {root}\nnext: pip install -e '{root}[test]' && pytest {root}/tests")

@@ -70,6 +70,28 @@ def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, p
     assert "count(text: string, letter: string)" in shown and "wordcount (" in shown
 
 
+def test_a_scaffolded_agent_installs_lists_and_passes_its_own_test(tmp_path, pip_install):
+    out = agentrl("envs", "new", "--agent", "bashloop", "--dir", str(tmp_path)).stdout
+    root = tmp_path / "bashloop"
+    assert f"created {root}" in out
+    assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == {
+        "pyproject.toml",
+        "README.md",
+        "bashloop_agent/__init__.py",
+        "bashloop_agent/agent.py",
+        "tests/test_agent.py",
+    }
+    run(BIN / "ruff", "check", "--no-cache", str(root))
+    assert "not in a sandbox" in (root / "bashloop_agent" / "agent.py").read_text()
+    assert "restarted, not replayed" in (root / "README.md").read_text()
+    pip_install(root, "agentrl-agent-bashloop")
+    listing = agentrl("envs", "list", cwd=tmp_path).stdout
+    row = next(line for line in listing.splitlines() if "bashloop" in line)
+    assert "agentrl-agent-bashloop" in row and "cannot load" not in listing
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=root).stdout
+    assert "2 passed" in tests
+
+
 def test_a_package_whose_env_fails_to_import_is_reported_by_name(tmp_path, pip_install):
     pkg = tmp_path / "brokenenv"
     (pkg / "brokenenv_pkg").mkdir(parents=True)
