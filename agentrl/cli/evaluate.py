@@ -22,9 +22,16 @@ def eval_(
     env: Annotated[str, typer.Option(help="Benchmark env: humaneval, code_sandbox, or a registered one.")],
     model: Annotated[str | None, typer.Option(help='Hugging Face folder, hub id, or "default".')] = None,
     engine: Annotated[
-        str, typer.Option(help="Inference engine: hf, vllm (GPU), openai (a server), or one a package registers.")
+        str,
+        typer.Option(
+            help="Inference engine: hf, vllm (GPU), openai (a server, token ids), chat (any OpenAI-compatible chat "
+            "endpoint, native tool calling), or one a package registers."
+        ),
     ] = "hf",
-    base_url: Annotated[str | None, typer.Option(help="openai engine: the server (e.g. agentrl serve).")] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="openai / chat engine: the server (e.g. agentrl serve, a vendor's API).")
+    ] = None,
+    max_concurrency: Annotated[int, typer.Option(help="chat engine: calls in flight at once.", min=1)] = 8,
     api_key_env: Annotated[
         str | None, typer.Option(help="openai engine: the environment variable holding the server's API key.")
     ] = None,
@@ -50,6 +57,9 @@ def eval_(
     from agentrl.config import ConfigError, load, merge, parse_sets
     from agentrl.engine import EngineConfig, engine_unavailable
     from agentrl.eval.bench import EvalCommandConfig
+
+    if engine == "chat":
+        return _eval_chat(env, model, base_url, api_key_env, max_concurrency, samples, k, turns, tasks, out_dir, set_)
 
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
@@ -91,6 +101,67 @@ def eval_(
             f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}; "
             f"to browse them: agentrl view {out_dir}"
         )
+
+
+def _eval_chat(
+    env: str,
+    model: str | None,
+    base_url: str | None,
+    api_key_env: str | None,
+    max_concurrency: int,
+    samples: int,
+    k: str,
+    turns: int,
+    tasks: int | None,
+    out_dir: Path | None,
+    set_: list[str],
+) -> None:
+    """`--engine chat`: the env's episodes played by a chat endpoint (`agentrl.eval.chat`)."""
+    from agentrl.config import ConfigError, load, merge, parse_sets
+    from agentrl.eval.bench import EvalCommandConfig
+    from agentrl.eval.chat import ChatEndpoint, run_chat_bench
+
+    if base_url is None or model is None:
+        fail("--engine chat needs --base-url (the endpoint, with its /v1) and --model (the model it serves)")
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+        sets = parse_sets(set_)
+        endpoint_sets = sets.pop("chat", {})
+        cfg = load(
+            EvalCommandConfig,
+            merge({"env": env, "samples": samples, "k": ks, "turns": turns, "tasks": tasks}, sets),
+            source="eval settings",
+        )
+        endpoint = load(
+            ChatEndpoint,
+            {"base_url": base_url, "model": model, "api_key_env": api_key_env, "max_concurrency": max_concurrency}
+            | endpoint_sets,
+            source="--base-url/--model/--api-key-env/--max-concurrency/--set chat.*",
+        )
+        endpoint.api_key()  # a key variable that is not set: said now, before any sandbox starts
+    except (ConfigError, ValueError) as e:
+        fail(e)
+    if why := cfg.sandbox.unavailable():
+        fail(f"sandbox.backend={cfg.sandbox.backend}: {why}")
+    result, usage, episodes = asyncio.run(
+        run_chat_bench(cfg, endpoint, sandbox=cfg.sandbox, env_workers=cfg.env_workers)
+    )
+    summary = result.model_dump(exclude={"per_problem"}) | {
+        "model": model,
+        "engine": "chat",
+        "base_url": base_url,
+        "usage": usage,
+    }
+    _print(summary)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rows = [
+            p.model_dump() | {"episodes": [e.model_dump() for e in eps]}
+            for p, eps in zip(result.per_problem, episodes, strict=True)
+        ]
+        (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}")
 
 
 def _run_agent(
