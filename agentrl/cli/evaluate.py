@@ -168,12 +168,14 @@ def _run_agent(
     cfg: EvalCommandConfig, model: str, engine: EngineConfig, out_dir: Path | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from agentrl.engine import EngineModel, build_engine
     from agentrl.eval.bench import run_bench
     from agentrl.models.default import resolve_path
     from agentrl.rollout import ChatFormat
 
+    transformers_logging.disable_progress_bar()  # the table is the output, not a weight-loading bar
     path = resolve_path(model)  # with --engine openai too: its tokenizer and chat template
     chat = ChatFormat(AutoTokenizer.from_pretrained(path))
 

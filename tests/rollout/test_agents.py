@@ -7,6 +7,7 @@ from pathlib import Path
 
 import agent_programs
 import pytest
+from ownership import bwrap_trees as trees
 from transformers import AutoTokenizer
 
 from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
@@ -51,7 +52,7 @@ def config(env: str, groups: int, **kw) -> RolloutConfig:
     )
 
 
-async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never_scored(engine, chat):
+async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never_scored(engine, chat, bwrap_runtime):
     behaviours = ["expert", "claims", "raises", "silent", "sleeps", "rewrites"]
     tasks = task_ids("repo_fix", {"tasks": "repos"}, len(behaviours))
     agent_programs.BEHAVIOUR.update(zip(tasks, behaviours, strict=True))
@@ -77,6 +78,7 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
         assert not t.trainable
     assert by["rewrites"].status is Status.REWRITTEN and not by["rewrites"].trainable
     assert batch.stats.rewritten == 1 and batch.stats.failed == 3 and not keys  # every session closed
+    assert not trees(bwrap_runtime), "no sandbox left behind"
     dumped = json.dumps([t.model_dump(mode="json") for t in batch.trajectories])
     assert "sessions/" not in dumped
 
@@ -132,3 +134,17 @@ def test_the_example_agent_trains_two_iterations_end_to_end(tmp_path):
         assert r["policy_version"] == r["iteration"] + 1  # trained on, synced
     leaked = [p for p in out.rglob("*") if p.is_file() and b"/sessions/" in p.read_bytes()]
     assert not leaked, f"a session's address reached the run folder: {leaked}"
+
+
+def test_the_readme_agent_registers_on_repo_fix():
+    import subprocess
+    import sys
+
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme[readme.index("### Agents written outside agentrl") :]
+    block = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python"))]
+    assert len([line for line in block.splitlines() if line.strip()]) <= 16
+    check = block + "\nfrom agentrl.env.registry import agent_of\nprint(agent_of('mini_swe').env)\n"
+    assert (
+        subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout == "repo_fix\n"
+    )
