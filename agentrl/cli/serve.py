@@ -159,9 +159,11 @@ async def _serve(app: FastAPI, engine: InferenceEngine, name: str, host: str, po
     # that repeat, so the process goes on to close the engine and exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+    from agentrl.engine.server import listen
+
     try:
         try:  # bound here, so that a taken port is one clear line and the URL is printed once it listens
-            sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+            sock = listen(host, port)
         except OSError as e:
             fail(f"cannot listen on {host}:{port}: {e.strerror}", 1)
         bound_host, bound_port = sock.getsockname()[:2]

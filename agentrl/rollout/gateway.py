@@ -36,7 +36,6 @@ import contextlib
 import hashlib
 import re
 import secrets
-import socket
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from fastapi.responses import Response
 
 from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
 from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
-from agentrl.engine.server import error, refuse_invalid, require_key
+from agentrl.engine.server import error, listen, refuse_invalid, require_key
 from agentrl.env.agents import MODEL
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
@@ -138,9 +137,7 @@ class Gateway:
     async def start(self) -> Gateway:
         if self._task is not None:
             return self
-        sock = socket.create_server(
-            (self.host, self.port), family=socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        )
+        sock = listen(self.host, self.port)
         host, port = sock.getsockname()[:2]
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)

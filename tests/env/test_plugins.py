@@ -70,6 +70,7 @@ def test_scaffolded_env_installs_lists_makes_and_passes_its_own_test(tmp_path, p
     assert "count(text: string, letter: string)" in shown and "wordcount (" in shown
 
 
+@pytest.mark.slow  # tests/test_commands.py writes the package in process; this one installs it
 def test_a_scaffolded_agent_installs_lists_and_passes_its_own_test(tmp_path, pip_install):
     out = agentrl("envs", "new", "--agent", "bashloop", "--dir", str(tmp_path)).stdout
     root = tmp_path / "bashloop"

@@ -27,6 +27,7 @@ from agentrl.sandbox import SandboxConfig
 BWRAP = SandboxConfig(backend="bwrap")
 
 
+@pytest.mark.slow  # the vendor case below runs the same code; this one checks agreement token for token
 async def test_greedy_chat_against_agentrl_serve_generates_what_the_hf_engine_does(bwrap_runtime):
     cfg = BenchConfig(env="code_sandbox", tasks=5)
     with serving("--model", "default") as url:
