@@ -29,7 +29,7 @@ BWRAP = SandboxConfig(backend="bwrap")
 
 @pytest.mark.slow  # the vendor case below runs the same code; this one checks agreement token for token
 async def test_greedy_chat_against_agentrl_serve_generates_what_the_hf_engine_does(bwrap_runtime):
-    cfg = BenchConfig(env="code_sandbox", tasks=5)
+    cfg = BenchConfig(env="code_sandbox", tasks=3)
     with serving("--model", "default") as url:
         endpoint = ChatEndpoint(base_url=f"{url}/v1", model="default", token_ids=True)
         chat_result, usage, episodes = await run_chat_bench(cfg, endpoint, sandbox=BWRAP, env_workers="local")

@@ -56,7 +56,7 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
     behaviours = ["expert", "claims", "raises", "silent", "sleeps", "rewrites"]
     tasks = task_ids("repo_fix", {"tasks": "repos"}, len(behaviours))
     agent_programs.BEHAVIOUR.update(zip(tasks, behaviours, strict=True))
-    cfg = config("scripted_on_repo_fix", len(tasks), agent_timeout_s=8)
+    cfg = config("scripted_on_repo_fix", len(tasks), agent_timeout_s=5)
     async with RolloutController(cfg, engine, chat, sandbox=SandboxConfig(backend="bwrap")) as ctl:
         batch = await ctl.run_iteration(tasks)
         keys = [s.key for s in ctl.gateway.sessions.values()]
@@ -71,7 +71,7 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
     for name, says in [
         ("raises", "RuntimeError: the agent's own bug"),
         ("silent", "never called the model"),
-        ("sleeps", "ran past rollout.agent_timeout_s=8"),
+        ("sleeps", "ran past rollout.agent_timeout_s=5"),
     ]:
         t = by[name]
         assert t.status is Status.FAILED and t.failure is FailureClass.AGENT and says in t.error, (name, t.error)
@@ -116,12 +116,12 @@ def test_the_example_agent_trains_two_iterations_end_to_end(tmp_path):
         *sets(
             "iterations=2",
             "rollout.group_size=2",
-            "rollout.groups_per_iteration=2",
-            "rollout.max_groups_in_flight=2",
+            "rollout.groups_per_iteration=1",
+            "rollout.max_groups_in_flight=1",
             "rollout.env_workers=local",
             "rollout.sampling.max_tokens=48",
             "sandbox.backend=bwrap",
-            "eval.tasks=2",
+            "eval.tasks=1",
             f"out={out}",
         ),
         cwd=TESTS.parent,
