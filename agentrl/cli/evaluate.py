@@ -16,6 +16,7 @@ from agentrl.cli.console import fail, out
 if TYPE_CHECKING:
     from agentrl.engine import EngineConfig
     from agentrl.eval.bench import BenchResult, EvalCommandConfig
+    from agentrl.eval.chat import ChatEndpoint
 
 
 def eval_(
@@ -58,28 +59,48 @@ def eval_(
     from agentrl.engine import EngineConfig, engine_unavailable
     from agentrl.eval.bench import EvalCommandConfig
 
-    if engine == "chat":
-        return _eval_chat(env, model, base_url, api_key_env, max_concurrency, samples, k, turns, tasks, out_dir, set_)
-
+    chat = engine == "chat"
+    if chat and (base_url is None or model is None):
+        fail("--engine chat needs --base-url (the endpoint, with its /v1) and --model (the model it serves)")
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
     except ValueError:
         fail(f"--k takes comma-separated integers, got {k!r}")
     try:
+        sets = parse_sets(set_)
+        endpoint_sets = sets.pop("chat", {}) if chat else {}
         # a samples file brings its own n per problem: k is checked against it when scoring
         n = samples if completions is None else max([samples, *ks])
         cfg = load(
             EvalCommandConfig,
-            merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks}, parse_sets(set_)),
+            merge({"env": env, "samples": n, "k": ks, "turns": turns, "tasks": tasks}, sets),
             source="eval settings",
         )
-        keyed = {"api_key_env": api_key_env} if api_key_env is not None else {}
-        engine_cfg = load(
-            EngineConfig, {"kind": engine, "base_url": base_url, **keyed}, source="--engine/--base-url/--api-key-env"
-        )
+        if chat:
+            from agentrl.eval.chat import ChatEndpoint
+
+            keys = {
+                "base_url": base_url,
+                "model": model,
+                "api_key_env": api_key_env,
+                "max_concurrency": max_concurrency,
+            }
+            endpoint = load(
+                ChatEndpoint,
+                keys | endpoint_sets,
+                source="--base-url/--model/--api-key-env/--max-concurrency/--set chat.*",
+            )
+            endpoint.api_key()  # a key variable that is not set: said now, before any sandbox starts
+        else:
+            keyed = {"api_key_env": api_key_env} if api_key_env is not None else {}
+            engine_cfg = load(
+                EngineConfig,
+                {"kind": engine, "base_url": base_url, **keyed},
+                source="--engine/--base-url/--api-key-env",
+            )
     except (ConfigError, ValueError) as e:
         fail(e)
-    if completions is None and (why := engine_unavailable(engine_cfg)):
+    if not chat and completions is None and (why := engine_unavailable(engine_cfg)):
         fail(f"--engine {engine_cfg.kind}: {why}")
     if (completions is None) == (model is None):
         fail("give either --model (an agent to run) or --completions (a samples file to score)")
@@ -91,77 +112,32 @@ def eval_(
         out_dir.mkdir(parents=True, exist_ok=True)
     if completions is not None:
         summary, rows = _score_file(cfg, completions)
+    elif chat:
+        summary, rows = _run_chat(cfg, endpoint)
     else:
         summary, rows = _run_agent(cfg, model, engine_cfg, out_dir)
     _print(summary)
     if out_dir is not None:
         (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        out.print(
-            f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}; "
-            f"to browse them: agentrl view {out_dir}"
-        )
+        browse = "" if chat else f"; to browse them: agentrl view {out_dir}"  # a chat run keeps no transcripts
+        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}{browse}")
 
 
-def _eval_chat(
-    env: str,
-    model: str | None,
-    base_url: str | None,
-    api_key_env: str | None,
-    max_concurrency: int,
-    samples: int,
-    k: str,
-    turns: int,
-    tasks: int | None,
-    out_dir: Path | None,
-    set_: list[str],
-) -> None:
+def _run_chat(cfg: EvalCommandConfig, endpoint: ChatEndpoint) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`--engine chat`: the env's episodes played by a chat endpoint (`agentrl.eval.chat`)."""
-    from agentrl.config import ConfigError, load, merge, parse_sets
-    from agentrl.eval.bench import EvalCommandConfig
-    from agentrl.eval.chat import ChatEndpoint, run_chat_bench
+    from agentrl.eval.chat import run_chat_bench
 
-    if base_url is None or model is None:
-        fail("--engine chat needs --base-url (the endpoint, with its /v1) and --model (the model it serves)")
-    try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
-        sets = parse_sets(set_)
-        endpoint_sets = sets.pop("chat", {})
-        cfg = load(
-            EvalCommandConfig,
-            merge({"env": env, "samples": samples, "k": ks, "turns": turns, "tasks": tasks}, sets),
-            source="eval settings",
-        )
-        endpoint = load(
-            ChatEndpoint,
-            {"base_url": base_url, "model": model, "api_key_env": api_key_env, "max_concurrency": max_concurrency}
-            | endpoint_sets,
-            source="--base-url/--model/--api-key-env/--max-concurrency/--set chat.*",
-        )
-        endpoint.api_key()  # a key variable that is not set: said now, before any sandbox starts
-    except (ConfigError, ValueError) as e:
-        fail(e)
-    if why := cfg.sandbox.unavailable():
-        fail(f"sandbox.backend={cfg.sandbox.backend}: {why}")
     result, usage, episodes = asyncio.run(
         run_chat_bench(cfg, endpoint, sandbox=cfg.sandbox, env_workers=cfg.env_workers)
     )
-    summary = result.model_dump(exclude={"per_problem"}) | {
-        "model": model,
-        "engine": "chat",
-        "base_url": base_url,
-        "usage": usage,
-    }
-    _print(summary)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        rows = [
-            p.model_dump() | {"episodes": [e.model_dump() for e in eps]}
-            for p, eps in zip(result.per_problem, episodes, strict=True)
-        ]
-        (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}")
+    extra = {"model": endpoint.model, "engine": "chat", "base_url": endpoint.base_url, "usage": usage}
+    summary = result.model_dump(exclude={"per_problem"}) | extra
+    rows = [
+        p.model_dump() | {"episodes": [e.model_dump() for e in eps]}
+        for p, eps in zip(result.per_problem, episodes, strict=True)
+    ]
+    return summary, rows
 
 
 def _run_agent(

@@ -70,11 +70,9 @@ class AgentSandbox:
 
     def __init__(self, run: Callable[[str], Awaitable[ExecResult]]) -> None:
         self._run = run
-        self.commands = 0
 
     async def run(self, command: str) -> ExecResult:
         """Its exit code, stdout and stderr (`ExecResult`), or a timeout status."""
         if not isinstance(command, str):
             raise TypeError(f"a command is a str, got {type(command).__name__}")
-        self.commands += 1
         return await self._run(command)

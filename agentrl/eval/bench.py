@@ -124,6 +124,44 @@ class BenchResult(BaseModel):
     """every episode, for the output folder's transcripts"""
 
 
+def bench_tasks(cfg: BenchConfig) -> tuple[str, dict[str, Any], list[str]]:
+    """The split the benchmark draws from (the env's default, train becoming test), the env's settings for it, and
+    the ids of its problems."""
+    split = cfg.split or make_env(cfg.env, cfg.env_kwargs).cfg.split.replace("train", "test")
+    env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
+    return split, env_kwargs, task_ids(cfg.env, env_kwargs, cfg.tasks)
+
+
+def problem_result(cfg: BenchConfig, task_id: str, scored: list[tuple[float, bool]], left_out: int) -> ProblemResult:
+    """One problem's pass@k from its scored samples' (return, success); `left_out`: samples failed, not in n."""
+    n, c = len(scored), sum(ok for _, ok in scored)
+    return ProblemResult(
+        task_id=task_id,
+        n=n,
+        correct=c,
+        returns=[r for r, _ in scored],
+        pass_at_k={cfg.metric.format(k=k): pass_at_k(n, c, k) for k in cfg.k if k <= n},
+        infra_failed=left_out,
+    )
+
+
+def bench_result(cfg: BenchConfig, split: str, per_problem: list[ProblemResult], **rest: Any) -> BenchResult:
+    """The benchmark's result: pass@k over its problems; `rest`: infra_failed, retried, wall_s (, trajectories)."""
+    counts = [(p.n, p.correct) for p in per_problem]
+    overall = {cfg.metric.format(k=k): v for k, v in pass_at_ks(counts, cfg.k).items()}
+    return BenchResult(
+        env=cfg.env,
+        split=split,
+        problems=len(per_problem),
+        samples=cfg.samples,
+        turns=cfg.turns,
+        temperature=cfg.sampling.temperature,
+        pass_at_k=overall,
+        per_problem=per_problem,
+        **rest,
+    )
+
+
 async def run_bench(
     cfg: BenchConfig,
     engine: InferenceEngine,
@@ -134,9 +172,7 @@ async def run_bench(
 ) -> BenchResult:
     """The benchmark on `engine`, its env workers where `env_workers` says, its sandboxes `sandbox`'s."""
     t0 = time.perf_counter()
-    split = cfg.split or make_env(cfg.env, cfg.env_kwargs).cfg.split.replace("train", "test")
-    env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
-    ids = task_ids(cfg.env, env_kwargs, cfg.tasks)
+    split, env_kwargs, ids = bench_tasks(cfg)
     rollout = RolloutConfig(
         env=cfg.env,
         env_kwargs=env_kwargs,
@@ -155,29 +191,14 @@ async def run_bench(
     per_problem = []
     for g in sorted(batch.groups, key=lambda g: ids.index(g.task_id)):
         scored = [t for t in g.trajectories if t.status is Status.FINISHED]
-        c = sum(success(t) for t in scored)
-        per_problem.append(
-            ProblemResult(
-                task_id=g.task_id,
-                n=len(scored),
-                correct=c,
-                returns=[t.outcome_reward for t in scored],
-                pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
-                infra_failed=len(g.trajectories) - len(scored),
-            )
-        )
-    overall = {cfg.metric.format(k=k): v for k, v in pass_at_ks([(p.n, p.correct) for p in per_problem], cfg.k).items()}
-    return BenchResult(
-        env=cfg.env,
-        split=split,
-        problems=len(per_problem),
-        samples=cfg.samples,
-        turns=cfg.turns,
-        temperature=cfg.sampling.temperature,
-        pass_at_k=overall,
+        results = [(t.outcome_reward, success(t)) for t in scored]
+        per_problem.append(problem_result(cfg, g.task_id, results, len(g.trajectories) - len(scored)))
+    return bench_result(
+        cfg,
+        split,
+        per_problem,
         infra_failed=batch.stats.failed,
         retried=batch.stats.retried,
         wall_s=time.perf_counter() - t0,
-        per_problem=per_problem,
         trajectories=[t for g in batch.groups for t in g.trajectories],
     )

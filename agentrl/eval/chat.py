@@ -34,12 +34,11 @@ from agentrl.env.base import FailureClass, Message
 from agentrl.env.parsers import get_parser
 from agentrl.env.tool_env import ToolEnvConfig
 from agentrl.env.tools import ToolCall
-from agentrl.eval.bench import BenchConfig, BenchResult, ProblemResult
-from agentrl.eval.passk import pass_at_k, pass_at_ks
+from agentrl.eval.bench import BenchConfig, BenchResult, bench_result, bench_tasks, problem_result
 from agentrl.rollout import RolloutConfig, WorkerError
 from agentrl.rollout.config import EnvWorkersAt
 from agentrl.rollout.pool import EnvWorkerPool, env_worker_pool
-from agentrl.rollout.workers import make_env, task_ids
+from agentrl.rollout.workers import make_env
 from agentrl.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -201,11 +200,9 @@ async def run_chat_bench(
 ) -> tuple[BenchResult, dict[str, int], list[list[_Episode]]]:
     """The benchmark on `endpoint`; also the token usage and every episode's record, per problem."""
     t0 = time.perf_counter()
-    env = make_env(cfg.env, cfg.env_kwargs)
-    split = cfg.split or env.cfg.split.replace("train", "test")
-    parser = env.cfg.parser if isinstance(env.cfg, ToolEnvConfig) else "hermes"
-    env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
-    ids = task_ids(cfg.env, env_kwargs, cfg.tasks)
+    split, env_kwargs, ids = bench_tasks(cfg)
+    env_cfg = make_env(cfg.env, env_kwargs).cfg
+    parser = env_cfg.parser if isinstance(env_cfg, ToolEnvConfig) else "hermes"
     rollout = RolloutConfig(env=cfg.env, env_kwargs=env_kwargs, env_workers=env_workers, **cfg.worker_settings())
     pool = env_worker_pool(rollout, None, sandbox)
     caller = _Caller(endpoint, cfg)
@@ -222,31 +219,15 @@ async def run_chat_bench(
         await pool.close()
     per_problem = []
     for task, episodes in zip(ids, groups, strict=True):
-        scored = [e for e in episodes if e.status == "finished"]
-        c = sum(e.success for e in scored)
-        per_problem.append(
-            ProblemResult(
-                task_id=task,
-                n=len(scored),
-                correct=c,
-                returns=[e.outcome for e in scored],
-                pass_at_k={cfg.metric.format(k=k): pass_at_k(len(scored), c, k) for k in cfg.k if k <= len(scored)},
-                infra_failed=len(episodes) - len(scored),
-            )
-        )
-    overall = {cfg.metric.format(k=k): v for k, v in pass_at_ks([(p.n, p.correct) for p in per_problem], cfg.k).items()}
-    result = BenchResult(
-        env=cfg.env,
-        split=split,
-        problems=len(per_problem),
-        samples=cfg.samples,
-        turns=cfg.turns,
-        temperature=cfg.sampling.temperature,
-        pass_at_k=overall,
+        scored = [(e.outcome, e.success) for e in episodes if e.status == "finished"]
+        per_problem.append(problem_result(cfg, task, scored, len(episodes) - len(scored)))
+    result = bench_result(
+        cfg,
+        split,
+        per_problem,
         infra_failed=sum(p.infra_failed for p in per_problem),
         retried=sum(e.retried for g in groups for e in g),
         wall_s=time.perf_counter() - t0,
-        per_problem=per_problem,
     )
     return result, caller.usage.as_dict(), groups
 

@@ -172,9 +172,10 @@ class ReplyBook:
 
     def find(self, m: ChatMessage) -> Reply | None:
         """The reply `m` is, unchanged: looked up by its first call's id, else by its content."""
+        key = message_key(m)
         reply = next((self._by_call[c.id] for c in m.tool_calls or [] if c.id in self._by_call), None)
-        reply = reply or self._by_key.get(message_key(m))
-        if reply is not None and reply.matches(m):
+        reply = reply or self._by_key.get(key)
+        if reply is not None and reply.key == key:
             self._by_key.move_to_end(reply.key)
             return reply
         return None
@@ -195,13 +196,14 @@ class ChatLayout:
         """The request's prompt (see the module doc). `find(k, m)`: the reply `m` is, as the k-th assistant message
         of the conversation after its opening (a session finds by position, `agentrl serve` by its book)."""
         plain = [self._plain(m) for m in messages]
-        first = next((i for i, m in enumerate(messages) if m.role == "assistant" and find(0, m)), None)
+        found = ((i, find(0, m)) for i, m in enumerate(messages) if m.role == "assistant")
+        first, reply = next(((i, r) for i, r in found if r is not None), (None, None))
         if first is None:
             return self.chat.prompt_ids(plain, tools=tools)
         ids = self.chat.prompt_ids(plain[:first], tools=tools)
         k, i = 0, first
         while i < len(messages):
-            reply = find(k, messages[i])
+            reply = reply if k == 0 else find(k, messages[i])
             if reply is None:  # a message it did not write, after one it did: the template renders it all
                 return self.chat.prompt_ids(plain, tools=tools)
             ids = ids + reply.ids

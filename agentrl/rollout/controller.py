@@ -493,7 +493,8 @@ class RolloutController:
         if problem is None:
             reward, grading = await worker.agent_grade(traj.episode_id)
             if reward is None:  # no env grades: the agent did
-                reward, grading = _own_reward(returned), {"outcome": _own_reward(returned)}
+                reward = _own_reward(returned)
+                grading = {"outcome": reward}
                 if reward is None:
                     problem = f"the agent grades itself (no env named) and returned {returned!r}, not a number"
         if problem is not None:

@@ -80,7 +80,6 @@ class Session:
     """calls answered from the record (a retry of one answered before)"""
     rewritten: bool = False
     """the agent's history stopped being the trajectory's: not recorded further, left out of the loss"""
-    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
 
     def find(self, k: int, m: object) -> Reply | None:
         """The k-th reply of this session, if `m` is it unchanged."""
@@ -225,8 +224,6 @@ class Gateway:
 
         def record(gen: Generation, completion: ChatCompletion, reply: Reply) -> None:
             s.answered[token] = completion
-            s.usage["prompt_tokens"] += len(prompt)
-            s.usage["completion_tokens"] += len(gen.token_ids)
             if s.rewritten or gen.finish_reason == "aborted" or s.id not in self.sessions:
                 return
             if not traj.token_ids:
