@@ -27,7 +27,9 @@ the coupled objective, the same numbers exactly.
 
 J = (1/B') Σ_i J_i over the B' sequences with at least one generated token: every sequence
 weighs the same whatever its length. A token sum across the batch (which weights long
-sequences more) is deliberately not offered. The loss to minimise is −J.
+sequences more) is deliberately not offered. With sequence weights ρ_i (an episode of K sequences gives each
+1/K, so that it weighs as one sequence): J = Σ_i ρ_i J_i / Σ_i ρ_i over the same sequences. The loss to
+minimise is −J.
 
 Each objective is one object owning its ratio, its clipping and what "clipped" means;
 `policy_loss` only aggregates, weighs, adds the optional extras and reduces the metrics.
@@ -273,6 +275,7 @@ def policy_loss(
     behaviour_weight: BehaviourWeight = "none",
     behaviour_cap: float | None = None,
     behaviour_level: BehaviourLevel = "auto",
+    sequence_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −J (+ the optional KL penalty), and its metrics.
 
@@ -341,11 +344,20 @@ def policy_loss(
         metrics |= _quantiles("behaviour_weight", units)
         hit = capped[has_tokens] if level == "sequence" else capped[on]
         metrics[_CAPPED_METRIC[behaviour_weight]] = float(hit.double().mean())
+    if sequence_weights is not None and (sequence_weights.shape != has_tokens.shape or (sequence_weights <= 0).any()):
+        raise ValueError(f"sequence_weights must be (B,) = ({len(has_tokens)},) and > 0, got {sequence_weights}")
+
+    def mean(x: torch.Tensor) -> torch.Tensor:  # over the sequences with tokens, ρ-weighted if given
+        if sequence_weights is None:
+            return x[has_tokens].mean()
+        rho = sequence_weights.to(x)[has_tokens]
+        return (rho * x[has_tokens]).sum() / rho.sum()
+
     terms = objective.terms(lp, lp_prox, A, m, x.eps_low, x.eps_high, weight)
-    J = terms.J_i[has_tokens].mean()
+    J = mean(terms.J_i)
     loss = -J
     if ref_logprobs is not None:
-        kl_ref = _token_mean(_k3(masked(ref_logprobs) - lp), m)[has_tokens].mean()
+        kl_ref = mean(_token_mean(_k3(masked(ref_logprobs) - lp), m))
         loss = loss + kl_coef * kl_ref
         metrics["kl_ref"] = float(kl_ref.detach())
 

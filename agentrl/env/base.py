@@ -191,6 +191,10 @@ class TextEnv(gymnasium.Env[list[Message], str]):
     reward_doc: ClassVar[str]
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    names_states: ClassVar[bool] = False
+    """the env names the state each turn acts in: `info["state_key"]` of `reset` and of every step that does not end
+    the episode, equal for equal states (GiGPO's step groups, `algo.advantage: gigpo`); otherwise a state is known
+    by a hash of its observation"""
     hosts_agents: ClassVar[bool] = False
     """the env can host an agent program (`agentrl.register(name, agent=..., env=THIS)`): after `reset`, the agent's
     commands run in the episode's workspace (`agent_run`), and `agent_grade` grades what it left there"""

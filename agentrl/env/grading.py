@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.env.parsers import without_thoughts
 from agentrl.sandbox import Sandbox, SandboxError
 from agentrl.sandbox.image import sandboxes_dir
 from agentrl.tasks import IOTests, RepoTests, Task, Tests, test_count
@@ -96,8 +97,8 @@ _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTAL
 
 
 def extract_code(text: str) -> str | None:
-    """The last fenced code block of a message (```python ... ```), or None if it has none."""
-    blocks = _FENCE.findall(text)
+    """The last fenced code block of a message (```python ... ```) outside its thoughts, or None if it has none."""
+    blocks = _FENCE.findall(without_thoughts(text))
     return blocks[-1] if blocks else None
 
 

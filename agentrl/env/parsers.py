@@ -2,7 +2,8 @@
 
 A parser never raises on model output: what it cannot read comes back in `errors`, for
 the environment to show the agent. Add a format by subclassing `ToolCallParser` and
-adding it to `PARSERS`.
+adding it to `PARSERS`. What a model writes while thinking (`<think>…</think>`) is never an action: parsers
+and every env's reading of a message (`agentrl.env.grading.extract_code`) see `without_thoughts(text)`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,23 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.env.tools import ToolCall
+
+_THOUGHT = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+
+
+def without_thoughts(text: str) -> str:
+    """The message with its reasoning taken out: each `<think>…</think>`, an unclosed `<think>` to the end, and
+    everything before a `</think>` the message never opened (a template whose generation prompt opens the
+    thought). A tool call or code block written while thinking is thereby text, never executed."""
+    close, open_ = text.find("</think>"), text.find("<think>")
+    if close >= 0 and (open_ < 0 or close < open_):
+        text = text[close + len("</think>") :]
+    return _THOUGHT.sub("", text)
+
+
+def has_thought(text: str) -> bool:
+    """True when the message holds reasoning (`<think>` or `</think>`)."""
+    return "<think>" in text or "</think>" in text
 
 
 class ParsedAction(BaseModel):
@@ -50,6 +68,7 @@ class HermesParser(ToolCallParser):
     _call = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str) -> ParsedAction:
+        text = without_thoughts(text)
         calls, errors = [], []
         for body in self._call.findall(text):
             call = _read_call(body.strip())

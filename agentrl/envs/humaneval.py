@@ -9,6 +9,7 @@ from pydantic import Field
 from agentrl.env import EnvConfig, StepResult, TextEnv
 from agentrl.env.base import Message
 from agentrl.env.grading import extract_code, grade
+from agentrl.env.parsers import without_thoughts
 from agentrl.tasks import Task
 
 
@@ -41,7 +42,7 @@ class HumanEvalEnv(TextEnv):
 
     async def _step(self, action: str) -> StepResult:
         # A reply without a fenced block is taken as raw code (a completion or a bare function).
-        code = extract_code(action) or action
+        code = extract_code(action) or without_thoughts(action)
         r = await self.timed(grade(await self.sandbox(), self.task, code, test_timeout_s=self.cfg.test_timeout_s))
         outcome = r.outcome(self.cfg.outcome)
         info = {"tests_passed": r.passed, "tests_total": r.total}

@@ -51,6 +51,11 @@ class ChatFormat:
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and t in tokenizer.all_special_tokens:
                 stops.add(tid)
         self._stand_in_rendered = self.render(_STAND_IN, generation_prompt=False)  # the same for every delta
+        if self.render(_STAND_IN, generation_prompt=False) != self._stand_in_rendered:
+            raise TemplatePrefixError(
+                "the chat template is not deterministic (one conversation rendered twice differs: a date or time in "
+                f"it?): {self._stand_in_rendered!r}; a trajectory's tokens could not be laid out again"
+            )
         self._atomic = set(tokenizer.get_added_vocab())  # special and added tokens: never merged
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(i for i in stops if i is not None))
         self.turn_end_id = self.observation_ids([], last_token=None)[0]

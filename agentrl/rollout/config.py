@@ -34,6 +34,29 @@ class EnvWorkersConfig(BaseModel):
         return {name: getattr(self, name) for name in EnvWorkersConfig.model_fields}
 
 
+SUMMARY_PROMPT = (
+    "The conversation is about to be cut short. Summarise everything needed to finish the task: what was asked, "
+    "what you tried, what you found, and what is left to do. Your summary will replace the conversation so far."
+)
+
+
+class ContextConfig(BaseModel):
+    """Context folding: what happens when an episode's context would outgrow `max_tokens` (it then goes on in a
+    new token sequence of the same episode; `rollout.max_episode_tokens` still ends the episode)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(None, ge=64)
+    """the most tokens one sequence (its prompt and the turn it generates) may hold; None: no folding"""
+    policy: Literal["truncate", "summarize"] = "truncate"
+    """truncate: keep the opening messages (system prompt and task) and the last turns that fit; summarize: the
+    policy writes a summary turn (trained as part of the episode), which replaces the turns before it"""
+    summary_prompt: str = SUMMARY_PROMPT
+    """summarize: the request for the summary, appended as a user message"""
+    summary_max_tokens: int = Field(512, ge=1)
+    """summarize: the longest summary; one cut at this length (or empty) fails its episode, counted, unscored"""
+
+
 class RolloutConfig(EnvWorkersConfig):
     """A rollout controller's settings: its env workers (`EnvWorkersConfig`), then the env, the groups and the
     iterations, budgets and staleness."""
@@ -73,6 +96,12 @@ class RolloutConfig(EnvWorkersConfig):
     env_workers: EnvWorkersAt = "ray"
     """where the env workers run: ray: Ray actors (a local Ray unless ray_address names a cluster); local: processes
     of this one on this machine, no Ray runtime"""
+    thinking: Literal["keep", "strip"] = "keep"
+    """keep: a turn's reasoning stays in the context of the turns after it (each prompt is the record extended);
+    strip: the context of each turn is the chat template's own rendering of the conversation, as when the model is
+    served (earlier thoughts dropped by templates that drop them): a turn after a thought starts a new sequence"""
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    """context folding (`ContextConfig`)"""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
@@ -85,6 +114,19 @@ class RolloutConfig(EnvWorkersConfig):
             raise ValueError("iteration_token_budget / max_groups_in_flight need partial=true")
         if self.max_groups_in_flight is not None and self.max_groups_in_flight < self.groups_per_iteration:
             raise ValueError("max_groups_in_flight must be >= groups_per_iteration, or nothing can finish")
+        fold = self.context.max_tokens
+        turn = self.sampling.max_tokens + (self.context.summary_max_tokens if self.context.policy == "summarize" else 0)
+        if fold is not None and fold < 2 * turn:
+            raise ValueError(
+                f"context.max_tokens={fold} leaves no room for a folded context: a sequence must hold the opening, "
+                f"a turn of sampling.max_tokens={self.sampling.max_tokens}"
+                + (
+                    f" and a summary of context.summary_max_tokens={self.context.summary_max_tokens}"
+                    if turn > self.sampling.max_tokens
+                    else ""
+                )
+                + f"; raise context.max_tokens to at least {2 * turn}"
+            )
         return self
 
     @property

@@ -1,7 +1,8 @@
 """The rollout controller: many episodes at once, token-exact, across policy versions.
 
 Each episode is one asyncio task: reset on an env worker, then turns of
-`generate -> env step -> append the observation delta` until the episode ends. Generation
+`generate -> env step -> append the observation delta` until the episode ends (or, with `rollout.thinking:
+strip` or context folding, start a new token sequence of the episode: `agentrl.rollout.context`). Generation
 is requested the moment an episode needs it, so the engine batches whichever episodes are
 not waiting on a sandbox. One iteration (`run_iteration`):
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import math
 import time
@@ -48,12 +51,13 @@ import openai
 from pydantic import BaseModel
 
 from agentrl.cluster import EnvPlacement
-from agentrl.engine.base import InferenceEngine
+from agentrl.engine.base import Generation, InferenceEngine
 from agentrl.env.agents import AgentSandbox, AgentTask
-from agentrl.env.base import FailureClass
-from agentrl.env.registry import agent_of
+from agentrl.env.base import FailureClass, Message
+from agentrl.env.registry import agent_of, env_class
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.context import ContextLayout, Conversation, Plan
 from agentrl.rollout.gateway import Gateway
 from agentrl.rollout.placement import NodeWorkers
 from agentrl.rollout.pool import EnvWorkerHandle, EnvWorkerPool, WorkerError, env_worker_pool
@@ -75,6 +79,9 @@ class _Episode:
     attempt: int = 0
     worker: EnvWorkerHandle | None = None  # the worker holding its env
     generating: bool = False
+    conv: Conversation | None = None  # its messages (None before reset)
+    state_key: str | None = None  # the state its next turn acts in
+    summarizing: bool = False  # its next turn is a summary (context folding)
 
     @property
     def final(self) -> bool:
@@ -112,7 +119,7 @@ class RolloutStats(BaseModel):
     """episode restarts after infrastructure failures"""
     truncated: int
     rewritten: int = 0
-    """agent programs' episodes whose history the agent rewrote (left out of the loss)"""
+    """agent programs' episodes whose history the agent rewrote (each rewrite started a token sequence)"""
     max_staleness: int
     """most policy versions between the oldest and the newest token of a returned trajectory"""
 
@@ -181,6 +188,10 @@ class RolloutController:
                 f"{cfg.env} runs its agent on env {self.agent.env!r}, which does not host agent programs: name one "
                 "that does (repo_fix), or none (the agent grades itself)"
             )
+        self.names_states = env_class(
+            self.agent.env if self.agent and self.agent.env else env_name(cfg.env)
+        ).names_states
+        self.layout: ContextLayout | None = None  # knows the engine's context once it started
         self.iteration = 0
         self.pool: EnvWorkerPool = env_worker_pool(cfg, placement, sandbox)
         self._groups: dict[str, list[_Episode]] = {}  # live groups, in start order
@@ -193,6 +204,7 @@ class RolloutController:
 
     async def start(self) -> RolloutController:
         await self.engine.start()  # a client learns its server's context length (idempotent)
+        self.layout = ContextLayout(self.chat, self.cfg, self.engine.max_context)
         await self.pool.start()
         if self.agent is not None and self.gateway is None:
             self.gateway = Gateway(
@@ -267,28 +279,50 @@ class RolloutController:
         return results.count(False)
 
     async def _replay(self, ep: _Episode) -> bool:
-        """Rebuild the episode's token record from a replay of its env; keep it only if it is the same."""
+        """Rebuild the episode's env, messages and token record from a replay of its env (the turns laid out as
+        `_play` lays them out, from the recorded generations); keep it only if the record is the same."""
         traj = ep.traj
         if not traj.token_ids:
             return True  # not started: it resets like a new episode
         closed = traj.turns[:-1] if traj.turn_open else traj.turns  # the turns the env answered
         ep.worker = self.pool.pick()
-        actions = [self.chat.decode(traj.generated_ids(t.index)) for t in closed]
+        actions = [self.chat.decode(traj.generated_ids(t.index)) for t in closed if not t.info.get("summary")]
         try:
             obs, info, steps = await ep.worker.replay(traj.episode_id, traj.task_id, ep.seed, actions)
         except WorkerError as e:
             log.warning("episode %s: replay failed: %s", traj.episode_id, e)
             steps = []
-        same = len(steps) == len(closed)
+        same = len(steps) == len(actions)
         if same:
-            ids = self.chat.prompt_ids(obs, tools=info.get("tools"))
-            for turn, (o, reward, terminated, truncated) in zip(closed, steps, strict=True):
-                ids += traj.generated_ids(turn.index)
-                ids += self.chat.observation_ids(o, last_token=ids[-1])
-                same = same and reward == turn.reward and not (terminated or truncated)
-            if traj.turn_open:
-                ids += traj.generated_ids(traj.turns[-1].index)
-            same = same and ids == traj.token_ids
+            fresh = Trajectory(**{k: getattr(traj, k) for k in ("episode_id", "group_id", "task_id", "sampling")})
+            copy = _Episode(fresh, ep.seed, worker=ep.worker)
+            self._opened(copy, obs, info)
+            replies = iter(steps)
+            for turn in traj.turns:
+                gen = Generation(
+                    token_ids=traj.generated_ids(turn.index),
+                    logprobs=traj.logprobs[turn.start : turn.end],
+                    versions=traj.versions[turn.start : turn.end],
+                    finish_reason=turn.finish_reason or "aborted",
+                )
+                copy.traj.append_generation(gen)
+                if turn.finish_reason is None:
+                    break
+                self._generated(copy)
+                if copy.summarizing:
+                    plan = self._summarized(copy, gen)
+                else:
+                    o, reward, terminated, truncated, step_info = next(replies)
+                    same = same and reward == turn.reward and not (terminated or truncated)
+                    copy.traj.turns[-1].reward = reward
+                    plan = self._answered(copy, o, step_info)
+                if plan.failure or plan.end or not same:
+                    same = False
+                    break
+                self._apply(copy.traj, copy, plan)
+            same = same and copy.traj.token_ids == traj.token_ids and copy.traj.sequences == traj.sequences
+            if same:
+                ep.conv, ep.state_key, ep.summarizing = copy.conv, copy.state_key, copy.summarizing
         if not same:
             log.warning("episode %s: its env did not replay as recorded; dropped", traj.episode_id)
             traj.status = Status.DROPPED
@@ -420,15 +454,19 @@ class RolloutController:
             return
 
     async def _play(self, ep: _Episode) -> None:
-        traj = ep.traj
-        limit = min(self.cfg.max_episode_tokens, self.engine.max_context)
+        traj, layout = ep.traj, self.layout
         if not traj.token_ids:
             ep.worker = self.pool.pick()
             obs, info = await ep.worker.reset(traj.episode_id, traj.task_id, ep.seed)
-            traj.append_prompt(self.chat.prompt_ids(obs, tools=info.get("tools")))
+            self._opened(ep, obs, info)
         while not self._stopping.is_set():
             used = traj.turns[-1].end - traj.turns[-1].start if traj.turn_open else 0
-            budget = min(self.cfg.sampling.max_tokens - used, limit - len(traj.token_ids))
+            turn_tokens = self.cfg.context.summary_max_tokens if ep.summarizing else self.cfg.sampling.max_tokens
+            budget = min(
+                turn_tokens - used,
+                layout.limit - len(traj.token_ids) + traj.context_start,
+                self.cfg.max_episode_tokens - traj.episode_tokens,
+            )
             if budget < 1:
                 return await self._finish(ep, truncation="episode_tokens" if used == 0 else "context")
             seed = zlib.crc32(f"{ep.seed}/{len(traj.token_ids)}".encode())
@@ -436,27 +474,83 @@ class RolloutController:
                 update={"max_tokens": budget, "stop_token_ids": self.chat.stop_token_ids, "seed": seed}
             )
             ep.generating = True
-            gen = await self.engine.generate(list(traj.token_ids), params, request_id=traj.episode_id)
+            gen = await self.engine.generate(traj.context_ids, params, request_id=traj.episode_id)
             ep.generating = False
             traj.append_generation(gen)
             self._counts.tokens += len(gen.token_ids)
             self._note_complete_groups()
             if gen.finish_reason == "aborted":
                 return  # parked at a token boundary; the turn continues next iteration
-            turn = traj.turns[-1]
-            obs, reward, terminated, truncated, info = await ep.worker.step(
-                traj.episode_id, self.chat.decode(traj.generated_ids(turn.index))
-            )
-            turn.reward, turn.info = reward, info
-            if info.get("failure") == FailureClass.INFRA:
-                raise _InfraFailure(info.get("error", "the environment reported an infrastructure failure"))
-            if terminated or truncated:
-                return await self._finish(ep, terminated=terminated, truncation="env" if truncated else None)
-            delta = self.chat.observation_ids(obs, last_token=traj.token_ids[-1])
-            if len(traj.token_ids) + len(delta) + 1 > limit:  # an over-long context never reaches the model
+            self._generated(ep)
+            if ep.summarizing:
+                plan = self._summarized(ep, gen)
+            else:
+                turn = traj.turns[-1]
+                obs, reward, terminated, truncated, info = await ep.worker.step(
+                    traj.episode_id, ep.conv.turns[-1][0]["content"]
+                )
+                turn.reward, turn.info = reward, info
+                if info.get("failure") == FailureClass.INFRA:
+                    raise _InfraFailure(info.get("error", "the environment reported an infrastructure failure"))
+                if terminated or truncated:
+                    return await self._finish(ep, terminated=terminated, truncation="env" if truncated else None)
+                plan = self._answered(ep, obs, info)
+            if plan.failure is not None:
+                log.warning("episode %s: %s", traj.episode_id, plan.failure)
+                await self._close_env(ep)
+                return self._fail(ep, FailureClass.AGENT, plan.failure)
+            if plan.end is not None:
+                return await self._finish(ep, truncation=plan.end)
+            if not self._apply(traj, ep, plan):  # an over-long context never reaches the model
                 return await self._finish(ep, truncation="episode_tokens")
-            traj.append_observation(delta)
         # stopping: parked at a turn boundary, its env (and sandbox) kept on the worker
+
+    def _opened(self, ep: _Episode, obs: list[Message], info: dict[str, Any]) -> None:
+        """The env was reset: the episode's messages, its first state and its prompt."""
+        ep.conv = Conversation(obs, info.get("tools"))
+        ep.state_key = self._state_key(obs, info)
+        ep.traj.append_prompt(self.layout.opening(ep.conv))
+
+    def _generated(self, ep: _Episode) -> None:
+        """The episode's last turn is complete: the assistant's message, as the env will read it."""
+        text = self.chat.decode(ep.traj.generated_ids(ep.traj.turns[-1].index))
+        ep.conv.turns.append([{"role": "assistant", "content": text}])
+
+    def _answered(self, ep: _Episode, obs: list[Message], info: dict[str, Any]) -> Plan:
+        """The env answered the episode's last turn, which it took in `ep.state_key`: the next state, the next
+        prompt."""
+        ep.traj.turns[-1].state_key, ep.state_key = ep.state_key, self._state_key(obs, info)
+        if ep.state_key is None:
+            return Plan(failure=f"env {self.cfg.env} names its states (names_states) but gave no info['state_key']")
+        return self.layout.after_turn(ep.traj, ep.conv, obs)
+
+    def _summarized(self, ep: _Episode, gen: Generation) -> Plan:
+        """The episode's summary turn ended (never sent to the env): the fold that follows it."""
+        ep.summarizing = False
+        ep.traj.turns[-1].info = {"summary": True}
+        return self.layout.after_summary(ep.conv, gen.finish_reason)
+
+    def _apply(self, traj: Trajectory, ep: _Episode, plan: Plan) -> bool:
+        """The plan's ids appended or starting a sequence; False (nothing done) past a token bound."""
+        if plan.sequence is not None:
+            traj.start_sequence(plan.ids, plan.sequence, plan.info)
+        else:
+            room = min(
+                self.layout.limit - len(traj.token_ids) + traj.context_start,
+                self.cfg.max_episode_tokens - traj.episode_tokens,
+            )
+            if len(plan.ids) + 1 > room:
+                return False
+            traj.append_observation(plan.ids)
+        ep.summarizing = plan.summarize
+        return True
+
+    def _state_key(self, obs: list[Message], info: dict[str, Any]) -> str | None:
+        """The env's name for the state (`names_states`; None if it gave none) or a hash of the observation."""
+        if self.names_states:
+            key = info.get("state_key")
+            return None if key is None else str(key)
+        return hashlib.sha256(json.dumps(obs, sort_keys=True).encode()).hexdigest()[:32]
 
     async def _play_agent(self, ep: _Episode) -> None:
         """An agent program's episode (see the module doc): its failures (it raised, never called the model, ran
@@ -485,11 +579,7 @@ class RolloutController:
             self._counts.tokens += traj.num_generated
         if problem is None and session.calls == 0:
             problem = "the agent never called the model"
-        if problem is None and session.rewritten:
-            await self._close_env(ep)
-            traj.status, traj.error = Status.REWRITTEN, "the agent rewrote its history: more than one token sequence"
-            self._counts.rewritten += 1
-            return
+        self._counts.rewritten += session.rewrites > 0
         if problem is None:
             reward, grading = await worker.agent_grade(traj.episode_id)
             if reward is None:  # no env grades: the agent did

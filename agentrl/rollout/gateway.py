@@ -10,10 +10,10 @@ its prompt ids, the completion ids, the engine's logprobs and the policy version
   replies by position (unchanged: same content and calls): the recorded completion ids are reused, never
   re-encoded. When that layout extends the trajectory (its prefix is the trajectory, and something follows),
   the new messages' tokens are appended as an observation and the reply as the next turn.
-- **Rewritten histories.** When the agent dropped, edited or summarised its history, the call is still served
-  (laid out the same way, from what it holds), but the episode now holds more than one token sequence: it is
-  marked `rewritten` and recorded no further. Such an episode is left out of the loss and counted
-  (`rollout/rewritten`), never trained on wrongly.
+- **Rewritten histories.** When the agent dropped, edited or summarised its history, the call is served (laid
+  out the same way, from what it holds) and starts a new token sequence of the episode
+  (`Trajectory.start_sequence`, reason `rewritten`): its prompt is context, its reply a turn trained there, and
+  the earlier sequences keep what they hold. Such episodes are counted (`rollout/rewritten`).
 - **Retries.** A request with the same `Idempotency-Key`, or the same body, as one the session answered is
   answered from the record, not sampled again (the SDK retries a timed-out call with the same body). An agent
   that wants a second sample of the same history asks in another session.
@@ -50,7 +50,7 @@ from agentrl.engine.server import error, listen, refuse_invalid, require_key
 from agentrl.env.agents import MODEL
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.rollout.trajectory import SequenceReason, Trajectory
 
 _SESSION_PATH = re.compile(r"^/sessions/([^/]+)/v1/")
 
@@ -78,8 +78,8 @@ class Session:
     calls: int = 0
     retries: int = 0
     """calls answered from the record (a retry of one answered before)"""
-    rewritten: bool = False
-    """the agent's history stopped being the trajectory's: not recorded further, left out of the loss"""
+    rewrites: int = 0
+    """calls whose history was not the trajectory's current sequence extended: each started a sequence"""
 
     def find(self, k: int, m: object) -> Reply | None:
         """The k-th reply of this session, if `m` is it unchanged."""
@@ -199,9 +199,11 @@ class Gateway:
         try:
             self.chat.check(req)
             prompt = self.chat.layout.prompt_ids(req.messages, self.chat.tools(req), s.find)
-            n = len(traj.token_ids)
-            extends = n == 0 or (prompt[:n] == traj.token_ids and len(prompt) > n and not traj.turn_open)
-            room = self.max_episode_tokens - len(prompt)
+            context = traj.context_ids
+            n = len(context)
+            extends = n == 0 or (prompt[:n] == context and len(prompt) > n and not traj.turn_open)
+            grown = traj.episode_tokens + (len(prompt) - n if extends else 0)  # a new sequence's prompt is context
+            room = min(self.max_episode_tokens - grown, self.engine.max_context - len(prompt))
             budget = min(self.sampling.max_tokens, req.token_limit or room, room)
             if budget < 1:
                 raise ContextTooLong(
@@ -220,16 +222,18 @@ class Gateway:
         except ContextTooLong as e:
             return error(400, str(e), "messages", code="context_length_exceeded")
         s.calls += 1
-        s.rewritten = s.rewritten or not extends
 
         def record(gen: Generation, completion: ChatCompletion, reply: Reply) -> None:
             s.answered[token] = completion
-            if s.rewritten or gen.finish_reason == "aborted" or s.id not in self.sessions:
+            if gen.finish_reason == "aborted" or s.id not in self.sessions:
                 return
             if not traj.token_ids:
                 traj.append_prompt(prompt)
+            elif extends:
+                traj.append_observation(prompt[n:])
             else:
-                traj.append_observation(prompt[len(traj.token_ids) :])
+                traj.start_sequence(prompt, SequenceReason.REWRITTEN)
+                s.rewrites += 1
             traj.append_generation(gen)
             s.replies.append(reply)
 

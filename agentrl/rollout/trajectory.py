@@ -6,7 +6,8 @@ reply; an *episode* runs from reset to its end; its *trajectory* is this record;
 
 Per token (parallel lists, one entry per position of `token_ids`):
   segment      prompt | generated | observation
-  turn         the turn index (prompt tokens: 0, observation tokens: the turn they answer)
+  turn         the turn index (prompt tokens: the turn that follows them, 0 in the first sequence; observation
+               tokens: the turn they answer)
   loss_mask    1 on generated tokens the trainer optimises, else 0
   logprob      lp_b: the engine's logprob for generated tokens (0.0 elsewhere)
   version      the policy version that sampled a generated token (-1 elsewhere)
@@ -14,9 +15,17 @@ Per token (parallel lists, one entry per position of `token_ids`):
                older than `version` when a weight update landed while its request ran. Staleness
                counts from the older of the two (`token_versions`)
 
-The invariant (docs/design.md §8, invariant 1): every prompt handed to the engine is `token_ids` at that
-moment (the controller sends the trajectory itself), so the ids the trainer scores are
-exactly the ids the engine saw and produced. Nothing is ever decoded and re-encoded to build the next prompt.
+Sequences: an episode's record is one or more token *sequences*, laid end to end in these lists. The first
+starts at 0; each later one (`sequences`) starts with a prompt of its own, the conversation so far as the policy
+is to see it next (the template's own rendering with earlier thoughts dropped, a folded context, an agent's
+rewritten history), and goes on with turns appended as in the first. A generated token belongs to the sequence
+it was generated in and is trained there only: a later sequence's prompt repeats earlier turns as context
+(segment prompt, loss mask 0). Episodes of one sequence (every episode before sequences existed) have
+`sequences == []`.
+
+The invariant (docs/design.md §8, invariant 1): every prompt handed to the engine is the current sequence
+(`context_ids`) at that moment (the controller sends the trajectory itself), so the ids the trainer scores are
+exactly the ids the engine saw and produced. Nothing is ever decoded and re-encoded to extend a sequence.
 """
 
 from __future__ import annotations
@@ -46,8 +55,33 @@ class Status(enum.StrEnum):
     DROPPED = "dropped"
     """past the staleness bound (too many policy versions behind): left out and counted"""
     REWRITTEN = "rewritten"
-    """an agent program rewrote its history (dropped, edited or summarised messages), so the episode holds more
-    than one token sequence: left out and counted until trajectories hold several"""
+    """runs saved before trajectories held several sequences: an agent program rewrote its history, and the
+    episode was left out (a rewrite now starts a sequence, `SequenceReason.REWRITTEN`)"""
+
+
+class SequenceReason(enum.StrEnum):
+    """Why a sequence after the first started."""
+
+    RERENDER = "rerender"
+    """the chat template's own rendering of the conversation is not the record extended (`rollout.thinking:
+    strip` drops earlier thoughts)"""
+    FOLD = "fold"
+    """the context reached `rollout.context.max_tokens` and was folded (truncated or summarised)"""
+    REWRITTEN = "rewritten"
+    """an agent program sent a history that is not its record extended (it dropped, edited or summarised
+    messages)"""
+
+
+class SequenceStart(BaseModel):
+    """Where a sequence after the first begins in the record, and why."""
+
+    start: int
+    """the index in `token_ids` of its first token"""
+    prompt: int
+    """how many tokens its prompt holds (context, never trained)"""
+    reason: SequenceReason
+    info: dict[str, Any] = Field(default_factory=dict)
+    """what the fold did (its policy, the turns it dropped or summarised), or the like"""
 
 
 class TrajectoryError(RuntimeError):
@@ -64,6 +98,9 @@ class Turn(BaseModel):
     finish_reason: FinishReason | None = None
     """why its generation ended; "aborted" pieces were continued and do not show here"""
     info: dict[str, Any] = Field(default_factory=dict)
+    state_key: str | None = None
+    """the environment state the turn acted in (GiGPO's anchor state: turns of a group with the same key form a
+    step group), the env's own name for it or a hash of the observation; None where not recorded"""
 
 
 class Trajectory(BaseModel):
@@ -80,6 +117,8 @@ class Trajectory(BaseModel):
     kv_versions: list[int] = Field(default_factory=list)
     """empty in trajectories saved before it was recorded: read as `versions`"""
     turns: list[Turn] = Field(default_factory=list)
+    sequences: list[SequenceStart] = Field(default_factory=list)
+    """the sequences after the first, in order (empty: one sequence)"""
     routed_experts: list[list[list[int]] | None] | None = None
     """MoE models, when the engine records routing: aligned with token_ids, entry t holding per layer the experts
     of position t − 1's forward (the one that predicted token t), for prompt, observation and generated tokens
@@ -116,6 +155,16 @@ class Trajectory(BaseModel):
             raise TrajectoryError("the prompt is appended once, first")
         self._extend(ids, Segment.PROMPT, 0)
 
+    def start_sequence(self, ids: list[int], reason: SequenceReason, info: dict[str, Any] | None = None) -> None:
+        """Begin a new sequence whose prompt is `ids` (the next turn's whole context), after a finished turn."""
+        if self.turn_open or not self.turns:
+            raise TrajectoryError("a sequence starts after a finished turn")
+        if not ids:
+            raise TrajectoryError("a sequence starts with a prompt")
+        start = SequenceStart(start=len(self.token_ids), prompt=len(ids), reason=reason, info=info or {})
+        self.sequences.append(start)
+        self._extend(ids, Segment.PROMPT, len(self.turns))
+
     @property
     def turn_open(self) -> bool:
         """True while the last turn's generation is unfinished (it was aborted and parked)."""
@@ -136,8 +185,9 @@ class Trajectory(BaseModel):
             self.kv_versions[start:] = gen.kv_versions
         turn.end = len(self.token_ids)
         if gen.routed_experts is not None:
-            if gen.prompt_routing is not None:  # prompt position p predicted token p + 1
-                self.routed_experts[1 : len(gen.prompt_routing) + 1] = gen.prompt_routing
+            if gen.prompt_routing is not None:  # the sequence's position p predicted its token p + 1
+                c = self.context_start
+                self.routed_experts[c + 1 : c + len(gen.prompt_routing) + 1] = gen.prompt_routing
             self.routed_experts[start : start + len(gen.routed_experts)] = gen.routed_experts
         if gen.finish_reason != "aborted":
             turn.finish_reason = gen.finish_reason
@@ -148,6 +198,27 @@ class Trajectory(BaseModel):
         self._extend(ids, Segment.OBSERVATION, self.turns[-1].index)
 
     # -- reading --------------------------------------------------------------------
+
+    @property
+    def context_start(self) -> int:
+        """Where the current (last) sequence begins in `token_ids`."""
+        return self.sequences[-1].start if self.sequences else 0
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The current sequence: what the engine is sent as the next prompt (a copy)."""
+        return self.token_ids[self.context_start :]
+
+    def sequence_spans(self) -> list[tuple[int, int]]:
+        """Each sequence's [start, end) in `token_ids`, in order."""
+        starts = [0, *(s.start for s in self.sequences)]
+        return list(zip(starts, [*starts[1:], len(self.token_ids)], strict=True))
+
+    @property
+    def episode_tokens(self) -> int:
+        """The episode's length: its tokens less the later sequences' prompts (re-rendered context counts
+        once, where it first appeared): the first prompt, every generated and every observation token."""
+        return len(self.token_ids) - sum(s.prompt for s in self.sequences)
 
     def generated_ids(self, turn: int) -> list[int]:
         t = self.turns[turn]

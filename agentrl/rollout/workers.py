@@ -120,12 +120,12 @@ class EnvWorker:
         """Rebuild an episode's env after a restart: reset as before, then step the same messages.
 
         Returns the opening messages, the reset info and every step's (observation, reward,
-        terminated, truncated), for the caller to compare with what it recorded."""
+        terminated, truncated, info), for the caller to compare with what it recorded."""
         obs, info = await self.reset(episode_id, task_id, seed)
         steps = []
         for text in actions:
-            o, r, terminated, truncated, _ = await self.envs[episode_id].astep(text)
-            steps.append((o, float(r), terminated, truncated))
+            o, r, terminated, truncated, step_info = await self.envs[episode_id].astep(text)
+            steps.append((o, float(r), terminated, truncated, dict(step_info)))
             if terminated or truncated:
                 await self.close(episode_id)
                 break

@@ -1,7 +1,7 @@
 """Saved trajectories: one JSON line each in `trajectories/<name>.jsonl`, indexed by `trajectories/index.jsonl`.
 
 A line is a rollout `Trajectory` as JSON (its per-token lists: token_ids, segments, turn_index,
-loss_mask, logprobs, versions; its turns, status, failure, rewards) with two more keys:
+loss_mask, logprobs, versions; its turns, sequences, status, failure, rewards) with two more keys:
 "iteration" (None in an evaluation) and "trained" (a `TrainedView`, or None when no update saw it).
 The index holds one short line per saved trajectory, its `summary` plus the byte span of its line,
 so a reader lists and filters without parsing the trajectories and loads one by seeking.
@@ -28,10 +28,14 @@ class TrainedView(BaseModel):
     trainer_logprobs: list[float]
     """lp_θ when its minibatch was trained"""
     ratio: float
-    """s_i, the sequence ratio against lp_b at that moment"""
+    """s_i, the sequence ratio against lp_b at that moment (several sequences: their mean)"""
     clipped: float
-    """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1)"""
+    """the share of its generated tokens whose clipped branch was taken (GSPO: 0 or 1; several sequences: the
+    mean of theirs)"""
     minibatch: int
+    """the minibatch that trained it (several sequences: the first's)"""
+    sequence_ratios: list[float] | None = None
+    """s_i of each of its sequences, in order, when it holds more than one"""
     router_differs: list[float] | None = None
     """MoE with the engine's routing record: per token, the share of MoE layers the learner routed otherwise than
     the engine (generated tokens; -1 elsewhere); None: not recorded (no record, or saved before it existed)"""
@@ -66,6 +70,7 @@ def summary(row: Mapping[str, Any]) -> dict[str, Any]:
         "versions": versions,
         "partial": len(versions) > 1,
         "tokens": len(row["token_ids"]),
+        "sequences": 1 + len(row.get("sequences") or []),
         "truncated": row["truncation"] if row["truncated"] else None,
         "error": row["error"],
         "ratio": trained["ratio"] if trained else None,

@@ -39,10 +39,14 @@ def lr_factor(step: int, warmup: int, decay: int, floor: float) -> float:
 class AlgoConfig(_Strict):
     loss: Literal["gspo", "gspo_token", "grpo"] = "gspo_token"
     """the surrogate objective (docs/design.md §4)"""
-    advantage: Literal["outcome", "turn"] = "turn"
-    """'outcome': one group-normalised A_i per episode; 'turn': group-normalised return-to-go per turn"""
+    advantage: Literal["outcome", "turn", "gigpo"] = "turn"
+    """'outcome': one group-normalised A_i per episode; 'turn': group-normalised return-to-go per turn; 'gigpo':
+    the episode's group-normalised return plus ω × the turn's return-to-go normalised within its step group (the
+    turns of the group's episodes that acted in the same environment state: `Turn.state_key`)"""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
-    """discount of later turns' rewards in the per-turn return-to-go (advantage 'turn' only)"""
+    """discount of later turns' rewards in the return-to-go (advantages 'turn' and 'gigpo')"""
+    gigpo_omega: float = Field(1.0, ge=0.0)
+    """ω, the weight of GiGPO's step-level advantage (advantage 'gigpo' only)"""
     scale_advantages: bool = True
     """divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)"""
     clip_low: float | None = None
@@ -106,7 +110,7 @@ class AlgoConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> AlgoConfig:
-        if self.loss == "gspo" and self.advantage == "turn":
+        if self.loss == "gspo" and self.advantage in ("turn", "gigpo"):
             raise ValueError(
                 "loss 'gspo' takes one advantage per sequence: use advantage 'outcome' or loss 'gspo_token'"
             )
@@ -120,6 +124,8 @@ class AlgoConfig(_Strict):
                 "algo.gamma discounts later turns' rewards in the per-turn return-to-go: it does nothing with "
                 "algo.advantage=outcome; set algo.advantage=turn, or drop algo.gamma"
             )
+        if self.advantage != "gigpo" and changed(self, "gigpo_omega"):
+            raise ValueError("algo.gigpo_omega weighs GiGPO's step-level term: set algo.advantage=gigpo, or drop it")
         if self.behaviour_weight == "none" and (unused := changed(self, "behaviour_level", "behaviour_cap")):
             one = len(unused) == 1
             raise ValueError(

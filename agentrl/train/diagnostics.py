@@ -321,16 +321,25 @@ class RowRecorder(UpdateObserver):
 
     def views(self, batch: TrainBatch) -> dict[str, TrainedView]:
         """By episode id, what the update saw of each recorded row, per token aligned with the trajectory's
-        ids and rounded (a record)."""
+        ids and rounded (a record); an episode of several sequences (rows) gets them laid end to end, its ratio
+        and clipped share the mean of theirs."""
+        rows: dict[str, list[int]] = {}
+        for i in sorted(self.stats, key=lambda i: (batch.row_offsets or [0] * len(batch))[i]):
+            rows.setdefault(batch.episode_ids[i], []).append(i)
         views = {}
-        for i, r in self.stats.items():
-            n = len(r.logprobs)
-            views[batch.episode_ids[i]] = TrainedView(
-                advantages=[round(a, 4) for a in batch.advantages[i, :n].tolist()],
-                trainer_logprobs=[round(x, 4) for x in r.logprobs],
-                ratio=r.ratio,
-                clipped=r.clipped,
-                minibatch=r.minibatch,
-                router_differs=None if r.router_differs is None else [round(x, 3) for x in r.router_differs],
+        for episode, mine in rows.items():
+            stats = [self.stats[i] for i in mine]
+            advantages: list[float] = []
+            for i, r in zip(mine, stats, strict=True):
+                advantages += batch.advantages[i, : len(r.logprobs)].tolist()
+            differs = [r.router_differs for r in stats]
+            views[episode] = TrainedView(
+                advantages=[round(a, 4) for a in advantages],
+                trainer_logprobs=[round(x, 4) for r in stats for x in r.logprobs],
+                ratio=sum(r.ratio for r in stats) / len(stats),
+                clipped=sum(r.clipped for r in stats) / len(stats),
+                minibatch=stats[0].minibatch,
+                router_differs=None if None in differs else [round(x, 3) for d in differs for x in d],
+                sequence_ratios=[r.ratio for r in stats] if len(stats) > 1 else None,
             )
         return views

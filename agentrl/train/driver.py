@@ -125,7 +125,7 @@ class Driver:
         batch = recorder = None
         try:
             batch, info = build_batch(episodes.groups, self.cfg.algo)
-            metrics |= {f"batch/{k}": v for k, v in vars(info).items()}
+            metrics |= {f"batch/{k}": v for k, v in vars(info).items() if v is not None}
         except ValueError as e:  # nothing to learn from (every episode failed, or no signal)
             self.display.message(f"iteration {iteration}: {e}; no update")
         saved = self.tracker.to_save(episodes.groups)
@@ -269,6 +269,8 @@ def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:
         "rollout/reward": sum(t.outcome_reward for t in trainable) / n,
         "rollout/success_rate": sum(success(t) for t in trainable) / n,
         "rollout/turns": sum(len(t.turns) for t in trainable) / n,
+        "rollout/sequences": sum(len(t.sequences) + 1 for t in trainable) / n,
+        "rollout/folds": sum(s.reason == "fold" for t in trainable for s in t.sequences),
         "rollout/tokens_per_s": s.tokens_per_s,
         "rollout/generated_tokens": s.generated_tokens,
         "rollout/episodes": s.episodes_finished,

@@ -3,8 +3,9 @@
 The batch is split into M minibatches, one optimizer step each (gradients clipped to a
 global norm). With several ranks each takes a disjoint share of every minibatch and FSDP2
 averages gradients; each rank's loss is rescaled so that the update is that of the whole
-minibatch: J is a mean over sequences, so rank r's mean over its n_r sequences weighs
-n_r / n (× the world size, which FSDP's average divides away).
+minibatch: J is a mean over sequences (weighted by their row weights: 1/K each for an episode of K
+sequences), so rank r's mean over its sequences of total weight n_r weighs n_r / n (× the world size, which
+FSDP's average divides away).
 
 Decoupled (algo.behaviour_weight other than 'none', docs/design.md §4): the ratio is taken against
 lp_prox, the learner's logprobs before its first step on the batch, and lp_b weighs the terms. Minibatch
@@ -81,8 +82,8 @@ class _MinibatchShare:
     """This rank's share of one minibatch."""
 
     batch: TrainBatch
-    n_local: int  # sequences with generated tokens on this rank
-    n_global: int
+    n_local: float  # the weight of the sequences with generated tokens on this rank (their count when all weigh 1)
+    n_global: float
     rows: list[int]  # the batch rows of `batch` (none when this rank holds a stand-in row)
 
 
@@ -168,7 +169,7 @@ class Trainer:
         shares = []
         for m in range(M):
             rows = order[m::M]
-            n_global = int(batch.loss_mask[rows].any(-1).sum())
+            n_global = float(batch.row_weight(rows)[batch.loss_mask[rows].any(-1).cpu()].sum())
             mine = rows[self.rank :: self.world]
             if len(mine) == 0:  # every rank runs forward and backward (FSDP's collectives): a row that counts nothing
                 mb = batch.select(rows[:1])
@@ -176,7 +177,8 @@ class Trainer:
                 shares.append(_MinibatchShare(mb, 0, n_global, []))
             else:
                 mb = batch.select(mine)
-                shares.append(_MinibatchShare(mb, int(mb.loss_mask.any(-1).sum()), n_global, mine.tolist()))
+                n_local = float(batch.row_weight(mine)[mb.loss_mask.any(-1).cpu()].sum())
+                shares.append(_MinibatchShare(mb, n_local, n_global, mine.tolist()))
         return shares
 
     # -- the update --------------------------------------------------------------------
@@ -237,6 +239,7 @@ class Trainer:
                     mode=algo.loss,
                     clip_low=algo.clip_low,
                     clip_high=algo.clip_high,
+                    sequence_weights=mb.row_weights,
                     **extra,
                 )
                 for k, v in loss_metrics.items():

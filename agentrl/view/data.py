@@ -6,12 +6,18 @@ Nothing is loaded whole: JSONL files are followed from the byte where the last r
 record) and a trajectory is read by seeking to its span. A folder written before the index
 existed is indexed once by scanning its trajectory files.
 
+A trajectory holds one or more token sequences (a re-rendered, folded or rewritten context starts a new one): it
+is shown sequence by sequence, each later sequence's prompt as context apart from the turns generated after it.
+Turns that record the environment state they acted in (`state_key`) are shown with their step group: the turns
+with the same key among the saved trajectories of their group (only the saved ones are known here).
+
 A corrupt line (a run killed mid-write, a disk filling up) is skipped and named in
 `warnings`; what is readable is shown.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from dataclasses import dataclass, field
@@ -40,6 +46,8 @@ class Filters:
     turns: int | None = None
     partial: bool | None = None
     """spanning several policy versions"""
+    multi: bool | None = None
+    """holding several token sequences (a re-rendered, folded or rewritten context)"""
 
     def keep(self, s: dict[str, Any]) -> bool:
         return (
@@ -51,6 +59,7 @@ class Filters:
             and (self.failure is None or self.failure in (s["failure"], s["status"]))
             and (self.turns is None or s["turns"] == self.turns)
             and (self.partial is None or s["partial"] == self.partial)
+            and (self.multi is None or (s.get("sequences", 1) > 1) == self.multi)
         )
 
 
@@ -63,6 +72,8 @@ class Folder:
     _tails: dict[str, JsonlTail] = field(init=False, default_factory=dict)
     _scanned: tuple[list[dict[str, Any]], list[str]] | None = field(init=False, default=None)
     _tokenizer: Tokenizer | None = field(init=False, default=None)
+    _state_keys: dict[tuple[str, int, int], list[str | None]] = field(init=False, default_factory=dict)
+    """per saved trajectory (its span), its turns' state keys: read once for the step groups"""
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -117,7 +128,10 @@ class Folder:
         index = self.run.trajectories / "index.jsonl"
         if index.exists():
             tail = self._tail(index)
-            return tail.rows(), tail.warnings
+            rows = tail.rows()
+            for r in rows:  # index lines written before trajectories held several sequences
+                r.setdefault("sequences", 1)
+            return rows, tail.warnings
         with self._lock:
             if self._scanned is None:
                 self._scanned = self._scan()
@@ -174,7 +188,44 @@ class Folder:
     def trajectory(self, episode_id: str) -> dict[str, Any]:
         """One trajectory, turn by turn, its tokens as text with their per-token values."""
         entry = self._find(episode_id)
-        return render(read_trajectory(self.run.trajectories, entry), self.tokenizer()) | {"summary": entry}
+        row = read_trajectory(self.run.trajectories, entry)
+        return render(row, self.tokenizer(), self._step_groups(entry, row)) | {"summary": entry}
+
+    def _step_groups(self, entry: dict[str, Any], row: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """For each state key of `row`'s turns, its step group among the saved trajectories of its group (same
+        group id and iteration, as `group` shows them): how many turns hold the key, in how many of how many
+        trajectories, and which (episode id, turn index). Empty when its turns record no state."""
+        keys = {t.get("state_key") for t in row["turns"]} - {None}
+        if not keys:
+            return {}
+        rows, _ = self._index()
+        members: dict[str, dict[str, Any]] = {}  # by episode id: a resumed run's second save counts
+        for r in rows:
+            if r["group_id"] == entry["group_id"] and r["iteration"] == entry["iteration"]:
+                members[r["episode_id"]] = r
+        members[row["episode_id"]] = entry
+        groups = {k: {"size": 0, "trajectories": 0, "saved": len(members), "members": []} for k in keys}
+        for episode_id, r in members.items():
+            seen = set()
+            for turn, key in enumerate(self._turn_keys(r, row if r is entry else None)):
+                if key in groups:
+                    groups[key]["size"] += 1
+                    groups[key]["members"].append([episode_id, turn])
+                    seen.add(key)
+            for key in seen:
+                groups[key]["trajectories"] += 1
+        return groups
+
+    def _turn_keys(self, entry: dict[str, Any], row: dict[str, Any] | None) -> list[str | None]:
+        span = (entry["file"], entry["offset"], entry["length"])
+        keys = self._state_keys.get(span)
+        if keys is None:
+            try:
+                turns = (row or read_trajectory(self.run.trajectories, entry))["turns"]
+            except (OSError, ValueError, KeyError):
+                return []  # unreadable: its turns are not counted
+            keys = self._state_keys[span] = [t.get("state_key") for t in turns]
+        return keys
 
     def group(self, group_id: str, iteration: int | None) -> list[dict[str, Any]]:
         rows, _ = self._index()
@@ -239,10 +290,15 @@ def _passed(row: dict[str, Any]) -> bool:
     return bool(row["passed"]) if "passed" in row else row.get("correct", 0) > 0
 
 
-def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
+def render(
+    row: dict[str, Any], tokenizer: Tokenizer, step_groups: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """A saved trajectory as the page shows it: the prompt's text, then per turn its generated tokens
     (text piece, engine logprob, policy version, advantage, trainer logprob, and with an MoE routing record the
-    share of layers the trainer routed otherwise than the engine) and the env's reply."""
+    share of layers the trainer routed otherwise than the engine) and the env's reply; its sequences (one for
+    trajectories saved before they held several), each with its span, why it started, its prompt's text (later
+    ones: the re-rendered conversation, context only) and its turns; per turn its state key and step group (from
+    `step_groups`, by key)."""
     ids, trained = row["token_ids"], row.get("trained")
     routing = trained.get("router_differs") if trained else None  # None in rows saved before it was recorded
     pieces = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
@@ -250,17 +306,44 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     def text(lo: int, hi: int) -> str:
         return tokenizer.decode(ids[lo:hi], skip_special_tokens=False)
 
-    prompt_end = next((k for k, s in enumerate(row["segments"]) if s != PROMPT), len(ids))
+    later = row.get("sequences") or []  # absent in rows saved before sequences existed
+    starts = [0, *(s["start"] for s in later)]
+    ends = [*starts[1:], len(ids)]
+    prompt_end = next((k for k, s in enumerate(row["segments"][: ends[0]]) if s != PROMPT), ends[0])
+    ratios = (trained or {}).get("sequence_ratios") or []
+    sequences = [
+        {
+            "index": k,
+            "start": lo,
+            "end": hi,
+            "tokens": hi - lo,
+            "generated": sum(row["loss_mask"][lo:hi]),
+            "prompt": prompt_end if k == 0 else later[k - 1]["prompt"],
+            "reason": None if k == 0 else later[k - 1]["reason"],
+            "info": {} if k == 0 else later[k - 1].get("info") or {},
+            "ratio": ratios[k] if len(ratios) == len(starts) else None,
+            "context": None if k == 0 else text(lo, lo + later[k - 1]["prompt"]),
+            "turns": [],
+        }
+        for k, (lo, hi) in enumerate(zip(starts, ends, strict=True))
+    ]
     turns = []
     for k, turn in enumerate(row["turns"]):
-        obs_end = row["turns"][k + 1]["start"] if k + 1 < len(row["turns"]) else len(ids)
+        seq = sequences[bisect.bisect_right(starts, turn["start"]) - 1]
+        seq["turns"].append(k)
+        next_start = row["turns"][k + 1]["start"] if k + 1 < len(row["turns"]) else len(ids)
+        obs_end = min(next_start, seq["end"])  # a reply never runs on into the next sequence's prompt
         span = range(turn["start"], turn["end"])
+        key = turn.get("state_key")
         turns.append(
             {
                 "index": turn["index"],
+                "sequence": seq["index"],
                 "reward": turn["reward"],
                 "finish_reason": turn["finish_reason"],
                 "info": turn["info"],
+                "state_key": key,
+                "step_group": (step_groups or {}).get(key) if key is not None else None,
                 "tokens": [pieces[j] for j in span],
                 "logprob": [row["logprobs"][j] for j in span],
                 "version": [row["versions"][j] for j in span],
@@ -270,6 +353,9 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
                 "observation": text(turn["end"], obs_end),
             }
         )
+    for seq in sequences:  # what follows a later sequence's prompt before its first turn (an env reply), if any
+        first = row["turns"][seq["turns"][0]]["start"] if seq["turns"] else seq["end"]
+        seq["lead"] = text(seq["start"] + seq["prompt"], first) if seq["index"] else ""
     return {
         "episode_id": row["episode_id"],
         "group_id": row["group_id"],
@@ -283,6 +369,7 @@ def render(row: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
         "sampling": row["sampling"],
         "versions": policy_versions(row),
         "prompt": text(0, prompt_end),
+        "sequences": sequences,
         "turns": turns,
         "trained": {k: trained[k] for k in ("ratio", "clipped", "minibatch")} if trained else None,
     }

@@ -2,7 +2,8 @@
 small JSON API over `Folder` and the page itself from `static/` (no CDN: it works offline).
 
 Routes: /api/overview, /api/metrics, /api/facets, /api/trajectories (filters, offset, limit),
-/api/trajectory/{episode_id}, /api/group/{group_id}?iteration=, /api/results (evaluations).
+/api/trajectory/{episode_id}, /api/group/{group_id}?iteration=, /api/results (evaluations). A trajectory comes
+with its sequences (spans, why each began, later prompts as context) and its turns' step groups.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def create_app(folder: str | Path) -> FastAPI:
         failure: str | None = None,
         turns: int | None = None,
         partial: bool | None = None,
+        multi: bool | None = None,
         offset: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     ) -> dict[str, Any]:
-        f = Filters(iteration, task or None, group or None, min_reward, max_reward, failure or None, turns, partial)
+        f = Filters(
+            iteration, task or None, group or None, min_reward, max_reward, failure or None, turns, partial, multi
+        )
         return data.trajectories(f, offset, limit)
 
     @app.get("/api/trajectory/{episode_id}")

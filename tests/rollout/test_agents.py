@@ -76,7 +76,10 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
         t = by[name]
         assert t.status is Status.FAILED and t.failure is FailureClass.AGENT and says in t.error, (name, t.error)
         assert not t.trainable
-    assert by["rewrites"].status is Status.REWRITTEN and not by["rewrites"].trainable
+    rewrites = by["rewrites"]  # two calls, the second a rewritten history: two sequences, trained
+    assert rewrites.status is Status.FINISHED and rewrites.trainable and [s.reason for s in rewrites.sequences] == [
+        "rewritten"
+    ]
     assert batch.stats.rewritten == 1 and batch.stats.failed == 3 and not keys  # every session closed
     assert not trees(bwrap_runtime), "no sandbox left behind"
     dumped = json.dumps([t.model_dump(mode="json") for t in batch.trajectories])

@@ -71,7 +71,7 @@ async def test_concurrent_sessions_record_what_a_replay_of_their_calls_gives(gat
     assert len({a.api_key for a in accesses}) == n and all(a.base_url.startswith("http://127.0.0.1:") for a in accesses)
     calls = await asyncio.gather(*(sdk_agent(a) for a in accesses))
     sessions = [gateway.sessions[a.session_id] for a in accesses]
-    assert not any(s.rewritten for s in sessions) and all(s.calls == 3 for s in sessions)
+    assert not any(s.rewrites for s in sessions) and all(s.calls == 3 for s in sessions)
     replays = []
     for i, (traj, replies) in enumerate(zip(trajectories, calls, strict=True)):
         assert len(traj.turns) == 3
@@ -98,18 +98,26 @@ async def test_concurrent_sessions_record_what_a_replay_of_their_calls_gives(gat
         )
 
 
-async def test_a_rewritten_history_is_served_and_the_episode_marked(gateway):
+async def test_a_rewritten_history_starts_a_sequence(gateway):
     traj = new_trajectory()
     access = gateway.open(traj)
     async with client(access) as c:
         first = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
         n = len(traj.token_ids)
         summarised = [{"role": "system", "content": "Summary: the agent tried once."}, OPENING[1]]
-        second = await c.chat.completions.create(model="policy", messages=summarised, tools=TOOLS)
+        second = await c.chat.completions.create(
+            model="policy", messages=summarised, tools=TOOLS, extra_body={"return_token_ids": True}
+        )
     assert first.choices and second.choices[0].message is not None
     session = gateway.sessions[access.session_id]
-    assert session.rewritten and session.calls == 2
-    assert len(traj.token_ids) == n and len(traj.turns) == 1  # nothing recorded after the rewrite
+    assert session.rewrites == 1 and session.calls == 2 and len(traj.turns) == 2
+    # the second call's prompt (what the agent sent, laid out) is a sequence of its own, its reply trained there
+    (seq,) = traj.sequences
+    assert seq.start == n and seq.reason == "rewritten" and traj.context_start == n
+    assert second.model_extra["prompt_token_ids"] == traj.token_ids[n : traj.turns[1].start]
+    assert second.choices[0].model_extra["token_ids"] == traj.generated_ids(1)
+    assert set(traj.segments[n : n + seq.prompt]) == {Segment.PROMPT} and not any(traj.loss_mask[n : n + seq.prompt])
+    assert traj.episode_tokens == len(traj.token_ids) - seq.prompt
 
 
 async def test_a_retried_request_is_answered_from_the_record(gateway):
@@ -127,7 +135,8 @@ async def test_a_retried_request_is_answered_from_the_record(gateway):
     assert a.id == b.id and a.choices[0].message == b.choices[0].message
     assert d.id == e.id and d.id != a.id
     session = gateway.sessions[access.session_id]
-    assert session.retries == 2 and len(traj.turns) == 1 and session.rewritten  # d re-asked turn 0: a second branch
+    # d re-asked turn 0 (another budget: another body): a second branch, a sequence of its own
+    assert session.retries == 2 and len(traj.turns) == 2 and session.rewrites == 1
 
 
 async def test_bad_input_gets_an_openai_error_and_leaves_the_session_as_it_was(gateway):
@@ -146,7 +155,7 @@ async def test_bad_input_gets_an_openai_error_and_leaves_the_session_as_it_was(g
             await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 10_000_000}])
         r = await c.chat.completions.create(model="policy", messages=OPENING)
     session = gateway.sessions[access.session_id]
-    assert session.calls == 1 and not session.rewritten and len(traj.turns) == 1 and r.choices
+    assert session.calls == 1 and not session.rewrites and len(traj.turns) == 1 and r.choices
 
 
 async def test_keys_are_per_session(gateway):

@@ -116,7 +116,7 @@ async function overview(main) {
 
 // -- the trajectory list: filters and pages (the server pages, nothing loads whole) -----------
 
-const FILTERS = ["iteration", "task", "group", "min_reward", "max_reward", "failure", "turns", "partial"];
+const FILTERS = ["iteration", "task", "group", "min_reward", "max_reward", "failure", "turns", "partial", "multi"];
 
 async function trajectories(main, params) {
   const facets = await api("/api/facets");
@@ -131,6 +131,8 @@ async function trajectories(main, params) {
     el("label", {}, "failure / status", options("failure", facets.failures)),
     el("label", {}, "turns", options("turns", facets.turns)),
     el("label", {}, "partial", options("partial", ["true", "false"])),
+    el("label", {}, "sequences", el("select", { name: "multi" }, el("option", { value: "", text: "any" }),
+      el("option", { value: "true", text: "several" }), el("option", { value: "false", text: "one" }))),
     el("button", { type: "submit", text: "filter" }));
   for (const k of FILTERS) if (params.get(k) !== null && form.elements[k]) form.elements[k].value = params.get(k);
   form.addEventListener("submit", (e) => {
@@ -149,12 +151,13 @@ async function trajectories(main, params) {
     el("button", { text: "◀ newer", disabled: offset > 0 ? null : "", onclick: () => move(Math.max(0, offset - limit)) }),
     el("span", { id: "count", text: `${page.matching ? offset + 1 : 0}–${offset + page.items.length} of ${page.matching} matching (${page.total} saved)` }),
     el("button", { text: "older ▶", disabled: offset + limit < page.matching ? null : "", onclick: () => move(offset + limit) }));
-  const head = ["iteration", "task", "group", "reward", "turns", "versions", "status", "failure", "s_i", "clipped"];
+  const head = ["iteration", "task", "group", "reward", "turns", "seq", "versions", "status", "failure", "s_i", "clipped"];
   const rows = page.items.map((t) => {
     const verdict = page.verdicts[t.task_id];
     return el("tr", { class: "row", "data-episode": t.episode_id, onclick: () => { location.hash = `#/t/${t.episode_id}`; } },
       el("td", { text: t.iteration ?? "eval" }), el("td", { text: t.task_id + (verdict ? ` (${verdict.correct}/${verdict.n} correct)` : "") }),
       el("td", { text: t.group_id }), el("td", { text: fmt(t.reward, 2) }), el("td", { text: t.turns }),
+      el("td", { class: (t.sequences ?? 1) > 1 ? "seqs multi" : "seqs", text: t.sequences ?? 1 }),
       el("td", { text: t.versions.join(",") + (t.partial ? " (partial)" : "") }), el("td", { text: t.status }),
       el("td", { class: t.failure === "ok" ? "" : "bad", text: t.failure }), el("td", { text: fmt(t.ratio, 4) }),
       el("td", { class: t.clipped ? "clipped" : "", text: t.clipped === null ? "–" : fmt(t.clipped, 2) }));
@@ -231,14 +234,46 @@ function diffBox(info) {
     el("pre", { class: "diff" }, ...lines.map((line) => el("span", { class: kind(line), text: line + "\n" }))));
 }
 
+// GiGPO's step group: the turns of the group (saved ones only) that acted in the same state as this one.
+function stepGroup(turn) {
+  const key = turn.state_key, g = turn.step_group;
+  if (key === null || key === undefined) return "";
+  const where = g ? ` · step group: ${g.size} turn${g.size === 1 ? "" : "s"} among saved (in ${g.trajectories} of ${g.saved} saved trajectories of the group)` : "";
+  const members = g ? g.members.map(([e, i]) => `${e.slice(0, 8)} turn ${i}`).join("\n") : "";
+  return el("span", { class: "stepgroup", "data-state": key, "data-size": g ? g.size : null, title: `state ${key}${members ? "\n" + members : ""}`,
+    text: ` · state ${key.slice(0, 8)}${where}` });
+}
+
 function turnBox(turn) {
   const adv = turn.advantage ? turn.advantage.find((a) => a !== 0) ?? 0 : null;
   const info = turn.info || {};
   const outcome = "outcome" in info ? ` · outcome ${info.outcome}` + ("tests_passed" in info ? ` (${info.tests_passed}/${info.tests_total} tests)` : "") : "";
   return el("div", { class: "turn", "data-turn": turn.index },
-    el("h3", { text: `turn ${turn.index} · reward ${fmt(turn.reward, 3)} · advantage ${fmt(adv, 3)} · ${turn.tokens.length} tokens · ${turn.finish_reason ?? "unfinished"}${outcome}` }),
+    el("h3", {}, `turn ${turn.index} · reward ${fmt(turn.reward, 3)} · advantage ${fmt(adv, 3)} · ${turn.tokens.length} tokens · ${turn.finish_reason ?? "unfinished"}${outcome}`,
+      stepGroup(turn)),
     generated(turn), calls(info) || "", el("pre", { class: "obs", text: turn.observation || "(no reply: the episode ended)" }),
     diffBox(info) || "");
+}
+
+const infoText = (info) => Object.entries(info || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(", ");
+
+// A trajectory's body: its prompt (optional) and turns; with several sequences, each under a header of its own,
+// a later sequence's prompt (the conversation re-rendered, folded or rewritten: context, never trained) collapsed.
+function episode(t, withPrompt) {
+  const prompt = () => el("details", {}, el("summary", { text: "prompt (system, tools, task)" }), el("pre", { class: "obs", text: t.prompt }));
+  const seqs = t.sequences || [];
+  if (seqs.length <= 1) return [withPrompt ? prompt() : "", ...t.turns.map(turnBox)];
+  return seqs.map((s) => {
+    const why = s.index === 0 ? "the episode's start" : s.reason + (Object.keys(s.info || {}).length ? ` (${infoText(s.info)})` : "");
+    const ratio = s.ratio === null || s.ratio === undefined ? "" : ` · s_i ${fmt(s.ratio, 4)}`;
+    return el("section", { class: "sequence", "data-sequence": s.index, "data-reason": s.reason ?? "start" },
+      el("h3", { class: "seq-head", text: `sequence ${s.index + 1} of ${seqs.length} — ${why} · ${s.tokens} tokens (${s.generated} generated) · prompt ${s.prompt} tokens${ratio}` }),
+      s.index === 0 ? (withPrompt ? prompt() : "")
+        : el("details", { class: "context" }, el("summary", { text: `context: the conversation so far, re-rendered as this sequence's prompt (${s.prompt} tokens, repeats earlier turns, not trained)` }),
+          el("pre", { class: "context", text: s.context })),
+      s.lead ? el("pre", { class: "obs", text: s.lead }) : "",
+      ...s.turns.map((i) => turnBox(t.turns[i])));
+  });
 }
 
 function modeSelect(root) {
@@ -251,6 +286,7 @@ function modeSelect(root) {
 async function trajectory(main, id) {
   const t = await api(`/api/trajectory/${encodeURIComponent(id)}`);
   const tr = t.trained;
+  const seqs = (t.sequences || []).length;
   const clipText = tr ? (tr.clipped > 0 ? `${(100 * tr.clipped).toFixed(0)}% of tokens on the clipped branch` : "not clipped") : "not trained (failed, dropped or unsaved)";
   main.replaceChildren(
     el("h2", { text: `Trajectory ${t.episode_id}` }),
@@ -260,14 +296,14 @@ async function trajectory(main, id) {
       el("span", {}, el("b", { text: "episode return " }), fmt(t.reward, 3)),
       el("span", {}, el("b", { text: "status " }), `${t.status} / ${t.failure}${t.error ? ": " + t.error : ""}${t.truncation ? " (truncated: " + t.truncation + ")" : ""}`),
       el("span", {}, el("b", { text: "policy versions " }), t.versions.join(", ") + (t.versions.length > 1 ? " (partial rollout)" : "")),
-      el("span", { id: "ratio" }, el("b", { text: "sequence ratio s_i " }), tr ? fmt(tr.ratio, 5) : "–"),
+      seqs > 1 ? el("span", { id: "sequences" }, el("b", { text: "sequences " }), `${seqs} (` + t.sequences.slice(1).map((s) => s.reason).join(", ") + ")") : "",
+      el("span", { id: "ratio" }, el("b", { text: "sequence ratio s_i " }), tr ? fmt(tr.ratio, 5) + (seqs > 1 ? ` (mean of ${seqs} sequences)` : "") : "–"),
       el("span", { id: "clip", class: tr && tr.clipped > 0 ? "clipped" : "" }, el("b", { text: "clip " }), clipText),
       el("span", {}, el("b", { text: "minibatch " }), tr ? tr.minibatch : "–"),
       el("span", {}, el("b", { text: "turn rewards " }), t.turns.map((x) => fmt(x.reward, 2)).join(", ")),
       el("a", { href: `#/g/${encodeURIComponent(t.group_id)}/${t.iteration ?? ""}`, text: `group ${t.group_id} side by side` })),
     modeSelect(main),
-    el("details", {}, el("summary", { text: "prompt (system, tools, task)" }), el("pre", { class: "obs", text: t.prompt })),
-    ...t.turns.map(turnBox));
+    ...episode(t, true));
   paint(main);
 }
 
@@ -275,8 +311,9 @@ async function group(main, gid, iteration) {
   const members = await api(`/api/group/${encodeURIComponent(gid)}${iteration !== "" ? `?iteration=${iteration}` : ""}`);
   const side = el("div", { class: "side", id: "group" }, ...members.map((t) => el("div", { class: "sample", "data-episode": t.episode_id },
     el("div", {}, el("a", { href: `#/t/${t.episode_id}`, text: t.episode_id.slice(0, 8) }),
-      ` · return ${fmt(t.reward, 3)} · s_i ${t.trained ? fmt(t.trained.ratio, 4) : "–"}` + (t.trained && t.trained.clipped > 0 ? " · clipped" : "")),
-    ...t.turns.map(turnBox))));
+      ` · return ${fmt(t.reward, 3)} · s_i ${t.trained ? fmt(t.trained.ratio, 4) : "–"}` + (t.trained && t.trained.clipped > 0 ? " · clipped" : "")
+      + ((t.sequences || []).length > 1 ? ` · ${t.sequences.length} sequences` : "")),
+    ...episode(t, false))));
   main.replaceChildren(el("h2", { text: `Group ${gid}: ${members.length} samples of one task` }), modeSelect(main), side);
   paint(main);
 }
