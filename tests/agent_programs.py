@@ -1,5 +1,5 @@
-"""Agent programs the agent-env tests register: importing this module (as the env workers do, `agent_programs:NAME`)
-registers them. Each `run` is a plain OpenAI-SDK agent; which one plays a task is `BEHAVIOUR[task.id]`, set by
+"""Agent programs (and an env) the agent-env tests register: importing this module (as the env workers do,
+`agent_programs:NAME`) registers them. Each `run` is a plain OpenAI-SDK agent; which one plays a task is `BEHAVIOUR[task.id]`, set by
 the test (the agents run in the test's own process, the driver)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import shlex
 
 import agentrl
+from agentrl.envs.code_sandbox import CodeSandboxEnv
 from agentrl.tasks.registry import load_tasks
 from agentrl.tasks.repos.instance import apply_patch
 
@@ -63,3 +64,17 @@ async def self_graded(task, client, sandbox):
 
 agentrl.register("scripted_on_repo_fix", agent=scripted, env="repo_fix", tasks="repos", max_turns=8)
 agentrl.register("self_graded", agent=self_graded, tasks="procedural:levels=1;families=lists")
+
+
+class Forgetful(CodeSandboxEnv):
+    """An env that declares it names its states, and names none after its first turn (an env's bug)."""
+
+    names_states = True
+
+    async def state_key(self) -> str:
+        if self.turn:
+            raise RuntimeError("lost track of the state")
+        return "start"
+
+
+agentrl.register("forgetful", Forgetful, max_turns=3)

@@ -60,6 +60,8 @@ class StepInfo(TypedDict):
     """what went wrong, when failure is not ok"""
     outcome: NotRequired[float]
     """on the step that ends a graded episode: the outcome reward (also in reward_breakdown)"""
+    state_key: NotRequired[str | None]
+    """`names_states` envs, on a step that does not end the episode: the state the next turn acts in"""
 
 
 class ResetInfo(TypedDict):
@@ -67,6 +69,8 @@ class ResetInfo(TypedDict):
     tools: list[dict[str, Any]]
     """JSON schemas of the tools, ready for `tokenizer.apply_chat_template(tools=...)`"""
     metadata: dict[str, Any]
+    state_key: NotRequired[str | None]
+    """`names_states` envs: the state the first turn acts in"""
 
 
 class ChatMessages(spaces.Space[list[Message]]):
@@ -260,6 +264,8 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         self._done = False
         obs = await self._reset(self.task)
         info: ResetInfo = {"task_id": self.task.id, "tools": self.tool_schemas(), "metadata": dict(self.task.metadata)}
+        if self.names_states:
+            info["state_key"] = await self._named_state()
         return obs, info
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, StepInfo]:
@@ -287,11 +293,25 @@ class TextEnv(gymnasium.Env[list[Message], str]):
         }
         if result.error is not None:
             info["error"] = result.error
+        if self.names_states and not (terminated or truncated):
+            info["state_key"] = await self._named_state()
         if terminated or truncated:
             self._done = True
             await self._release_sandbox()
         reward = 0.0 if infra else float(sum(result.reward_breakdown.values()))
         return result.observation, reward, terminated, truncated, info
+
+    async def state_key(self) -> str:
+        """`names_states` envs: the name of the state the next turn acts in (equal states, equal names)."""
+        raise NotImplementedError(f"{type(self).__name__} declares names_states and names none")
+
+    async def _named_state(self) -> str | None:
+        """`state_key()`, or None when it cannot be had (the episode is then failed, counted, never scored)."""
+        try:
+            return await self.state_key()
+        except Exception:
+            log.exception("%s could not name its state", type(self).__name__)
+            return None
 
     async def aclose(self) -> None:
         self._done = True

@@ -190,6 +190,14 @@ class RepoFixEnv(ToolEnv):
             result.observation.append({"role": "user", "content": "One turn left: submit now."})
         return result
 
+    names_states = True
+
+    async def state_key(self) -> str:
+        """The repository's state: a hash of what changed since the instance was placed (GiGPO's step groups:
+        turns that read the same repository, whatever they printed, share one)."""
+        found = await self.timed(changes(await self.sandbox(), self.instance.repo))
+        return hashlib.sha256(found.model_dump_json().encode()).hexdigest()[:32]
+
     async def _no_call(self, text: str) -> StepResult:
         return self.malformed("no tool call found. Call a tool in <tool_call> tags; submit() when done.", role="user")
 

@@ -59,10 +59,11 @@ class Conversation:
 class Plan:
     """What follows a turn: `ids` appended to the record (`sequence` None) or starting a sequence for that reason;
     `summarize`: the next turn is the summary; `end`: the episode ends truncated (that reason); `failure`: it fails
-    (counted, never scored)."""
+    (counted, never scored); `new`: a sequence's tokens new to the episode (`SequenceStart.new`)."""
 
     ids: list[int] = field(default_factory=list)
     sequence: SequenceReason | None = None
+    new: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     summarize: bool = False
     end: str | None = None
@@ -102,7 +103,9 @@ class ContextLayout:
         else:
             plan = Plan(self.chat.observation_ids(observation, last_token=context[-1]))
         if self.fold_at is not None and len(plan.ids) + (0 if plan.sequence else len(context)) > self.fold_at:
-            return self._summary_request(traj, conv) if self.fold.policy == "summarize" else self._truncate(conv)
+            plan = self._summary_request(traj, conv) if self.fold.policy == "summarize" else self._truncate(conv)
+        if plan.sequence is not None:  # the episode grew by the observation (as shown), not by what is repeated
+            plan.new = len(self.chat.observation_ids(conv.turns[-1][1:], last_token=self.chat.turn_end_id))
         return plan
 
     def after_summary(self, conv: Conversation, finish_reason: str) -> Plan:
@@ -117,7 +120,7 @@ class ContextLayout:
         ids = self.render(conv)
         if len(ids) > self.fold_at:
             return Plan(failure=f"the opening and the summary ({len(ids)} tokens) leave no room for a turn")
-        return Plan(ids, SequenceReason.FOLD, {"policy": "summarize", "summarised_turns": folded})
+        return Plan(ids, SequenceReason.FOLD, info={"policy": "summarize", "summarised_turns": folded})
 
     def _truncate(self, conv: Conversation) -> Plan:
         """The opening and the last turns that fit; the last turn always (its observation cut if need be)."""
@@ -134,7 +137,7 @@ class ContextLayout:
             if ids is None:
                 return Plan(end="context")
         conv.first = first
-        return Plan(ids, SequenceReason.FOLD, info)
+        return Plan(ids, SequenceReason.FOLD, info=info)
 
     def _summary_request(self, traj: Trajectory, conv: Conversation) -> Plan:
         """The observation and the summary request, appended (the observation cut to leave the summary room)."""

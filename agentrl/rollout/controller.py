@@ -519,9 +519,10 @@ class RolloutController:
     def _answered(self, ep: _Episode, obs: list[Message], info: dict[str, Any]) -> Plan:
         """The env answered the episode's last turn, which it took in `ep.state_key`: the next state, the next
         prompt."""
-        ep.traj.turns[-1].state_key, ep.state_key = ep.state_key, self._state_key(obs, info)
-        if ep.state_key is None:
+        key = self._state_key(obs, info)
+        if key is None or ep.state_key is None:
             return Plan(failure=f"env {self.cfg.env} names its states (names_states) but gave no info['state_key']")
+        ep.traj.turns[-1].state_key, ep.state_key = ep.state_key, key
         return self.layout.after_turn(ep.traj, ep.conv, obs)
 
     def _summarized(self, ep: _Episode, gen: Generation) -> Plan:
@@ -533,7 +534,7 @@ class RolloutController:
     def _apply(self, traj: Trajectory, ep: _Episode, plan: Plan) -> bool:
         """The plan's ids appended or starting a sequence; False (nothing done) past a token bound."""
         if plan.sequence is not None:
-            traj.start_sequence(plan.ids, plan.sequence, plan.info)
+            traj.start_sequence(plan.ids, plan.sequence, plan.info, new=plan.new)
         else:
             room = min(
                 self.layout.limit - len(traj.token_ids) + traj.context_start,

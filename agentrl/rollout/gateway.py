@@ -201,8 +201,11 @@ class Gateway:
             prompt = self.chat.layout.prompt_ids(req.messages, self.chat.tools(req), s.find)
             context = traj.context_ids
             n = len(context)
-            extends = n == 0 or (prompt[:n] == context and len(prompt) > n and not traj.turn_open)
-            grown = traj.episode_tokens + (len(prompt) - n if extends else 0)  # a new sequence's prompt is context
+            # what the prompt shares with the context is repeated, the rest is new to the episode
+            shared = next((i for i, (a, b) in enumerate(zip(prompt, context, strict=False)) if a != b), n)
+            shared = min(shared, len(prompt))
+            extends = n == 0 or (shared == n and len(prompt) > n and not traj.turn_open)
+            grown = traj.episode_tokens + len(prompt) - shared
             room = min(self.max_episode_tokens - grown, self.engine.max_context - len(prompt))
             budget = min(self.sampling.max_tokens, req.token_limit or room, room)
             if budget < 1:
@@ -232,7 +235,7 @@ class Gateway:
             elif extends:
                 traj.append_observation(prompt[n:])
             else:
-                traj.start_sequence(prompt, SequenceReason.REWRITTEN)
+                traj.start_sequence(prompt, SequenceReason.REWRITTEN, new=len(prompt) - shared)
                 s.rewrites += 1
             traj.append_generation(gen)
             s.replies.append(reply)

@@ -79,6 +79,9 @@ class SequenceStart(BaseModel):
     """the index in `token_ids` of its first token"""
     prompt: int
     """how many tokens its prompt holds (context, never trained)"""
+    new: int = 0
+    """how many of them are new to the episode (the observation that led to it, as a delta would hold it): the
+    rest repeats what the episode already holds"""
     reason: SequenceReason
     info: dict[str, Any] = Field(default_factory=dict)
     """what the fold did (its policy, the turns it dropped or summarised), or the like"""
@@ -155,13 +158,16 @@ class Trajectory(BaseModel):
             raise TrajectoryError("the prompt is appended once, first")
         self._extend(ids, Segment.PROMPT, 0)
 
-    def start_sequence(self, ids: list[int], reason: SequenceReason, info: dict[str, Any] | None = None) -> None:
-        """Begin a new sequence whose prompt is `ids` (the next turn's whole context), after a finished turn."""
+    def start_sequence(
+        self, ids: list[int], reason: SequenceReason, info: dict[str, Any] | None = None, *, new: int = 0
+    ) -> None:
+        """Begin a new sequence whose prompt is `ids` (the next turn's whole context), after a finished turn; `new`
+        of its tokens are new to the episode (`SequenceStart.new`)."""
         if self.turn_open or not self.turns:
             raise TrajectoryError("a sequence starts after a finished turn")
         if not ids:
             raise TrajectoryError("a sequence starts with a prompt")
-        start = SequenceStart(start=len(self.token_ids), prompt=len(ids), reason=reason, info=info or {})
+        start = SequenceStart(start=len(self.token_ids), prompt=len(ids), new=new, reason=reason, info=info or {})
         self.sequences.append(start)
         self._extend(ids, Segment.PROMPT, len(self.turns))
 
@@ -216,9 +222,9 @@ class Trajectory(BaseModel):
 
     @property
     def episode_tokens(self) -> int:
-        """The episode's length: its tokens less the later sequences' prompts (re-rendered context counts
-        once, where it first appeared): the first prompt, every generated and every observation token."""
-        return len(self.token_ids) - sum(s.prompt for s in self.sequences)
+        """The episode's length, as one sequence would hold it unfolded: the first prompt, every generated and
+        every observation token, each once (a later sequence's prompt counts only what is new in it)."""
+        return len(self.token_ids) - sum(s.prompt - s.new for s in self.sequences)
 
     def generated_ids(self, turn: int) -> list[int]:
         t = self.turns[turn]

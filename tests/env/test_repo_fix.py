@@ -161,6 +161,23 @@ def test_a_failed_edit_is_shown_the_closest_lines():
     assert closest_lines("x = a", "x = a + b\n" * 20_001) is None  # a search too long to make
 
 
+@pytest.mark.parametrize("reused", ["bwrap"], indirect=True)
+async def test_a_turn_s_state_is_the_repository_s(reused):
+    """repo_fix names its states (GiGPO's step groups): turns that read share the repository's state, an edit
+    makes another, and undoing it comes back to the first."""
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    _, info = await env.areset(options={"task_id": TASK})
+
+    async def key(action: str) -> str:
+        return (await env.astep(action))[4]["state_key"]
+
+    assert info["state_key"] == await key(call("bash", command="ls")) == await key(call("view", path="setup.py"))
+    edited = await key(call("bash", command="echo '# x' >> inifile/values.py"))
+    assert edited != info["state_key"]
+    assert await key(call("bash", command="sed -i '$ d' inifile/values.py")) == info["state_key"]
+    await env.aclose()
+
+
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 @ON_DOCKER
 async def test_the_tools_and_the_shell_state(reused):

@@ -117,7 +117,7 @@ async def test_a_rewritten_history_starts_a_sequence(gateway):
     assert second.model_extra["prompt_token_ids"] == traj.token_ids[n : traj.turns[1].start]
     assert second.choices[0].model_extra["token_ids"] == traj.generated_ids(1)
     assert set(traj.segments[n : n + seq.prompt]) == {Segment.PROMPT} and not any(traj.loss_mask[n : n + seq.prompt])
-    assert traj.episode_tokens == len(traj.token_ids) - seq.prompt
+    assert 0 < seq.new < seq.prompt and traj.episode_tokens == len(traj.token_ids) - seq.prompt + seq.new
 
 
 async def test_a_retried_request_is_answered_from_the_record(gateway):

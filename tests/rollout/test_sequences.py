@@ -118,7 +118,7 @@ def conversation(turns: int, says: str = "step {k}") -> tuple[Trajectory, Conver
     t = Trajectory(episode_id="e", group_id="g", task_id="g", sampling=SamplingParams())
     t.append_prompt(CHAT.prompt_ids(conv.opening))
     for k in range(turns):
-        t.append_generation(gen(CHAT.encode(says.format(k=k)) + [CHAT.turn_end_id]))
+        t.append_generation(gen([*CHAT.encode(says.format(k=k)), CHAT.turn_end_id]))
         conv.turns.append([{"role": "assistant", "content": says.format(k=k)}])
         if k + 1 < turns:
             obs = [{"role": "user", "content": f"result {k}"}]
@@ -182,7 +182,7 @@ def test_strip_renders_as_served_and_keep_appends():
 
 
 def test_folding_settings_are_checked_at_load():
-    with pytest.raises(ValueError, match="raise context.max_tokens to at least 1056"):
+    with pytest.raises(ValueError, match=r"raise context\.max_tokens to at least 1056"):
         RolloutConfig(sampling=SamplingParams(max_tokens=16), context={"max_tokens": 300, "policy": "summarize"})
-    with pytest.raises(ValueError, match="extra_forbidden|Extra inputs"):
+    with pytest.raises(ValueError, match=r"Extra inputs"):
         RolloutConfig(context={"max_token": 300})
