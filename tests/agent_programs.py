@@ -1,6 +1,6 @@
 """Agent programs (and an env) the agent-env tests register: importing this module (as the env workers do,
-`agent_programs:NAME`) registers them. Each `run` is a plain OpenAI-SDK agent; which one plays a task is `BEHAVIOUR[task.id]`, set by
-the test (the agents run in the test's own process, the driver)."""
+`agent_programs:NAME`) registers them. Each `run` is a plain OpenAI-SDK agent; which one plays a task is
+`BEHAVIOUR[task.id]`, set by the test (the agents run in the test's own process, the driver)."""
 
 from __future__ import annotations
 
