@@ -88,16 +88,6 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
     assert "sessions/" not in dumped
 
 
-async def test_an_env_that_names_no_state_fails_its_episodes_counted(engine, chat):
-    """An env that declares names_states and then gives no state_key: each episode fails (counted, never scored)."""
-    cfg = config("forgetful", 2)
-    async with RolloutController(cfg, engine, chat, sandbox=SandboxConfig(backend="bwrap")) as ctl:
-        batch = await ctl.run_iteration()
-    assert batch.stats.failed == 2 and all(not t.trainable for t in batch.trajectories)
-    for t in batch.trajectories:
-        assert t.failure is FailureClass.AGENT and "gave no info['state_key']" in t.error and len(t.turns) == 1
-
-
 async def test_an_agent_without_an_env_grades_itself(engine, chat):
     cfg = config("self_graded", 2)
     async with RolloutController(cfg, engine, chat, sandbox=SandboxConfig(backend="bwrap")) as ctl:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from test_controller import RecordingEngine
 from thinking_policy import ANSWER, REPLY, THOUGHT, save_thinking_policy, thinking_policy
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.hf import HFEngine
 from agentrl.engine.sampling import token_logprobs
+from agentrl.env.base import FailureClass
 from agentrl.env.registry import make
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Segment, Status
@@ -26,6 +29,7 @@ from agentrl.train.batch import build_batch
 from agentrl.train.config import AlgoConfig
 
 CHAT = ChatFormat(load_tokenizer("qwen3"))
+TESTS = Path(__file__).parents[1]
 BWRAP = SandboxConfig(backend="bwrap")
 
 
@@ -156,6 +160,18 @@ async def test_a_parked_episode_of_several_sequences_resumes_by_replay(bwrap_run
         assert len(after.sequences) == len(after.turns) - 1 == 3
 
 
+async def test_an_env_that_names_no_state_fails_its_episodes_counted(bwrap_runtime, monkeypatch):
+    """An env that declares names_states and then gives no state_key (tests/agent_programs.py's `forgetful`): each
+    episode fails after its first turn, counted, never scored."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # the env workers import agent_programs
+    cfg = config(env="agent_programs:forgetful", env_kwargs={})
+    async with HFEngine(thinking_policy()) as engine, RolloutController(cfg, engine, CHAT, sandbox=BWRAP) as ctl:
+        batch = await ctl.run_iteration()
+    assert batch.stats.failed == 2 and not any(t.trainable for t in batch.trajectories)
+    for t in batch.trajectories:
+        assert t.failure is FailureClass.AGENT and "gave no info['state_key']" in t.error and len(t.turns) == 1
+
+
 @pytest.mark.slow
 def test_repo_fix_with_40_turns_under_a_context_limit_trains(tmp_path, bwrap_runtime):
     save_thinking_policy(tmp_path / "model")
@@ -166,7 +182,8 @@ def test_repo_fix_with_40_turns_under_a_context_limit_trains(tmp_path, bwrap_run
         *sets(
             "model.path=model",
             "out=run",
-            "iterations=2",
+            "iterations=1",
+            "rollout.partial=false",
             "rollout.env_kwargs={max_turns: 40}",
             "rollout.group_size=2",
             "rollout.groups_per_iteration=1",
@@ -187,7 +204,7 @@ def test_repo_fix_with_40_turns_under_a_context_limit_trains(tmp_path, bwrap_run
     )
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if "train/loss" in m]
-    assert len(trained) == 2, out.stdout
+    assert len(trained) == 1, out.stdout
     assert all(m["rollout/folds"] > 0 and m["rollout/sequences"] > 1 for m in metrics)
     for path in (tmp_path / "run" / "trajectories").glob("iter-*.jsonl"):
         for line in path.read_text().splitlines():

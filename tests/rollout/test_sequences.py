@@ -74,8 +74,19 @@ def test_rows_per_sequence_each_generated_token_in_one_loss_mask_and_an_episode_
     on = batch.loss_mask[1].bool()
     assert batch.token_turns[1][on].eq(1).all() and batch.advantages[1][on].gt(0).all()
     # one-sequence episodes: no weights, and the rows are the trajectories exactly as before sequences existed
-    plain, _ = build_batch([Group("g", "g", [one, record("b", "g", [(2, 1.0)])])], AlgoConfig(advantage="turn"))
+    b = record("b", "g", [(2, 1.0)])
+    plain, _ = build_batch([Group("g", "g", [one, b])], AlgoConfig(advantage="turn"))
     assert plain.row_weights is None and plain.row_offsets == [0, 0]
+    T = len(one.token_ids)
+    for name, values, dtype in [
+        ("input_ids", [one.token_ids, b.token_ids], torch.long),
+        ("loss_mask", [one.loss_mask, b.loss_mask], torch.long),
+        ("old_logprobs", [one.logprobs, b.logprobs], torch.float32),
+        ("token_turns", [one.turn_index, b.turn_index], torch.long),
+    ]:  # each trajectory one row, padded as it was before sequences existed
+        fill = -1 if name == "token_turns" else 0
+        expected = torch.stack([torch.tensor(v + [fill] * (T - len(v)), dtype=dtype) for v in values])
+        assert torch.equal(getattr(plain, name), expected), name
 
 
 def test_the_loss_weighs_an_episode_of_k_sequences_as_one_and_is_unchanged_without_weights():
