@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.passk import pass_at_k, pass_at_ks
 from agentrl.rollout import ChatFormat, EnvWorkersConfig, RolloutConfig, RolloutController, Status, Trajectory
-from agentrl.rollout.config import EnvWorkersAt
+from agentrl.rollout.config import ContextConfig, EnvWorkersAt, Thinking
 from agentrl.rollout.workers import make_env, task_ids
 from agentrl.sandbox import SandboxConfig
 
@@ -63,6 +63,10 @@ class BenchConfig(EvalWorkersConfig):
     max_tokens: int = Field(512, ge=1)
     """per-turn token budget"""
     max_episode_tokens: int = Field(4096, ge=1)
+    thinking: Thinking = "keep"
+    """what later turns' contexts hold of a turn's reasoning, as `rollout.thinking` (strip: as served)"""
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    """context folding, as `rollout.context`"""
     sandbox_reuse: int = Field(100, ge=0)
     """episodes a sandbox serves after a recycle that proves it clean. 100 (training and held-out evaluation: 0,
     unless a recipe sets it): a benchmark's episodes are many and short (HumanEval: 164 problems x samples, one
@@ -184,6 +188,8 @@ async def run_bench(
         on_infra_failure="retry",
         seed=cfg.seed,
         env_workers=env_workers,
+        thinking=cfg.thinking,
+        context=cfg.context,
         **cfg.worker_settings(),
     )
     async with RolloutController(rollout, engine, chat, sandbox=sandbox) as ctl:  # every problem in flight at once

@@ -19,7 +19,7 @@ from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.eval.bench import BenchConfig, EvalWorkersConfig, success
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
-from agentrl.rollout.config import EnvWorkersAt
+from agentrl.rollout.config import ContextConfig, EnvWorkersAt, Thinking
 from agentrl.rollout.workers import task_ids
 from agentrl.sandbox import SandboxConfig
 
@@ -64,7 +64,8 @@ class EvalResult(BaseModel):
 
 class HeldOutEval:
     """`async with HeldOutEval(...) as ev: result = await ev.run(iteration)`. Its env workers run where the training
-    run's do (`env_workers`, `ray_address`, `placement`) and make its sandboxes (`sandbox`)."""
+    run's do (`env_workers`, `ray_address`, `placement`) and make its sandboxes (`sandbox`); its episodes' contexts
+    are laid out as the run's (`thinking`, `context`)."""
 
     def __init__(
         self,
@@ -79,6 +80,8 @@ class HeldOutEval:
         env_workers: EnvWorkersAt = "ray",
         placement: EnvPlacement | None = None,
         sandbox: SandboxConfig | None = None,
+        thinking: Thinking = "keep",
+        context: ContextConfig | None = None,
     ) -> None:
         self.cfg = cfg
         rollout = RolloutConfig(
@@ -92,6 +95,8 @@ class HeldOutEval:
             on_infra_failure="retry",
             ray_address=ray_address,
             env_workers=env_workers,
+            thinking=thinking,
+            context=context or ContextConfig(),
             **cfg.worker_settings(),
         )
         self.controller = RolloutController(rollout, engine, chat, placement=placement, sandbox=sandbox)

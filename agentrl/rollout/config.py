@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.engine.base import SamplingParams
 
+Thinking = Literal["keep", "strip"]
+"""what later turns' contexts hold of a turn's reasoning (`RolloutConfig.thinking`)"""
+
 EnvWorkersAt = Literal["ray", "local"]
 """where env workers run: Ray actors, or processes of the driver (`agentrl.rollout.pool`)"""
 
@@ -96,7 +99,7 @@ class RolloutConfig(EnvWorkersConfig):
     env_workers: EnvWorkersAt = "ray"
     """where the env workers run: ray: Ray actors (a local Ray unless ray_address names a cluster); local: processes
     of this one on this machine, no Ray runtime"""
-    thinking: Literal["keep", "strip"] = "keep"
+    thinking: Thinking = "keep"
     """keep: a turn's reasoning stays in the context of the turns after it (each prompt is the record extended);
     strip: the context of each turn is the chat template's own rendering of the conversation, as when the model is
     served (earlier thoughts dropped by templates that drop them): a turn after a thought starts a new sequence"""

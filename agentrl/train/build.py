@@ -96,6 +96,8 @@ async def build(
                 env_workers=cfg.rollout.env_workers,
                 placement=held_envs,
                 sandbox=cfg.sandbox,
+                thinking=cfg.rollout.thinking,
+                context=cfg.rollout.context,
             )
             held_out = await stack.enter_async_context(held_out)
         tracker = Tracker(folder, cfg.log, cfg.model_dump(mode="json"))
