@@ -3,8 +3,9 @@
 Re-rendering a conversation and re-tokenising it drifts from what the model saw: BPE merges
 across the boundary between generated text and template text differ, decoded text does not
 re-encode to the same ids, and templates rewrite history (Qwen3 drops the `<think>` part of
-earlier assistant turns). So the next prompt is always `trajectory + delta`, where the delta
-comes from rendering the new messages after a stand-in assistant turn:
+earlier assistant turns). So the next prompt is the current sequence + a delta (or, by choice, a new sequence of
+the episode: `agentrl.rollout.context`), where the delta comes from rendering the new messages after a stand-in
+assistant turn:
 
     full = render([user, assistant(SENTINEL), *new], generation_prompt)
     delta = full[after SENTINEL:]                      # <|im_end|>\n<|im_start|>user\n...assistant\n
