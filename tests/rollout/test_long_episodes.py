@@ -105,7 +105,7 @@ async def test_strip_starts_a_sequence_per_thinking_turn_each_the_templates_own_
         assert rows.loss_mask[i, :n].tolist() == traj.loss_mask[a : a + n]
 
 
-@pytest.mark.parametrize("policy", ["truncate", "summarize"])
+@pytest.mark.parametrize("policy", ["truncate", pytest.param("summarize", marks=pytest.mark.slow)])
 async def test_folding_keeps_every_sequence_under_the_limit(bwrap_runtime, policy):
     model = thinking_policy()
     obs, info = await make("code_sandbox").areset(seed=0)
@@ -139,6 +139,7 @@ async def test_folding_keeps_every_sequence_under_the_limit(bwrap_runtime, polic
     assert {Segment(x) for x in traj.segments} == {Segment.PROMPT, Segment.GENERATED, Segment.OBSERVATION}
 
 
+@pytest.mark.slow  # the fast tier is over its budget; strip and truncate cover the layout
 async def test_a_parked_episode_of_several_sequences_resumes_by_replay(bwrap_runtime):
     # the iteration stops after ~5 turns' tokens: 4 episodes parked in their second turn, or just before it
     cfg = config(turns=4, thinking="strip", partial=True, iteration_token_budget=30, max_groups_in_flight=2)
@@ -160,6 +161,7 @@ async def test_a_parked_episode_of_several_sequences_resumes_by_replay(bwrap_run
         assert len(after.sequences) == len(after.turns) - 1 == 3
 
 
+@pytest.mark.slow
 async def test_an_env_that_names_no_state_fails_its_episodes_counted(bwrap_runtime, monkeypatch):
     """An env that declares names_states and then gives no state_key (tests/agent_programs.py's `forgetful`): each
     episode fails after its first turn, counted, never scored."""
