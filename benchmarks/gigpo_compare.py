@@ -16,10 +16,10 @@ steps are shared: the comparison means something only if that share is high enou
 Per arm: the means over seeds and their spread; then gigpo / turn of the mean held-out gain and of the mean final
 training reward, and of the mean wall seconds (1.0: equal wall time). Prints one JSON object:
 
-    python benchmarks/gigpo_compare.py                       # 3 seeds x 2 arms, ~17 min on 2 cores
+    python benchmarks/gigpo_compare.py                       # 3 seeds x 2 arms, ~13 min on 2 cores
     python benchmarks/gigpo_compare.py --quick               # 1 seed, 1 iteration, 10 held-out tasks: a smoke run
     python benchmarks/gigpo_compare.py --out DIR --summarize-only   # runs made earlier
-    python benchmarks/gigpo_compare.py --set rollout.env_kwargs.max_turns=6   # a further setting of every run
+    python benchmarks/gigpo_compare.py --set optim.lr=1e-4   # a further setting of every run (both arms)
 """
 
 from __future__ import annotations

@@ -314,7 +314,7 @@ class RolloutController:
                 else:
                     o, reward, terminated, truncated, step_info = next(replies)
                     same = same and reward == turn.reward and not (terminated or truncated)
-                    copy.traj.turns[-1].reward = reward
+                    copy.traj.turns[-1].reward, copy.traj.turns[-1].state_key = reward, copy.state_key
                     plan = self._answered(copy, o, step_info)
                 if plan.failure or plan.end or not same:
                     same = False
@@ -489,7 +489,7 @@ class RolloutController:
                 obs, reward, terminated, truncated, info = await ep.worker.step(
                     traj.episode_id, ep.conv.turns[-1][0]["content"]
                 )
-                turn.reward, turn.info = reward, info
+                turn.reward, turn.info, turn.state_key = reward, info, ep.state_key
                 if info.get("failure") == FailureClass.INFRA:
                     raise _InfraFailure(info.get("error", "the environment reported an infrastructure failure"))
                 if terminated or truncated:
@@ -517,12 +517,12 @@ class RolloutController:
         ep.conv.turns.append([{"role": "assistant", "content": text}])
 
     def _answered(self, ep: _Episode, obs: list[Message], info: dict[str, Any]) -> Plan:
-        """The env answered the episode's last turn, which it took in `ep.state_key`: the next state, the next
-        prompt."""
+        """The env answered the episode's last turn (recorded as taken in `ep.state_key`) without ending it: the
+        next state, the next prompt."""
         key = self._state_key(obs, info)
         if key is None or ep.state_key is None:
             return Plan(failure=f"env {self.cfg.env} names its states (names_states) but gave no info['state_key']")
-        ep.traj.turns[-1].state_key, ep.state_key = ep.state_key, key
+        ep.state_key = key
         return self.layout.after_turn(ep.traj, ep.conv, obs)
 
     def _summarized(self, ep: _Episode, gen: Generation) -> Plan:

@@ -95,6 +95,9 @@ async def test_strip_starts_a_sequence_per_thinking_turn_each_the_templates_own_
             assert CHAT.decode(traj.generated_ids(k)) == REPLY
             messages += [{"role": "assistant", "content": answers[2 * k]}, *answers[2 * k + 1]]
         assert_scored_as_sampled(model, traj)
+    # every turn records the state it acted in, the last included: the group's first turns share the opening's
+    keys = [[t.state_key for t in traj.turns] for traj in batch.trajectories]
+    assert all(all(k) for k in keys) and keys[0][0] == keys[1][0] and keys[0][0] != keys[0][1]
     rows, info = build_batch(batch.groups, AlgoConfig(advantage="turn"))
     assert info.sequences == 6 and len(rows) == 6 and torch.allclose(rows.row_weights, torch.full((6,), 1 / 3))
     # each generated token in exactly one loss mask: the row of the sequence it was generated in
