@@ -319,7 +319,7 @@ class RolloutController:
                 if plan.failure or plan.end or not same:
                     same = False
                     break
-                self._apply(copy.traj, copy, plan)
+                self._apply(copy, plan)
             same = same and copy.traj.token_ids == traj.token_ids and copy.traj.sequences == traj.sequences
             if same:
                 ep.conv, ep.state_key, ep.summarizing = copy.conv, copy.state_key, copy.summarizing
@@ -501,7 +501,7 @@ class RolloutController:
                 return self._fail(ep, FailureClass.AGENT, plan.failure)
             if plan.end is not None:
                 return await self._finish(ep, truncation=plan.end)
-            if not self._apply(traj, ep, plan):  # an over-long context never reaches the model
+            if not self._apply(ep, plan):  # an over-long context never reaches the model
                 return await self._finish(ep, truncation="episode_tokens")
         # stopping: parked at a turn boundary, its env (and sandbox) kept on the worker
 
@@ -531,17 +531,17 @@ class RolloutController:
         ep.traj.turns[-1].info = {"summary": True}
         return self.layout.after_summary(ep.conv, gen.finish_reason)
 
-    def _apply(self, traj: Trajectory, ep: _Episode, plan: Plan) -> bool:
-        """The plan's ids appended or starting a sequence; False (nothing done) past a token bound."""
-        if plan.sequence is not None:
+    def _apply(self, ep: _Episode, plan: Plan) -> bool:
+        """The plan's ids appended or starting a sequence; False (nothing done) when the next turn would have no
+        room: past the sequence's bound (the engine's context, `context.max_tokens`) or the episode's."""
+        traj, new = ep.traj, plan.sequence is not None
+        context = len(plan.ids) + (0 if new else len(traj.token_ids) - traj.context_start)
+        grown = traj.episode_tokens + (plan.new if new else len(plan.ids))
+        if context + 1 > self.layout.limit or grown + 1 > self.cfg.max_episode_tokens:
+            return False
+        if new:
             traj.start_sequence(plan.ids, plan.sequence, plan.info, new=plan.new)
         else:
-            room = min(
-                self.layout.limit - len(traj.token_ids) + traj.context_start,
-                self.cfg.max_episode_tokens - traj.episode_tokens,
-            )
-            if len(plan.ids) + 1 > room:
-                return False
             traj.append_observation(plan.ids)
         ep.summarizing = plan.summarize
         return True
