@@ -72,7 +72,7 @@ async def test_a_killed_worker_is_replaced_its_episodes_retried_and_its_sandboxe
         assert ctl.workers == [fresh, other]
         # the replacement serves: our episode rebuilt on it by replay, in a sandbox of its own, then continued
         _, _, steps = await fresh.replay("ours", task, 0, [RUN])
-        assert steps == [tuple(ran[:4])] and trees(bwrap_runtime, fresh.pid)
+        assert [s[:4] for s in steps] == [tuple(ran[:4])] and trees(bwrap_runtime, fresh.pid)
         assert "42" in (await fresh.step("ours", RUN))[0][0]["content"]
         await until(lambda: not trees(bwrap_runtime, victim.pid))  # the victim's, removed once its process was gone
         pids = [victim.pid, fresh.pid, other.pid]
