@@ -159,6 +159,8 @@ class ContextLayout:
         """Cut the longest observation message of `turn` (not its assistant message, nor the summary request) until
         `render()` fits `budget`, marking the cut in its text. (ids, tokens cut), or (None, 0) when even an
         empty message does not fit."""
+        if len(turn) < 2:  # no observation to cut
+            return None, 0
         k = max(range(1, len(turn)), key=lambda i: (turn[i] is not self.request, len(turn[i]["content"])))
         tokens = self.chat.encode(turn[k]["content"])
         keep, ids = len(tokens), render()

@@ -188,9 +188,8 @@ class RolloutController:
                 f"{cfg.env} runs its agent on env {self.agent.env!r}, which does not host agent programs: name one "
                 "that does (repo_fix), or none (the agent grades itself)"
             )
-        self.names_states = env_class(
-            self.agent.env if self.agent and self.agent.env else env_name(cfg.env)
-        ).names_states
+        host = env_class(self.agent.env if self.agent and self.agent.env else env_name(cfg.env))
+        self.names_states = getattr(host, "names_states", False)  # an entry point may be a factory, not a class
         self.layout: ContextLayout | None = None  # knows the engine's context once it started
         self.iteration = 0
         self.pool: EnvWorkerPool = env_worker_pool(cfg, placement, sandbox)
@@ -467,7 +466,7 @@ class RolloutController:
                 layout.limit - len(traj.token_ids) + traj.context_start,
                 self.cfg.max_episode_tokens - traj.episode_tokens,
             )
-            if budget < 1:
+            if budget < 1 or (ep.summarizing and budget < turn_tokens - used):  # no room for a whole summary
                 return await self._finish(ep, truncation="episode_tokens" if used == 0 else "context")
             seed = zlib.crc32(f"{ep.seed}/{len(traj.token_ids)}".encode())
             params = self.cfg.sampling.model_copy(

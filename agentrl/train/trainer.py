@@ -250,7 +250,7 @@ class Trainer:
                 if algo.routing_replay != "none":  # the share of real positions routed to a given set
                     real = int(mb.attention_mask.sum())
                     metrics.log("routing_replayed", replayed_positions(routing[m], mb.attention_mask) / real, real)
-                loss = loss * (self.world * s.n_local / max(s.n_global, 1))
+                loss = loss * (self.world * s.n_local / s.n_global)  # n_local > 0, so n_global > 0
             else:
                 loss = lp.sum() * 0.0  # keeps this rank in the collectives
             if router is not None and self.aux_coef:

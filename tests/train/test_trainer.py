@@ -1,5 +1,6 @@
 """The trainer in one process: batches from trajectories, updates, and weight sync to a real hf engine."""
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -338,3 +339,15 @@ async def test_the_run_config_turns_routing_records_on(tmp_path):
             assert [[len(e) for e in token] for token in gen.routed_experts] == [[top_k] * layers] * 3
         else:
             assert gen.routed_experts is None
+
+
+def test_rows_of_equal_weight_below_one_update_as_unweighted_rows():
+    """Equal row weights below 1 (an episode's K sequences weigh 1/K each) give the update of unweighted rows: J is
+    a weighted mean, and a minibatch's (and a rank's) share of it counts weight, not rows."""
+    batch = fixed_batch()
+    cfg = TrainerConfig(optim=OptimConfig(minibatches=2))
+    plain = Trainer(cfg, tiny_model("qwen3_moe", seed=0)).update(batch)
+    weighted = dataclasses.replace(batch, row_weights=torch.full((len(batch),), 1 / 16))  # 0.25 a minibatch
+    got = Trainer(cfg, tiny_model("qwen3_moe", seed=0)).update(weighted)
+    assert got["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    assert got["loss"] == pytest.approx(plain["loss"], rel=1e-5)
