@@ -463,7 +463,7 @@ class RolloutController:
             turn_tokens = self.cfg.context.summary_max_tokens if ep.summarizing else self.cfg.sampling.max_tokens
             budget = min(
                 turn_tokens - used,
-                layout.limit - len(traj.token_ids) + traj.context_start,
+                layout.limit - traj.context_length,
                 self.cfg.max_episode_tokens - traj.episode_tokens,
             )
             if budget < 1 or (ep.summarizing and budget < turn_tokens - used):  # no room for a whole summary
@@ -534,7 +534,7 @@ class RolloutController:
         """The plan's ids appended or starting a sequence; False (nothing done) when the next turn would have no
         room: past the sequence's bound (the engine's context, `context.max_tokens`) or the episode's."""
         traj, new = ep.traj, plan.sequence is not None
-        context = len(plan.ids) + (0 if new else len(traj.token_ids) - traj.context_start)
+        context = len(plan.ids) + (0 if new else traj.context_length)
         grown = traj.episode_tokens + (plan.new if new else len(plan.ids))
         if context + 1 > self.layout.limit or grown + 1 > self.cfg.max_episode_tokens:
             return False

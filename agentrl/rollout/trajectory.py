@@ -211,6 +211,11 @@ class Trajectory(BaseModel):
         return self.sequences[-1].start if self.sequences else 0
 
     @property
+    def context_length(self) -> int:
+        """How many tokens the current sequence holds."""
+        return len(self.token_ids) - self.context_start
+
+    @property
     def context_ids(self) -> list[int]:
         """The current sequence: what the engine is sent as the next prompt (a copy)."""
         return self.token_ids[self.context_start :]

@@ -138,9 +138,8 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         K = max(len(t.turns) for t in trajs)
         rewards = torch.zeros(N, K, dtype=torch.float64)
         turn_mask = torch.zeros(N, K)
-        keys = torch.zeros(
-            N, K, dtype=torch.long
-        )  # (N, K) each turn's state as a dense id; a turn without one: its own
+        # (N, K) each turn's state as a dense id (gigpo's step groups); a turn without one is a state of its own
+        keys = torch.zeros(N, K, dtype=torch.long)
         ids: dict[str | tuple[int, int], int] = {}
         for i, t in enumerate(trajs):
             for turn in t.turns:
@@ -156,7 +155,7 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
     rows = [(i, a, b) for i, t in enumerate(trajs) for a, b in t.sequence_spans()]  # (trajectory, span) per row
     of = [i for i, _, _ in rows]  # (B,) each row's trajectory
 
-    def cut(values: list[list] | torch.Tensor, dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
+    def cut(values: list[list], dtype: torch.dtype, fill: int = 0) -> torch.Tensor:  # per trajectory -> per row
         return padded([list(values[i][a:b]) for i, a, b in rows], dtype, fill)
 
     sequences = [len(t.sequences) + 1 for t in trajs]

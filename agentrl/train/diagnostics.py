@@ -324,7 +324,8 @@ class RowRecorder(UpdateObserver):
         ids and rounded (a record); an episode of several sequences (rows) gets them laid end to end, its ratio
         and clipped share the mean of theirs."""
         rows: dict[str, list[int]] = {}
-        for i in sorted(self.stats, key=lambda i: (batch.row_offsets or [0] * len(batch))[i]):
+        offsets = batch.row_offsets or [0] * len(batch)
+        for i in sorted(self.stats, key=offsets.__getitem__):
             rows.setdefault(batch.episode_ids[i], []).append(i)
         views = {}
         for episode, mine in rows.items():
