@@ -286,6 +286,19 @@ def active_params(cfg) -> float:
     return layers * (attn + experts + h * cfg.num_experts) + 2 * cfg.vocab_size * h
 
 
+def matmul_params(cfg) -> float:
+    """The parameters each token multiplies by, as MFU counts them: attention's projections, the router, the
+    top-k experts and the output head; not the input embedding, which is only gathered."""
+    return active_params(cfg) - cfg.vocab_size * cfg.hidden_size
+
+
+def train_flops_per_token(cfg, context: float) -> float:
+    """Forward and backward FLOPs per token, PaLM's count (arXiv:2204.02311, Appendix B): 6·N for the N matmul
+    parameters, plus 12·L·H·Q·T for attention over a context of T tokens (L layers, H heads of size Q)."""
+    attention = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
+    return 6 * matmul_params(cfg) + attention
+
+
 def describe_model(cfg, name: str = "qwen3_moe") -> str:
     """`name`: its parameters and active parameters, in millions (counted on the meta device: nothing allocated)."""
     import torch

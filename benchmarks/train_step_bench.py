@@ -10,6 +10,15 @@ forward and backward on the same minibatches, timed in the same run, interleaved
     python benchmarks/train_step_bench.py                          # CPU, fp32, a small MoE (14M parameters, 5M active)
     python benchmarks/train_step_bench.py --device cuda --size 1b  # GPU, bf16 FSDP2, a 1B+ MoE, with MFU
     python benchmarks/train_step_bench.py --dtype bfloat16         # the GPU path's code on the CPU (gloo)
+    python benchmarks/train_step_bench.py --device cuda --size 1b --step-tokens 32768 --microbatch-tokens 8192
+
+The step size: `--batch` rows of `--length` tokens in `--minibatches` optimizer steps, or `--step-tokens`, the
+tokens of one optimizer step (the rows follow from it); `--microbatch-tokens` is the trainer's token budget per
+forward (optim.microbatch_tokens), which the plain baseline keeps too.
+
+MFU (on CUDA), over the GPU's dense bf16 peak: `mfu` counts 6 × the matmul parameters active per token (not the
+input embedding) plus attention's 12·L·H·Q·T, as PaLM does (harness.train_flops_per_token); `mfu_6n` is the
+earlier reports' 6 × the active parameters, embeddings included, for continuity.
 
 bfloat16 is FSDP2's mixed precision (bf16 compute, fp32 master weights and reduction) over a
 process group of one, exactly as `agentrl train` runs a single GPU; the plain baseline is the same
@@ -39,6 +48,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=512)
     p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--step-tokens", type=int, help="tokens per optimizer step: sets --batch to fit it")
+    p.add_argument("--microbatch-tokens", type=int, default=0, help="optim.microbatch_tokens (0: none)")
     p.add_argument("--repeats", type=int, default=2, help="calls timed per path and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
     p.add_argument(
@@ -51,6 +62,8 @@ def main() -> None:
         "(cpu), in the JSON under 'profile'",
     )
     args = p.parse_args()
+    if args.step_tokens:
+        args.batch = args.minibatches * -(-args.step_tokens // args.length)
     from transformers import AutoModelForCausalLM
 
     from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
@@ -73,7 +86,8 @@ def main() -> None:
         return AutoModelForCausalLM.from_config(cfg)
 
     model = fresh_model()
-    trainer = Trainer(TrainerConfig(model=model_cfg, optim=OptimConfig(lr=1e-6, minibatches=args.minibatches)), model)
+    optim = OptimConfig(lr=1e-6, minibatches=args.minibatches, microbatch_tokens=args.microbatch_tokens)
+    trainer = Trainer(TrainerConfig(model=model_cfg, optim=optim), model)
     plain_model = fresh_model()
     prepare(plain_model, model_cfg, trainer.device)
     batch = harness.synthetic_batch(args.batch, args.length, cfg.vocab_size, trainer.device)
@@ -96,11 +110,15 @@ def main() -> None:
         sync()
         return (time.perf_counter() - t0) / args.repeats, harness.gpu_peak_gib()
 
+    # the plain pass's forwards: the trainer's (every row is `--length` long, so a micro-batch is as many rows as fit)
+    per_forward = max(1, args.microbatch_tokens // args.length) * world if args.microbatch_tokens else args.batch
+
     def plain() -> None:
-        for rows in torch.arange(args.batch).chunk(args.minibatches):
-            mine = rows[rank::world]
-            ids = batch.input_ids[mine if len(mine) else rows[:1]]  # more ranks than rows: a stand-in, as the trainer
-            plain_model(input_ids=ids, labels=ids).loss.backward()
+        for minibatch in torch.arange(args.batch).chunk(args.minibatches):
+            for rows in minibatch.split(per_forward):
+                mine = rows[rank::world]
+                ids = batch.input_ids[mine if len(mine) else rows[:1]]  # more ranks than rows: a stand-in
+                plain_model(input_ids=ids, labels=ids).loss.backward()
             plain_model.zero_grad(set_to_none=True)
 
     rounds = [(timed(lambda: trainer.update(batch)), timed(plain)) for _ in range(args.rounds)]
@@ -113,6 +131,8 @@ def main() -> None:
         "model": harness.describe_model(cfg, f"qwen3_moe {args.size}"),
         "setup": f"{model_cfg.dtype}, {fsdp}",
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
+        "tokens_per_step": tokens // args.minibatches,
+        "microbatch_tokens": args.microbatch_tokens,
         "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
         "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},
         "update_vs_plain": statistics.median(q[0] / u[0] for u, q in rounds),
@@ -120,10 +140,14 @@ def main() -> None:
     }
     if cuda:
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in torch.cuda.get_device_name()), None)
+        result["mfu_definition"] = (
+            "mfu: (6 x matmul parameters active per token, input embedding excluded, + 12·L·H·Q·T attention) x "
+            "tokens/s over the dense bf16 peak (PaLM); mfu_6n: 6 x active parameters incl. embeddings (earlier reports)"
+        )
         for key, gib in (("gspo_token_update", update_gib), ("plain_forward_backward", plain_gib)):
-            # fwd + bwd, attention scores left out (PaLM's estimate)
-            flops = 6 * harness.active_params(cfg) * result[key]["tokens_per_s_per_device"]
-            result[key]["mfu"] = flops / peak if peak else None
+            per_s = result[key]["tokens_per_s_per_device"]
+            result[key]["mfu"] = harness.train_flops_per_token(cfg, args.length) * per_s / peak if peak else None
+            result[key]["mfu_6n"] = 6 * harness.active_params(cfg) * per_s / peak if peak else None
             result[key]["peak_memory_gib"] = gib  # both models' weights are resident in either path
     if args.profile:
         result["profile"] = {}

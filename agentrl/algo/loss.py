@@ -32,14 +32,15 @@ sequences more) is deliberately not offered. With sequence weights ρ_i (an epis
 minimise is −J.
 
 Each objective is one object owning its ratio, its clipping and what "clipped" means;
-`policy_loss` only aggregates, weighs, adds the optional extras and reduces the metrics.
+`policy_objective` only aggregates, weighs, adds the optional extras and reduces the metrics, on the device (a
+trainer reads them once per update); `policy_loss` is the same with its inputs' values checked and floats out.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
@@ -52,7 +53,7 @@ BehaviourLevel = Literal["auto", "token", "sequence"]
 class _Terms:
     J_i: torch.Tensor  # (B,) each sequence's objective
     clipped: torch.Tensor  # (B,) share of the sequence's tokens whose clipped branch is taken (no gradient)
-    ratio: torch.Tensor  # the ratios the clip acts on: (B,) at sequence level, (N,) the generated tokens at token level
+    ratio: torch.Tensor  # the ratios the clip acts on: (B,) at sequence level, (B, T) at token level (no gradient)
 
 
 class Objective(ABC):
@@ -149,7 +150,7 @@ class GRPO(Objective):
         if weight is not None:
             J_it = _per_token(weight) * J_it
         clipped = _clipped_branch(r_it.detach(), A, eps_low, eps_high).to(lp.dtype)
-        return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), r_it.detach()[mask.bool()])
+        return _Terms(_token_mean(J_it, mask), _token_mean(clipped, mask), r_it.detach())
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GSPO(), GSPOToken(), GRPO())}
@@ -193,10 +194,21 @@ def _k3(log_r: torch.Tensor) -> torch.Tensor:
     return log_r.exp() - log_r - 1
 
 
-def _quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
-    """{name_p05, name_p50, name_p95} of the values x."""
-    q = torch.quantile(x.double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=x.device))
-    return {f"{name}_p05": float(q[0]), f"{name}_p50": float(q[1]), f"{name}_p95": float(q[2])}
+def _quantiles(name: str, x: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{name_p05, name_p50, name_p95} of the values of x where `keep` (the same shape), as torch.quantile's linear
+    interpolation computes them, without reading anything back to the host: the kept values sorted first (the
+    others set to +inf), the q-quantile at position q·(n − 1) of them, n = Σ keep ≥ 1."""
+    v = torch.where(keep, x.double(), torch.inf).flatten().sort().values
+    q = torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=x.device)
+    position = q * (keep.sum() - 1)
+    below, above = position.floor().long(), position.ceil().long()
+    value = torch.lerp(v[below], v[above], position - below)
+    return {f"{name}_p05": value[0], f"{name}_p50": value[1], f"{name}_p95": value[2]}
+
+
+def _masked_mean(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The mean of x where `keep` (the same shape), in float64."""
+    return torch.where(keep, x.double(), 0.0).sum() / keep.sum()
 
 
 @dataclass
@@ -250,17 +262,31 @@ class _Inputs:
                 f"advantages must be (B,) or (B, T) = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
             )
         x.A = x.masked(advantages)
-        if objective.sequence_advantage:
-            first = x.A.gather(1, x.on.long().argmax(1, keepdim=True))  # each sequence's first generated token's A
-            if (x.on & (first != x.A)).any():
-                raise ValueError(
-                    f"mode {mode!r} needs one advantage per sequence, but advantages vary within a sequence; "
-                    "use mode 'gspo_token' for per-token (per-turn) advantages"
-                )
         return x
 
 
-def policy_loss(
+def check_values(
+    advantages: torch.Tensor, mask: torch.Tensor, *, mode: Mode, sequence_weights: torch.Tensor | None = None
+) -> None:
+    """What `policy_objective` takes as given about its inputs' values, checked (reading them back to the host):
+    some generated token, one advantage per sequence for GSPO, sequence weights (B,) > 0. `policy_loss` checks
+    every call; a trainer checks its batch once and calls `policy_objective` per minibatch."""
+    on = mask.bool()
+    if not on.any():
+        raise ValueError("no generated tokens in the batch (mask is all zero)")
+    if mode in OBJECTIVES and OBJECTIVES[mode].sequence_advantage:
+        A = advantages[:, None].expand_as(mask) if advantages.dim() == 1 else advantages
+        first = A.gather(1, on.long().argmax(1, keepdim=True))  # each sequence's first generated token's A
+        if (on & (first != A)).any():
+            raise ValueError(
+                f"mode {mode!r} needs one advantage per sequence, but advantages vary within a sequence; "
+                "use mode 'gspo_token' for per-token (per-turn) advantages"
+            )
+    if sequence_weights is not None and (sequence_weights.shape != mask.shape[:1] or (sequence_weights <= 0).any()):
+        raise ValueError(f"sequence_weights must be (B,) = ({len(mask)},) and > 0, got {sequence_weights}")
+
+
+def policy_objective(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -276,8 +302,10 @@ def policy_loss(
     behaviour_cap: float | None = None,
     behaviour_level: BehaviourLevel = "auto",
     sequence_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss to minimise, −J (+ the optional KL penalty), and its metrics.
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss to minimise, −J (+ the optional KL penalty), and its metrics as 0-dim tensors, computed without
+    reading a value back to the host (no synchronisation with a GPU): the inputs' values are taken as
+    `check_values` checks them; `policy_loss` checks them and returns floats.
 
     logprobs (B, T): lp_θ, with gradient. old_logprobs (B, T): lp_prox, the ratio's reference (the
     engine's lp_b unless decoupled). mask (B, T): 1 on generated tokens. advantages: (B, T) per token
@@ -323,13 +351,19 @@ def policy_loss(
         raise ValueError(f"behaviour_cap must be > 0 (> 1 for 'band', whose band is [1/C, C]), got {behaviour_cap}")
     x = _Inputs.of(logprobs, old_logprobs, advantages, mask, mode, clip_low, clip_high)
     objective, m, on, lp, lp_prox, A, masked = x.objective, x.m, x.on, x.lp, x.lp_prox, x.A, x.masked
+    if sequence_weights is not None and sequence_weights.shape != m.shape[:1]:
+        raise ValueError(f"sequence_weights must be (B,) = ({len(m)},), got {tuple(sequence_weights.shape)}")
 
     has_tokens = on.any(-1)  # (B,): sequences with nothing generated take no part
-    n = int(has_tokens.sum())
-    if n == 0:
-        raise ValueError("no generated tokens in the batch (mask is all zero)")
+    rho = has_tokens.to(m.dtype)  # ρ_i, 0 for those
+    if sequence_weights is not None:
+        rho = rho * sequence_weights.to(m.dtype)
+
+    def mean(x: torch.Tensor) -> torch.Tensor:  # Σ ρ_i x_i / Σ ρ_i over the sequences with tokens
+        return torch.where(has_tokens, rho * x, 0.0).sum() / rho.sum()
+
     weight = None
-    metrics: dict[str, float] = {}
+    metrics: dict[str, torch.Tensor] = {}
     if weighted:
         level = objective.level if behaviour_level == "auto" else behaviour_level
         if level == "token" and not objective.token_weight:
@@ -340,18 +374,9 @@ def policy_loss(
         raw, weight, capped = _behaviour_weights(
             lp_prox, masked(behaviour_logprobs), m, level=level, kind=behaviour_weight, cap=behaviour_cap
         )
-        units = raw[has_tokens] if level == "sequence" else raw[on]
-        metrics |= _quantiles("behaviour_weight", units)
-        hit = capped[has_tokens] if level == "sequence" else capped[on]
-        metrics[_CAPPED_METRIC[behaviour_weight]] = float(hit.double().mean())
-    if sequence_weights is not None and (sequence_weights.shape != has_tokens.shape or (sequence_weights <= 0).any()):
-        raise ValueError(f"sequence_weights must be (B,) = ({len(has_tokens)},) and > 0, got {sequence_weights}")
-
-    def mean(x: torch.Tensor) -> torch.Tensor:  # over the sequences with tokens, ρ-weighted if given
-        if sequence_weights is None:
-            return x[has_tokens].mean()
-        rho = sequence_weights.to(x)[has_tokens]
-        return (rho * x[has_tokens]).sum() / rho.sum()
+        units = has_tokens if level == "sequence" else on
+        metrics |= _quantiles("behaviour_weight", raw, units)
+        metrics[_CAPPED_METRIC[behaviour_weight]] = _masked_mean(capped, units)
 
     terms = objective.terms(lp, lp_prox, A, m, x.eps_low, x.eps_high, weight)
     J = mean(terms.J_i)
@@ -359,19 +384,36 @@ def policy_loss(
     if ref_logprobs is not None:
         kl_ref = mean(_token_mean(_k3(masked(ref_logprobs) - lp), m))
         loss = loss + kl_coef * kl_ref
-        metrics["kl_ref"] = float(kl_ref.detach())
+        metrics["kl_ref"] = kl_ref.detach()
 
     with torch.no_grad():
-        ratio = terms.ratio[has_tokens] if objective.level == "sequence" else terms.ratio
         diff = (lp - lp_prox).detach()
         metrics.update(
-            clip_fraction=float(terms.clipped[has_tokens].mean()),
-            **_quantiles("ratio", ratio),
-            abs_logprob_diff=float(diff.abs()[on].mean()),
-            seq_kl=float(_token_mean(_k3(diff), m)[has_tokens].mean()),
-            sequences=float(n),
+            clip_fraction=_masked_mean(terms.clipped, has_tokens),
+            **_quantiles("ratio", terms.ratio, has_tokens if objective.level == "sequence" else on),
+            abs_logprob_diff=_masked_mean(diff.abs(), on),
+            seq_kl=_masked_mean(_token_mean(_k3(diff), m), has_tokens),
+            sequences=has_tokens.sum().double(),
         )
     return loss, metrics
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: Mode,
+    sequence_weights: torch.Tensor | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`policy_objective` with its inputs' values checked (`check_values`), its metrics as floats."""
+    loss, metrics = policy_objective(
+        logprobs, old_logprobs, advantages, mask, mode=mode, sequence_weights=sequence_weights, **options
+    )  # its arguments and shapes checked first
+    check_values(advantages, mask, mode=mode, sequence_weights=sequence_weights)
+    return loss, {k: float(v) for k, v in metrics.items()}
 
 
 def sequence_stats(

@@ -172,6 +172,12 @@ class OptimConfig(_Strict):
     """gradients are clipped to this global norm before every step"""
     minibatches: int = Field(4, ge=1)
     """M: the rollout batch is split into M minibatches, one optimizer step each (the GSPO paper used 4)"""
+    microbatch_tokens: int = Field(0, ge=0)
+    """a token budget per forward: each minibatch runs as micro-batches of at most this many padded positions
+    per rank (rows × their longest; a longer row alone), longest rows first, their gradients summed into the
+    minibatch's one step, so a step of many tokens fits in memory. The update is the same (to rounding) whatever
+    the budget: the learning-rate schedule counts optimizer steps, which it does not change, and a resume may
+    change it. 0: each minibatch in one forward"""
 
     @model_validator(mode="after")
     def _check(self) -> OptimConfig:

@@ -24,14 +24,19 @@ from agentrl.train.scoring import Scorer
 
 
 class Metrics:
-    """An update's metrics: weighted means over minibatches, reduced over ranks once, at the end."""
+    """An update's metrics: weighted means over minibatches, reduced over ranks once, at the end.
+
+    A value may be a 0-dim tensor on the device: its sums stay there, and `reduce` reads them all back in one
+    transfer, so logging never waits for the device."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, list[float]] = {}  # key -> [Σ value·weight, Σ weight]
+        self._sums: dict[str, list] = {}  # key -> [Σ value·weight (a float or a 0-dim float64 tensor), Σ weight]
 
-    def log(self, key: str, value: float, weight: float = 1.0) -> None:
+    def log(self, key: str, value: float | torch.Tensor, weight: float = 1.0) -> None:
         s = self._sums.setdefault(key, [0.0, 0.0])
-        s[0] += value * weight
+        if isinstance(value, torch.Tensor):
+            value = value.detach().double()
+        s[0] = s[0] + value * weight
         s[1] += weight
 
     def reduce(self, world: int) -> dict[str, float]:
@@ -40,7 +45,12 @@ class Metrics:
             all_keys: list[list[str]] = [[] for _ in range(world)]
             dist.all_gather_object(all_keys, keys)
             keys = sorted({k for ks in all_keys for k in ks})
-        sums = torch.tensor([self._sums.get(k, [0.0, 0.0]) for k in keys], dtype=torch.float64)
+        rows = [self._sums.get(k, [0.0, 0.0]) for k in keys]
+        on_device = [v for v, _ in rows if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])  # the one transfer
+        sums = torch.tensor(
+            [[next(read) if isinstance(v, torch.Tensor) else v, w] for v, w in rows], dtype=torch.float64
+        )
         if world > 1:
             dist.all_reduce(sums)
         return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
@@ -53,7 +63,8 @@ class ScoredMinibatch:
     index: int
     """m: how many optimizer steps of this update came before it"""
     batch: TrainBatch
-    """this rank's share of the minibatch (a stand-in row that counts nothing when it has none)"""
+    """this rank's share of the minibatch, or of one of its micro-batches (a stand-in row that counts nothing when
+    it has none)"""
     rows: list[int]
     """the update's batch rows the share holds ([] for a stand-in)"""
     n_local: int
@@ -88,8 +99,9 @@ class Mismatch(UpdateObserver):
         d = torch.where(on, s.logprobs.detach() - s.batch.old_logprobs, 0.0)
         k3 = torch.where(on, d.exp() - d - 1, 0.0)
         has = on.any(-1)
-        metrics.log("mismatch_abs_logprob_diff", float(d.abs()[on].mean()), s.n_local)
-        metrics.log("mismatch_seq_kl", float((k3.sum(-1)[has] / on.sum(-1)[has]).mean()), s.n_local)
+        per_sequence = k3.sum(-1) / on.sum(-1).clamp(min=1)
+        metrics.log("mismatch_abs_logprob_diff", d.abs().sum() / on.sum(), s.n_local)
+        metrics.log("mismatch_seq_kl", torch.where(has, per_sequence, 0.0).sum() / has.sum(), s.n_local)
 
 
 def staleness(token_versions: torch.Tensor, loss_mask: torch.Tensor, policy_version: int) -> dict[str, float]:
@@ -131,26 +143,28 @@ class ExpertFlips(UpdateObserver):
 
     def __init__(self, top_k: int) -> None:
         self.top_k = top_k
-        self._before: tuple[torch.Tensor, TrainBatch] | None = None
+        self._before: tuple[tuple[torch.Tensor, ...], torch.Tensor, TrainBatch] | None = None
 
     def minibatch(self, s: ScoredMinibatch, metrics: Metrics) -> None:
-        if s.index or s.router_logits is None:
+        if s.index or s.router_logits is None or self._before is not None:  # minibatch 0's first micro-batch
             return
         k = min(FLIP_RATE_ROWS, len(s.batch))
         E = s.router_logits[0].shape[-1]
-        first = tuple(r.view(len(s.batch), -1, E)[:k].reshape(-1, E) for r in s.router_logits)
-        self._before = (expert_sets(first, self.top_k, s.batch.loss_mask[:k]), s.batch.select(list(range(k))))
+        # kept as logits: their sets are taken after the last step, where reading them back stalls no step
+        first = tuple(r.detach().view(len(s.batch), -1, E)[:k].reshape(-1, E) for r in s.router_logits)
+        self._before = (first, s.batch.loss_mask[:k], s.batch.select(list(range(k))))
 
     def finished(self, scorer: Scorer, metrics: Metrics) -> None:
         if self._before is None:
             return
-        sets, mb = self._before
+        before, mask, mb = self._before
         self._before = None
+        sets = expert_sets(before, self.top_k, mask)
         with torch.no_grad():  # every rank: the forward's collectives under FSDP2
             _, _, router = scorer(mb.input_ids, mb.attention_mask, mb.sampling, router=True)
         after = expert_sets(router, self.top_k, mb.loss_mask)
         if sets.numel():
-            metrics.log("expert_flip_rate", float((after != sets).float().mean()), sets.numel())
+            metrics.log("expert_flip_rate", (after != sets).double().mean(), sets.numel())
 
 
 ROUTER_TURNS = 4

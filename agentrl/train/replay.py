@@ -64,11 +64,12 @@ def own_routing(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.T
     return torch.where(attention_mask.bool()[..., None, None], torch.stack(sets, 2), -1).to(torch.int16)
 
 
-def replayed_positions(routing: torch.Tensor | None, attention_mask: torch.Tensor) -> int:
-    """How many real positions have a recorded set in some layer (none without `routing` (B, L, layers, k))."""
+def replayed_positions(routing: torch.Tensor | None, attention_mask: torch.Tensor) -> torch.Tensor | int:
+    """How many real positions have a recorded set in some layer (none without `routing` (B, L, layers, k)), on
+    the device."""
     if routing is None:
         return 0
-    return int(((routing[..., 0] >= 0).any(-1) & attention_mask.bool()).sum())
+    return ((routing[..., 0] >= 0).any(-1) & attention_mask.bool()).sum()
 
 
 class RoutingReplay:

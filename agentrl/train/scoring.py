@@ -50,10 +50,18 @@ class Scorer(nn.Module):
     """
 
     def __init__(
-        self, policy: nn.Module, *, min_shared_prefix: int = 32, chunk_tokens: int = 16384, replay: bool = False
+        self,
+        policy: nn.Module,
+        *,
+        min_shared_prefix: int = 32,
+        chunk_tokens: int = 16384,
+        replay: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__()
         self.policy = policy
+        self.device = device
+        """where the forward runs (None: on its inputs' device); the inputs may then be host tensors"""
         self.min_shared_prefix = min_shared_prefix
         self.chunk_tokens = chunk_tokens
         self.replay = RoutingReplay(policy) if replay else None
@@ -68,23 +76,34 @@ class Scorer(nn.Module):
         router: bool = False,
         routing: torch.Tensor | None = None,
     ):
-        """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None)."""
+        """(lp (B, L), entropy (B, L) or None, router logits per layer (B·L, E) or None), on `self.device`.
+
+        The plan (chunks, the prefix tree, which positions are scored) is made from host copies of the ids and
+        the mask: given on the host, the forward reads nothing back from the device."""
         if routing is not None:
             if self.replay is None:
                 raise ValueError("a routing to replay needs a Scorer built with replay=True")
             self.replay.check(routing)
+        device = self.device or input_ids.device
+        host = input_ids.cpu(), attention_mask.cpu(), None if routing is None else routing.cpu()
+        on_device = tuple(
+            None if x is None else x.to(device, non_blocking=True) for x in (input_ids, attention_mask, routing)
+        )
         B, L = input_ids.shape
-        lengths = attention_mask.sum(-1)
+        lengths = host[1].sum(-1)
         order = torch.argsort(lengths, descending=True, stable=True)
         parts, start = [], 0
         while start < B:
             Lc = max(int(lengths[order[start]]), 1)  # the chunk's longest row: the first, sorted
             rows = order[start : start + max(1, self.chunk_tokens // Lc)]
-            chunk = None if routing is None else routing[rows, :Lc]
-            parts.append(self._score(input_ids[rows, :Lc], attention_mask[rows, :Lc], params, entropy, router, chunk))
+            rows_d = rows.to(device, non_blocking=True)
+            chunk = [None if x is None else x[rows, :Lc] for x in host]
+            chunk += [None if x is None else x[rows_d, :Lc] for x in on_device]
+            parts.append(self._score(*chunk, params, entropy, router))
             start += len(rows)
         inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(B, device=order.device)
+        inverse[order] = torch.arange(B)
+        inverse = inverse.to(device, non_blocking=True)
 
         def cat(chunks: list[torch.Tensor]) -> torch.Tensor:  # (n, Lc, ...) each -> (B, L, ...) in sorted order
             return torch.cat([F.pad(c, (0, 0) * (c.dim() - 2) + (0, L - c.shape[1])) for c in chunks])
@@ -101,14 +120,18 @@ class Scorer(nn.Module):
 
     def _score(
         self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        routing_h: torch.Tensor | None,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
+        routing: torch.Tensor | None,
         params: SamplingParams,
         entropy: bool,
         router: bool,
-        routing: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
-        """One chunk: lp and entropy (B, L), router logits per layer (B, L, E); 0 on the padding."""
+        """One chunk, given on the host (ids, mask, routing_h: the plan's) and on the device (what runs): lp and
+        entropy (B, L), router logits per layer (B, L, E); 0 on the padding."""
         lm = causal_lm(self.policy)
         decoder, head = lm.get_decoder(), lm.get_output_embeddings().weight
         kwargs = {"output_router_logits": True} if router else {}
@@ -117,9 +140,10 @@ class Scorer(nn.Module):
             return {} if part is None else {"routing_replay": part}
 
         B, L = input_ids.shape
-        lengths = attention_mask.sum(-1)  # (B,)
+        device = input_ids.device
+        lengths = mask.sum(-1)  # (B,)
         length = lengths.tolist()  # the same, as ints
-        forwards = self._plan(input_ids, attention_mask, routing)
+        forwards = self._plan(ids, mask, routing_h)
         parents = {parent for parent, _, _ in forwards}
         # The own positions of a row: P..length − 1 (a root's: all). Numbered in the forwards' order, they are where
         # every value is computed, once; src (B, L) says which one each row's position takes: its own, or before P
@@ -130,12 +154,15 @@ class Scorer(nn.Module):
                 src[r, :P] = src[parent, :P]
                 src[r, P : length[r]] = torch.arange(N, N + length[r] - P)
                 first[r], N = P, N + length[r] - P
-        src = src.masked_fill(src < 0, N).to(input_ids.device)
+        src = src.masked_fill(src < 0, N)
+
+        def to_device(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, non_blocking=True)
 
         hidden, routed, caches = [], [], {}  # (own positions, H) per forward; a parent row's (KV cache, batch index)
         for parent, P, rows in forwards:
             n, W = len(rows), max(P + 1, *(length[r] for r in rows))  # positions P..W − 1 of n rows
-            index = torch.tensor(rows, device=input_ids.device)
+            index = to_device(torch.tensor(rows))
             out = decoder(
                 input_ids=input_ids[index, P:W],
                 attention_mask=attention_mask[index, :W],
@@ -144,20 +171,20 @@ class Scorer(nn.Module):
                 **kwargs,
                 **replay(None if routing is None else routing[index, P:W]),
             )
-            own = torch.arange(P, W, device=index.device) < lengths[index, None]  # (n, W − P): not padding
-            hidden.append(out.last_hidden_state[own])
+            # (n·(W − P),) -> the positions that are not padding, in order
+            own = to_device((torch.arange(P, W) < lengths[rows, None]).flatten().nonzero()[:, 0])
+            hidden.append(out.last_hidden_state.flatten(0, 1)[own])
             if router:
-                routed.append([logits.view(n, W - P, -1)[own] for logits in out.router_logits])
+                routed.append([logits.view(n * (W - P), -1)[own] for logits in out.router_logits])
             caches.update({r: (getattr(out, CACHE), i) for i, r in enumerate(rows) if r in parents})
 
         # lp of each own position t ≥ 1, from the hidden state at t − 1 (the row's own, or at P its parent's): the
         # lm head runs once per distinct token
-        positions = torch.arange(L, device=src.device)
-        scored = (positions[1:] >= first.to(src.device)[:, None]) & (positions[1:] < lengths[:, None])  # (B, L − 1)
-        at, before = src[:, 1:][scored], src[:, :-1][scored]  # (M,) each
-        lp, ent = target_logprobs(
-            torch.cat(hidden)[before][None], head, input_ids[:, 1:][scored][None], params, entropy=entropy
-        )
+        positions = torch.arange(L)
+        scored = (positions[1:] >= first[:, None]) & (positions[1:] < lengths[:, None])  # (B, L − 1)
+        at, before, targets = (to_device(x[scored]) for x in (src[:, 1:], src[:, :-1], ids[:, 1:]))  # (M,) each
+        src = to_device(src)
+        lp, ent = target_logprobs(torch.cat(hidden)[before][None], head, targets[None], params, entropy=entropy)
 
         def spread(values: torch.Tensor) -> torch.Tensor:  # (M,) at `at` -> (B, L): every row's positions
             return values.new_zeros(N + 1).index_put((at,), values)[src]

@@ -234,7 +234,7 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
             "step": step + 1,
             "loss": _all_sum(nll, device) / n_tokens,
             "lr": schedule.get_last_lr()[0],
-            "grad_norm": grad_norm,
+            "grad_norm": float(grad_norm),
         }
         if held_out and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
             metrics["eval_loss"] = evaluate()

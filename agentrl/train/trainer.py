@@ -1,11 +1,17 @@
 """The update: M optimizer steps of the policy objective over a rollout batch, on one or many ranks.
 
 The batch is split into M minibatches, one optimizer step each (gradients clipped to a
-global norm). With several ranks each takes a disjoint share of every minibatch and FSDP2
-averages gradients; each rank's loss is rescaled so that the update is that of the whole
-minibatch: J is a mean over sequences (weighted by their row weights: 1/K each for an episode of K
-sequences), so rank r's mean over its sequences of total weight n_r weighs n_r / n (× the world size, which
-FSDP's average divides away).
+global norm). With a token budget (optim.microbatch_tokens) a minibatch runs as micro-batches, each one forward
+and backward, their gradients accumulated into its one step. With several ranks each takes a disjoint share of
+every micro-batch and FSDP2 averages gradients; each share's loss is rescaled so that the update is that of the
+whole minibatch: J is a mean over sequences (weighted by their row weights: 1/K each for an episode of K
+sequences), so a share's mean over its sequences of total weight n_r weighs n_r / n (× the world size, which
+FSDP's average divides away). The router's load-balancing loss, which is not a mean over sequences, is taken per
+micro-batch (over all ranks) and weighted by its share of the minibatch's tokens.
+
+Nothing in a step reads a value back from the device: the split reads what it needs once, before the first
+step (host copies of the ids and masks, which the scorer plans from, and the batch's checks), the loss and the
+metrics stay on the device, and `Metrics.reduce` reads them all at the end.
 
 Decoupled (algo.behaviour_weight other than 'none', docs/design.md §4): the ratio is taken against
 lp_prox, the learner's logprobs before its first step on the batch, and lp_b weighs the terms. Minibatch
@@ -32,7 +38,7 @@ import torch.distributed.nn.functional as dist_nn
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from agentrl.algo import policy_loss
+from agentrl.algo import check_values, policy_objective
 from agentrl.models import loading
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
@@ -60,31 +66,37 @@ def router_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, mask: t
     per-rank losses: the update does not depend on how the minibatch was split.
     """
     logits = torch.cat(router_logits)  # (layers·B·L, E)
-    keep = mask.reshape(-1).repeat(len(router_logits)).bool()
-    probs = logits[keep].float().softmax(-1)
+    keep = mask.reshape(-1).repeat(len(router_logits)).to(torch.float32)[:, None]  # (layers·B·L, 1)
+    probs = logits.float().softmax(-1)
     E = probs.shape[-1]
     chosen = torch.zeros_like(probs).scatter_(1, probs.topk(top_k, -1).indices, 1.0)
-    stats = torch.cat([probs.sum(0), chosen.sum(0), probs.new_tensor([len(probs)])])  # (2E + 1,)
+    stats = torch.cat([(keep * probs).sum(0), (keep * chosen).sum(0), keep.sum(0)])  # (2E + 1,), the real tokens'
     if dist.is_initialized() and dist.get_world_size() > 1:
         stats = dist_nn.all_reduce(stats)
     P, c, N = stats[:E], stats[E : 2 * E], stats[-1]
     return E * ((c / N) * (P / N)).sum()
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """Clip to a global norm (over all ranks' shards) and return the norm before clipping."""
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip to a global norm (over all ranks' shards) and return the norm before clipping, on the device."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # a DTensor under FSDP2
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # a DTensor under FSDP2
 
 
 @dataclass
-class _MinibatchShare:
-    """This rank's share of one minibatch."""
+class _Share:
+    """This rank's share of one micro-batch of a minibatch (the whole minibatch without a token budget)."""
 
     batch: TrainBatch
+    input_ids: torch.Tensor  # the share's ids and attention mask on the host: the scorer plans from them
+    attention_mask: torch.Tensor
     n_local: float  # the weight of the sequences with generated tokens on this rank (their count when all weigh 1)
-    n_global: float
+    n_global: float  # the same over the whole minibatch, every rank's micro-batches
     rows: list[int]  # the batch rows of `batch` (none when this rank holds a stand-in row)
+    minibatch: int  # m: the optimizer steps of the update before this one's
+    first: bool  # the minibatch's first micro-batch: the gradients are zeroed before it
+    last: bool  # its last: the optimizer steps after it
+    tokens: float  # the micro-batch's share of the minibatch's real tokens (all ranks'): its router loss's weight
 
 
 class Trainer:
@@ -97,14 +109,17 @@ class Trainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.policy = policy
         self.lora = is_lora(policy)
-        self.scorer = Scorer(policy, replay=cfg.algo.routing_replay != "none")  # refuses a policy it cannot replay
         self.device = train_device()
+        # refuses a policy it cannot replay; the update hands it host ids and masks, and it runs on the device
+        self.scorer = Scorer(policy, replay=cfg.algo.routing_replay != "none", device=self.device)
         if cfg.algo.kl_coef and not self.lora and reference is None:
             raise ValueError(
                 "algo.kl_coef with full fine-tuning needs a reference policy (a frozen copy of the "
                 "starting weights); with LoRA the base model is the reference"
             )
-        self.reference = Scorer(reference.requires_grad_(False).eval()) if cfg.algo.kl_coef and not self.lora else None
+        self.reference = None
+        if cfg.algo.kl_coef and not self.lora:
+            self.reference = Scorer(reference.requires_grad_(False).eval(), device=self.device)
         prepare(policy, cfg.model, self.device, root=self.scorer)
         if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
             prepare(
@@ -163,23 +178,60 @@ class Trainer:
 
     # -- data split --------------------------------------------------------------------
 
-    def _minibatches(self, batch: TrainBatch) -> list[_MinibatchShare]:
+    def _minibatches(self, batch: TrainBatch) -> list[_Share]:
+        """This rank's shares of every micro-batch of every minibatch, in order, with what the update needs on the
+        host read back once, here."""
         M = min(self.cfg.optim.minibatches, len(batch))
         order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.cfg.seed))
+        ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
+        lengths = mask.sum(-1)
+        weight = batch.row_weight(torch.arange(len(batch))) * batch.loss_mask.any(-1).cpu()  # 0: nothing generated
         shares = []
         for m in range(M):
             rows = order[m::M]
-            n_global = float(batch.row_weight(rows)[batch.loss_mask[rows].any(-1).cpu()].sum())
-            mine = rows[self.rank :: self.world]
-            if len(mine) == 0:  # every rank runs forward and backward (FSDP's collectives): a row that counts nothing
-                mb = batch.select(rows[:1])
-                mb.loss_mask = torch.zeros_like(mb.loss_mask)
-                shares.append(_MinibatchShare(mb, 0, n_global, []))
-            else:
-                mb = batch.select(mine)
-                n_local = float(batch.row_weight(mine)[mb.loss_mask.any(-1).cpu()].sum())
-                shares.append(_MinibatchShare(mb, n_local, n_global, mine.tolist()))
+            n_global, real = float(weight[rows].sum()), float(lengths[rows].sum())
+            micro = self._micro_batches(rows, lengths)
+            for j, part in enumerate(micro):
+                mine = part[self.rank :: self.world]
+                # every rank runs forward and backward (FSDP's collectives): with no row, one that counts nothing
+                mb = batch.select(mine if len(mine) else part[:1])
+                T, n_local = mb.input_ids.shape[1], float(weight[mine].sum())
+                if not len(mine):
+                    mb.loss_mask = torch.zeros_like(mb.loss_mask)
+                held = mine if len(mine) else part[:1]
+                shares.append(
+                    _Share(
+                        mb,
+                        ids[held, :T],
+                        mask[held, :T],
+                        n_local,
+                        n_global,
+                        mine.tolist(),
+                        m,
+                        first=j == 0,
+                        last=j == len(micro) - 1,
+                        tokens=float(lengths[part].sum()) / max(real, 1),
+                    )
+                )
+        if any(s.n_global for s in shares):  # once for the whole batch: each minibatch's loss reads nothing back
+            check_values(batch.advantages, batch.loss_mask, mode=self.cfg.algo.loss, sequence_weights=batch.row_weights)
         return shares
+
+    def _micro_batches(self, rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """A minibatch's rows in micro-batches whose share on each rank holds at most `optim.microbatch_tokens`
+        padded positions (its rows × the longest), longest rows first; a row longer than that alone. 0: one."""
+        budget = self.cfg.optim.microbatch_tokens
+        if not budget:
+            return [rows]
+        rows = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+        parts, start = [], 0
+        while start < len(rows):
+            longest, n = int(lengths[rows[start]]), 1
+            while start + n < len(rows) and -(-(n + 1) // self.world) * longest <= budget:
+                n += 1
+            parts.append(rows[start : start + n])
+            start += n
+        return parts
 
     # -- the update --------------------------------------------------------------------
 
@@ -200,28 +252,30 @@ class Trainer:
             for k, v in staleness(batch.token_versions, batch.loss_mask, policy_version).items():
                 metrics.log(k, v)
         decoupled, r2 = algo.behaviour_weight != "none", algo.routing_replay == "R2"
-        routing = self._recorded_routing(shares)  # (B, L, layers, k) per minibatch, position-indexed, or None
+        routing = self._recorded_routing(shares)  # (B, L, layers, k) per share, position-indexed, or None
         proximal: list[torch.Tensor | None] = [None] * len(shares)
         if decoupled or r2:  # the weights before any step: lp_prox, R2's routing; minibatch 0's is its own forward's
             with torch.no_grad():
-                for m, s in enumerate(shares[1:], 1):
+                for i, s in enumerate(shares):
+                    if not s.minibatch:
+                        continue
                     b = s.batch
                     lp, _, router = self.scorer(
-                        b.input_ids, b.attention_mask, b.sampling, router=r2, routing=routing[m]
+                        s.input_ids, s.attention_mask, b.sampling, router=r2, routing=routing[i]
                     )
                     if decoupled:
-                        proximal[m] = lp
+                        proximal[i] = lp
                     if r2:
-                        routing[m] = own_routing(router, b.attention_mask, self.top_k)
+                        routing[i] = own_routing(router, b.attention_mask, self.top_k)
         self.scorer.train()
-        for m, s in enumerate(shares):
+        for i, s in enumerate(shares):
             mb = s.batch
             lp, entropy, router = self.scorer(
-                mb.input_ids, mb.attention_mask, mb.sampling, entropy=True, router=self.moe, routing=routing[m]
+                s.input_ids, s.attention_mask, mb.sampling, entropy=True, router=self.moe, routing=routing[i]
             )
             old, extra = mb.old_logprobs, {}
             if decoupled:
-                old = lp.detach() if m == 0 else proximal[m]
+                old = lp.detach() if s.minibatch == 0 else proximal[i]
                 extra = {
                     "behaviour_logprobs": mb.old_logprobs,
                     "behaviour_weight": algo.behaviour_weight,
@@ -229,9 +283,9 @@ class Trainer:
                     "behaviour_level": algo.behaviour_level,
                 }
             if algo.kl_coef:
-                extra |= {"ref_logprobs": self._reference_logprobs(mb), "kl_coef": algo.kl_coef}
+                extra |= {"ref_logprobs": self._reference_logprobs(s), "kl_coef": algo.kl_coef}
             if s.n_local:
-                loss, loss_metrics = policy_loss(
+                loss, loss_metrics = policy_objective(
                     lp,
                     old,
                     mb.advantages,
@@ -245,34 +299,38 @@ class Trainer:
                 for k, v in loss_metrics.items():
                     if k != "sequences":
                         metrics.log(k, v, s.n_local)
-                metrics.log("entropy", float((entropy * mb.loss_mask).sum() / mb.loss_mask.sum()), s.n_local)
-                metrics.log("loss", float(loss.detach()), s.n_local)
+                metrics.log("entropy", (entropy * mb.loss_mask).sum() / mb.loss_mask.sum(), s.n_local)
+                metrics.log("loss", loss, s.n_local)
                 if algo.routing_replay != "none":  # the share of real positions routed to a given set
-                    real = int(mb.attention_mask.sum())
-                    metrics.log("routing_replayed", replayed_positions(routing[m], mb.attention_mask) / real, real)
+                    real = int(s.attention_mask.sum())
+                    replayed = torch.as_tensor(replayed_positions(routing[i], mb.attention_mask), dtype=torch.float64)
+                    metrics.log("routing_replayed", replayed / real, real)
+                # this share's J weighs n_local / n_global of the minibatch's (× the world size FSDP averages away)
                 loss = loss * (self.world * s.n_local / s.n_global)  # n_local > 0, so n_global > 0
             else:
                 loss = lp.sum() * 0.0  # keeps this rank in the collectives
             if router is not None and self.aux_coef:
                 aux = router_aux_loss(router, self.top_k, mb.attention_mask)
-                loss = loss + self.aux_coef * aux
-                metrics.log("router_aux_loss", float(aux.detach()))
-            scored = ScoredMinibatch(m, mb, s.rows, s.n_local, lp, old, router, policy_version)
+                loss = loss + self.aux_coef * s.tokens * aux
+                metrics.log("router_aux_loss", aux, s.tokens)
+            scored = ScoredMinibatch(s.minibatch, mb, s.rows, s.n_local, lp, old, router, policy_version)
             for o in watching:
                 o.minibatch(scored, metrics)
-            self.optimizer.zero_grad(set_to_none=True)
+            if s.first:
+                self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            trainable = [p for p in self.scorer.parameters() if p.requires_grad]
-            metrics.log("grad_norm", clip_grad_norm(trainable, self.cfg.optim.max_grad_norm))
-            self.optimizer.step()
-            self.scheduler.step()
+            if s.last:
+                trainable = [p for p in self.scorer.parameters() if p.requires_grad]
+                metrics.log("grad_norm", clip_grad_norm(trainable, self.cfg.optim.max_grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
         self.scorer.eval()  # an engine sharing this module samples in eval mode
         for o in watching:
             o.finished(self.scorer, metrics)
         return metrics.reduce(self.world)
 
-    def _recorded_routing(self, shares: list[_MinibatchShare]) -> list[torch.Tensor | None]:
-        """Per minibatch, R3's replayed routing: the position view of the engine's record; None otherwise."""
+    def _recorded_routing(self, shares: list[_Share]) -> list[torch.Tensor | None]:
+        """Per share, R3's replayed routing: the position view of the engine's record; None otherwise."""
         if self.cfg.algo.routing_replay != "R3":
             return [None] * len(shares)
         if shares[0].batch.routed_experts is None:
@@ -282,10 +340,10 @@ class Trainer:
             )
         return [position_routing(s.batch.routed_experts) for s in shares]
 
-    def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+    def _reference_logprobs(self, s: _Share) -> torch.Tensor:
         """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
         with torch.no_grad():
             if self.reference is not None:
-                return self.reference(mb.input_ids, mb.attention_mask, mb.sampling)[0]
+                return self.reference(s.input_ids, s.attention_mask, s.batch.sampling)[0]
             with self.policy.disable_adapter():
-                return self.scorer(mb.input_ids, mb.attention_mask, mb.sampling)[0]
+                return self.scorer(s.input_ids, s.attention_mask, s.batch.sampling)[0]

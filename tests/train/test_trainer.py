@@ -351,3 +351,44 @@ def test_rows_of_equal_weight_below_one_update_as_unweighted_rows():
     got = Trainer(cfg, tiny_model("qwen3_moe", seed=0)).update(weighted)
     assert got["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
     assert got["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+def params_after(cfg: TrainerConfig, arch: str, batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    policy = tiny_model(arch, seed=0)
+    metrics = Trainer(cfg, policy).update(batch)
+    return metrics, {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    ("arch", "algo"),
+    [("qwen3", AlgoConfig()), ("qwen3", AlgoConfig(behaviour_weight="truncate")), ("qwen3_moe", AlgoConfig())],
+    ids=["dense", "decoupled", "moe"],
+)
+def test_micro_batches_update_as_the_whole_minibatch(arch, algo):
+    """A token budget splits each minibatch into micro-batches whose gradients sum into its one step: the same
+    update to rounding (Adam's step magnifies the gradients' rounding where they are small: 1e-6 of a 2e-3 move),
+    and the same loss (a mean of the micro-batches' means weighted by their sequences). MoE: the router's balancing
+    loss is per micro-batch, weighted by tokens, so it is left out here."""
+    batch = fixed_batch()
+    model = ModelConfig(router_aux_loss=False) if arch == "qwen3_moe" else ModelConfig()
+    whole = TrainerConfig(model=model, algo=algo, optim=OptimConfig(lr=1e-3, minibatches=2))
+    micro = whole.model_copy(update={"optim": OptimConfig(lr=1e-3, minibatches=2, microbatch_tokens=100)})
+    trainer = Trainer(micro, tiny_model(arch, seed=0))
+    parts = [len(trainer._micro_batches(rows, batch.attention_mask.sum(-1))) for rows in torch.arange(8).chunk(2)]
+    assert min(parts) >= 2  # rows of 40 to 64 tokens: at most 2 a micro-batch
+    m_whole, p_whole = params_after(whole, arch, batch)
+    m_micro, p_micro = params_after(micro, arch, batch)
+    moved = max((p_whole[n] - tiny_model(arch, seed=0).state_dict()[n]).abs().max() for n in p_whole)
+    assert moved > 1e-4  # the update did something the comparison can see
+    for name, value in p_micro.items():
+        torch.testing.assert_close(value, p_whole[name], atol=1e-5, rtol=0, msg=name)
+    assert m_micro["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
+    assert m_micro["loss"] == pytest.approx(m_whole["loss"], rel=1e-5)
+
+
+def test_micro_batches_hold_the_token_budget_longest_rows_first():
+    trainer = Trainer(TrainerConfig(optim=OptimConfig(microbatch_tokens=120)), tiny_model("qwen3", seed=0))
+    lengths = torch.tensor([10, 200, 30, 60, 50, 40, 20, 5])
+    parts = trainer._micro_batches(torch.arange(8), lengths)
+    assert [p.tolist() for p in parts] == [[1], [3, 4], [5, 2, 6], [0, 7]]  # 200 alone; then ≤ 120 padded
+    assert all(len(p) * int(lengths[p].max()) <= 120 for p in parts[1:])
