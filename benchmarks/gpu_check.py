@@ -21,7 +21,8 @@ one leaves the others running; the exit status is 1 if any failed):
    on the learner's GPU, its sandboxes bubblewrap's and its env workers processes of the run (no Docker daemon,
    no Ray runtime: what GPU hosts lack). It first probes bubblewrap (its namespaces, and a cgroup) and records
    what it found; where bubblewrap cannot run the check is skipped, with the reason.
-5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included.
+5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
+   again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
 and a small benchmark, so that every line of this script runs without a GPU. A check whose Python packages
@@ -435,44 +436,42 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
 
 
 def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
+    """Two runs: the earlier reports' step (16 x 512 tokens in 4 minibatches: 2,048 tokens a step), for continuity,
+    and a step of 32,768 tokens (2 of them, 8,192-token micro-batches), the size an RL update steps at."""
     need_cuda(ctx)
-    args = (
-        ["--device", "cuda", "--size", "1b"]
-        if not ctx.dry
-        else [
-            "--dtype",
-            "bfloat16",
-            "--size",
-            "small",
-            "--batch",
-            "4",
-            "--length",
-            "64",
-            "--minibatches",
-            "2",
-            "--rounds",
-            "1",
-            "--repeats",
-            "1",
-        ]
-    )
-    figures["command"] = " ".join(["benchmarks/train_step_bench.py", *args])
-    r = subprocess.run(
-        [sys.executable, str(BENCH), *args],
-        capture_output=True,
-        text=True,
-        env=child_env(ctx),
-        timeout=max(ctx.limit("train_step_bench") - 30, 1),
-    )
-    missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", r.stderr) if r.returncode else None
-    if missing and missing[1].split(".")[0] in OPTIONAL_PACKAGES:
-        raise Skip(f"train_step_bench needs the package {missing[1]}, not installed here")
-    expect(r.returncode == 0, f"train_step_bench exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    result = figures["result"] = json.loads(r.stdout)
-    for key in ("gspo_token_update", "plain_forward_backward"):
-        expect(math.isfinite(result[key]["tokens_per_s_per_device"]), f"{key}: no throughput")
-        if not ctx.dry:
-            expect("mfu" in result[key], f"{key}: no MFU on CUDA")
+    if ctx.dry:
+        small = ["--dtype", "bfloat16", "--size", "small", "--length", "64", "--rounds", "1", "--repeats", "1"]
+        runs = {
+            "result": [*small, "--batch", "4", "--minibatches", "2"],
+            "big_step": [*small, "--step-tokens", "256", "--microbatch-tokens", "128", "--minibatches", "2"],
+        }
+    else:
+        big = ["--step-tokens", "32768", "--microbatch-tokens", "8192", "--minibatches", "2", "--rounds", "2"]
+        runs = {
+            "result": ["--device", "cuda", "--size", "1b"],
+            "big_step": ["--device", "cuda", "--size", "1b", *big, "--repeats", "1", "--profile", "15"],
+        }
+    deadline = time.monotonic() + ctx.limit("train_step_bench") - 30
+    for key, args in runs.items():
+        figures[f"{key}_command" if key != "result" else "command"] = " ".join(
+            ["benchmarks/train_step_bench.py", *args]
+        )
+        r = subprocess.run(
+            [sys.executable, str(BENCH), *args],
+            capture_output=True,
+            text=True,
+            env=child_env(ctx),
+            timeout=max(deadline - time.monotonic(), 1),
+        )
+        missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", r.stderr) if r.returncode else None
+        if missing and missing[1].split(".")[0] in OPTIONAL_PACKAGES:
+            raise Skip(f"train_step_bench needs the package {missing[1]}, not installed here")
+        expect(r.returncode == 0, f"train_step_bench exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        result = figures[key] = json.loads(r.stdout)
+        for path in ("gspo_token_update", "plain_forward_backward"):
+            expect(math.isfinite(result[path]["tokens_per_s_per_device"]), f"{key} {path}: no throughput")
+            if not ctx.dry:
+                expect("mfu" in result[path], f"{key} {path}: no MFU on CUDA")
 
 
 CHECK_FUNCTIONS = {
