@@ -194,17 +194,17 @@ class Trainer:
             for j, part in enumerate(micro):
                 mine = part[self.rank :: self.world]
                 # every rank runs forward and backward (FSDP's collectives): with no row, one that counts nothing
-                mb = batch.select(mine if len(mine) else part[:1])
-                T, n_local = mb.input_ids.shape[1], float(weight[mine].sum())
+                held = mine if len(mine) else part[:1]
+                mb = batch.select(held)
                 if not len(mine):
                     mb.loss_mask = torch.zeros_like(mb.loss_mask)
-                held = mine if len(mine) else part[:1]
+                T = mb.input_ids.shape[1]
                 shares.append(
                     _Share(
                         mb,
                         ids[held, :T],
                         mask[held, :T],
-                        n_local,
+                        float(weight[mine].sum()),
                         n_global,
                         mine.tolist(),
                         m,
