@@ -1,6 +1,7 @@
 """The profiling benchmarks on the CPU: train_step_bench.py --profile summarises each path's ops with
 benchmarks/profiling.py (the GPU's kernel summary is the same code, run on the device machine), and
-decode_profile.py reports tokens/s alone (the engine's thread is outside the profiler's reach on the CPU)."""
+decode_profile.py reports tokens/s alone (the engine's thread is outside the profiler's reach on the CPU), and
+decode_bench.py sets tokens/s against the memory-bandwidth roofline of the same requests."""
 
 import json
 import subprocess
@@ -10,16 +11,18 @@ from pathlib import Path
 import pytest
 from cli import env
 
+from agentrl.models.tokenizer import load_tokenizer
+
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-def run(script: str, *args: object) -> dict:
+def run(script: str, *args: object, **extra_env: str) -> dict:
     r = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,
-        env=env(),
+        env=env(**extra_env),
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout)
@@ -58,3 +61,22 @@ def test_train_step_bench_profiles_each_path_and_decode_profile_times_each_dtype
     assert set(decode["engines"]) == {"auto", "bfloat16"}
     for dtype, e in decode["engines"].items():
         assert e["tokens_per_s"] > 0 and "profile" not in e, (dtype, e)
+
+
+def test_decode_bench_sets_tokens_per_s_against_the_bandwidth_roofline():
+    """The CPU run of decode_bench.py (tiny model, 4 requests x 16 tokens after 32-token prompts): its roofline
+    counts the tiny Qwen3-MoE's weights and KV as the docstring says, and tokens/s is a share of that bound."""
+    # one thread: two threads spinning on two cores that other tests share can take 20x as long
+    result = run("decode_bench.py", "--bandwidth-gbs", 20, OMP_NUM_THREADS="1")
+    (r,) = result["runs"]
+    assert (r["dtype"], r["requests"], result["prompt_tokens"], result["new_tokens"]) == ("float32", 4, 32, 16)
+    assert r["tokens_per_s"] > 0 and "gpu_busy_share" not in r  # no GPU figures on the CPU
+    roof = r["roofline"]
+    assert roof["experts_read_share"] == 1 - (1 - 2 / 4) ** 4  # 4 rows choosing 2 of 4 experts
+    # per token of context: 2 layers x (K and V) x 2 KV heads x 16 dims x 4 bytes; mean context 32 + 16 / 2
+    assert roof["kv_bytes"] == 4 * (32 + 8) * 2 * 2 * 2 * 16 * 4
+    # the output head (vocabulary x 64, fp32) is read whole, the input embedding, as large, only in 4 rows
+    head = len(load_tokenizer()) * 64 * 4
+    assert head < roof["weight_bytes"] < 2 * head
+    assert roof["tokens_per_s_bound"] == pytest.approx(4 * 20e9 / (roof["weight_bytes"] + roof["kv_bytes"]))
+    assert r["share_of_bound"] == pytest.approx(r["tokens_per_s"] / roof["tokens_per_s_bound"])

@@ -7,7 +7,8 @@ A background thread runs the loop; each iteration:
 
 1. finishes aborted requests with the tokens they have;
 2. one decode step for every running request: feed its last sampled token, sample the
-   next from `agentrl.engine.sampling` (each request its own generator and parameters);
+   next from `agentrl.engine.sampling` (each request its own seed's noise and settings, all
+   rows in one pass), and read the tokens and logprobs back in one transfer;
 3. prefills newly arrived requests as a left-padded batch, samples their first token and
    merges their KV cache into the running one (left-padding the shorter side);
 4. drops finished rows from the cache, and cache columns no row uses any more.
@@ -16,6 +17,10 @@ So a request joins while others are mid-generation, as multi-turn rollouts need:
 back from its sandbox does not wait for the batch to drain. The thread, the step lock that
 `update_weights` shares (new weights land between two steps; later tokens carry the new
 version) and the futures are `agentrl.engine.threaded`'s.
+
+Between two changes of the running set, a step's inputs stay on the device (`_Batch`): the next
+input ids are the sampled tensor and the positions a tensor advanced in place, so a decode step
+synchronises with the device once, when it reads the tokens back.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from agentrl.engine.base import Capabilities, SamplingParams
 from agentrl.engine.config import EngineConfig, EngineModel
 from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
-from agentrl.engine.sampling import sample, sampling_logprobs
+from agentrl.engine.sampling import RowSampling, seed_key
 from agentrl.engine.threaded import Request, ThreadedEngine
 from agentrl.models.cache import CACHE
 from agentrl.models.lora import is_lora
@@ -44,9 +49,18 @@ MAX_BATCH_SIZE = 64  # rows decoded together, by default
 
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
-    generator: torch.Generator
+    key: tuple[int, int]  # its seed's noise key (agentrl.engine.sampling)
     n_ctx: int = 0  # real (unpadded) tokens in this row's KV cache
     kv_version: int = 0  # the policy version its prefill ran under (its KV is older than later tokens')
+
+
+@dataclass(eq=False)
+class _Batch:
+    """The running rows' decode inputs on the device, valid until a row joins or leaves."""
+
+    ids: torch.Tensor  # (B,) each row's last sampled token: the next step's input
+    counters: torch.Tensor  # (B, 2) that token's position, and the index in its request of the token it samples
+    sampling: RowSampling
 
 
 class HFEngine(ThreadedEngine):
@@ -88,9 +102,11 @@ class HFEngine(ThreadedEngine):
             self._round_weights()
         self._lora = is_lora(model)  # a peft model: its adapters take LoRA updates
         self.device = next(model.parameters()).device
+        self._vocab = model.config.get_text_config().vocab_size
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
         self._rows: list[_Request] = []  # the running batch, in cache row order
+        self._batch: _Batch | None = None  # their decode inputs; None: rebuilt at the next step
         self._cache: Cache | None = None
         self._mask: torch.Tensor | None = None  # (B, L) 1 where the cache column holds a real token
         self._prefix = PrefixCache(prefix_cache_tokens)  # 0 turns prefix reuse off
@@ -171,9 +187,8 @@ class HFEngine(ThreadedEngine):
         self, request_id: str, prompt: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
     ) -> _Request:
         seed = params.seed if params.seed is not None else next(self._seeds)
-        generator = torch.Generator(self.device).manual_seed(seed)
         return _Request(
-            id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(), generator=generator
+            id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(), key=seed_key(seed)
         )
 
     async def update_weights(
@@ -237,22 +252,24 @@ class HFEngine(ThreadedEngine):
     def _decode(self) -> None:
         """Feed each row's last sampled token; sample the next one."""
         assert self._cache is not None and self._mask is not None
-        B = len(self._rows)
-        input_ids = torch.tensor([[r.tokens[-1]] for r in self._rows], device=self.device)  # (B, 1)
-        positions = torch.tensor([[r.n_ctx] for r in self._rows], device=self.device)  # (B, 1)
-        self._mask = torch.cat([self._mask, self._mask.new_ones(B, 1)], dim=1)  # (B, L+1)
+        rows = self._rows
+        if self._batch is None:  # the running set changed: its inputs come from the host, once
+            state = torch.tensor([[r.tokens[-1], r.n_ctx, len(r.tokens)] for r in rows], device=self.device)
+            self._batch = _Batch(ids=state[:, 0], counters=state[:, 1:], sampling=self._row_sampling(rows))
+        b = self._batch
+        self._mask = F.pad(self._mask, (0, 1), value=1)  # (B, L+1)
         out = self.model(
-            input_ids=input_ids,
+            input_ids=b.ids[:, None],
             attention_mask=self._mask,
-            position_ids=positions,
+            position_ids=b.counters[:, :1],
             use_cache=True,
             **{CACHE: self._cache},
         )
-        for r in self._rows:
+        for r in rows:
             r.n_ctx += 1
-        if self._routers is not None:
-            self._record(self._rows, self._routing())
-        self._sample(self._rows, out.logits[:, -1])
+        routing = self._routing() if self._routers is not None else None
+        b.ids = self._sample(rows, out.logits[:, -1], b.sampling, b.counters[:, 1], routing)
+        b.counters += 1
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill new prompts and merge them into the running batch; identical prompts (the G
@@ -263,18 +280,15 @@ class HFEngine(ThreadedEngine):
         for r in reqs:
             r.n_ctx, r.kv_version = len(r.prompt), self._version
         self._merge(reqs, cache, mask, which)
+        last_routing = None
         if routing is not None:
             for r, u in zip(reqs, which, strict=True):
                 r.prompt_routing = routing[u][:-1].tolist()
-            self._record(reqs, torch.stack([routing[u][-1] for u in which]))
-        self._sample(reqs, logits[which])
-
-    def _record(self, rows: list[_Request], routing: torch.Tensor) -> None:
-        """The routing (rows, layers, k) of the positions whose outputs sample each row's next token."""
-        for r, experts in zip(rows, routing.tolist(), strict=True):
-            if r.routed is None:
                 r.routed = []
-            r.routed.append(experts)
+            last_routing = torch.stack([routing[u][-1] for u in which])
+        idx = torch.tensor(which, device=self.device)
+        first = torch.zeros_like(idx)  # each row samples its request's token 0
+        self._sample(reqs, logits[idx], self._row_sampling(reqs), first, last_routing)
 
     def _forward_prompts(
         self, prompts: list[list[int]]
@@ -367,26 +381,42 @@ class HFEngine(ThreadedEngine):
             [F.pad(self._mask, (W - self._mask.shape[1], 0)), F.pad(mask[idx], (W - mask.shape[1], 0))]
         )
         self._rows.extend(reqs)
+        self._batch = None
 
-    def _sample(self, rows: list[_Request], logits: torch.Tensor) -> None:
-        """Sample one token per row (logits (B, V)); rows with the same settings in one pass."""
-        by_setting: dict[tuple[float, int, float], list[int]] = {}
-        for i, r in enumerate(rows):
-            by_setting.setdefault((r.params.temperature, r.params.top_k, r.params.top_p), []).append(i)
-        for (temperature, top_k, top_p), idx in by_setting.items():
-            logq = sampling_logprobs(logits[idx], temperature, top_k, top_p)  # (n, V)
-            ys = sample(logq, temperature, [rows[i].generator for i in idx])  # (n,)
-            lps = logq.gather(-1, ys[:, None])[:, 0].tolist()
-            for i, y, lp in zip(idx, ys.tolist(), lps, strict=True):
-                r = rows[i]
-                r.tokens.append(y)
-                r.logprobs.append(lp)
-                r.versions.append(self._version)
-                r.kv_versions.append(r.kv_version)  # its prefill's: the KV holds nothing older
-                if y in r.params.stop_token_ids:
-                    r.finish = "stop"
-                elif len(r.tokens) >= r.params.max_tokens:
-                    r.finish = "length"
+    def _row_sampling(self, rows: list[_Request]) -> RowSampling:
+        return RowSampling.of([r.params for r in rows], [r.key for r in rows], self._vocab, self.device)
+
+    def _sample(
+        self,
+        rows: list[_Request],
+        logits: torch.Tensor,
+        sampling: RowSampling,
+        index: torch.Tensor,
+        routing: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Sample one token per row (logits (B, V); `index` (B,) its index in the request), all rows in one pass;
+        append it, its logprob and, when recording, the routing (B, layers, k) of the position that sampled it.
+        The sampled tokens (B,) stay on the device; what the host needs comes back in one transfer."""
+        logq = sampling.logprobs(logits)
+        ys = sampling.sample(logq, index)
+        # one float32 tensor (cat promotes; token and expert ids are exact below 2^24)
+        parts = [ys[:, None], logq.gather(-1, ys[:, None])]
+        if routing is not None:
+            parts.append(routing.flatten(1))
+            k = routing.shape[-1]
+        for r, (y, lp, *experts) in zip(rows, torch.cat(parts, 1).tolist(), strict=True):
+            y = int(y)
+            r.tokens.append(y)
+            r.logprobs.append(lp)
+            r.versions.append(self._version)
+            r.kv_versions.append(r.kv_version)  # its prefill's: the KV holds nothing older
+            if routing is not None:
+                r.routed.append([[int(e) for e in experts[i : i + k]] for i in range(0, len(experts), k)])
+            if y in r.params.stop_token_ids:
+                r.finish = "stop"
+            elif len(r.tokens) >= r.params.max_tokens:
+                r.finish = "length"
+        return ys
 
     def _drop_finished(self) -> None:
         B, rows = len(self._rows), self._rows
@@ -406,6 +436,7 @@ class HFEngine(ThreadedEngine):
         for h, src in zip(holes, sources, strict=True):
             rows[h] = rows[src]
         self._rows = rows[:n]
+        self._batch = None
         if holes:
             self._mask[holes] = self._mask[sources]
         self._mask = self._mask[:n]

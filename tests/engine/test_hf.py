@@ -102,6 +102,30 @@ async def test_requests_join_a_running_batch_and_are_batching_invariant():
     torch.testing.assert_close(torch.tensor(joined.logprobs), torch.tensor(alone.logprobs), atol=ATOL, rtol=0)
 
 
+async def test_rows_of_different_settings_decode_together_as_each_alone():
+    """Greedy, top-k and top-p rows in one batch (filtered and drawn in one pass): each request draws the tokens
+    it draws alone, with the logprobs of a fresh forward under its own settings."""
+    model = tiny_model("qwen3_moe", seed=5)
+    tok = load_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16),
+        SamplingParams(temperature=1.0, max_tokens=16, seed=1),
+        SamplingParams(temperature=0.7, top_p=0.8, max_tokens=16, seed=2),
+        SamplingParams(temperature=1.3, top_k=40, top_p=0.95, max_tokens=16, seed=3),
+        SamplingParams(temperature=1.0, top_k=3, max_tokens=16, seed=4),
+    ]
+    async with HFEngine(model) as eng:
+        with eng.paused():  # the loop cannot step: the requests enter as one batch
+            batch = [asyncio.ensure_future(eng.generate(p, s)) for p, s in zip(prompts, params, strict=True)]
+            await asyncio.sleep(0.1)
+        together = await asyncio.gather(*batch)
+        alone = [await eng.generate(p, s) for p, s in zip(prompts, params, strict=True)]
+    for prompt, p, gen, ref in zip(prompts, params, together, alone, strict=True):
+        assert gen.token_ids == ref.token_ids, p
+        torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, p), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "llama"])
 async def test_prefix_cache_reuses_earlier_turns_and_keeps_parity(arch):
     """Turn 2 extends turn 1 (prompt, generated, observation): only the new tokens are prefilled,
