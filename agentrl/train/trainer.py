@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from agentrl.algo import check_values, policy_objective
+from agentrl.engine.base import SamplingParams
 from agentrl.models import loading
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
@@ -283,7 +284,8 @@ class Trainer:
                     "behaviour_level": algo.behaviour_level,
                 }
             if algo.kl_coef:
-                extra |= {"ref_logprobs": self._reference_logprobs(s), "kl_coef": algo.kl_coef}
+                lp_ref = self._reference_logprobs(s.input_ids, s.attention_mask, mb.sampling)
+                extra |= {"ref_logprobs": lp_ref, "kl_coef": algo.kl_coef}
             if s.n_local:
                 loss, loss_metrics = policy_objective(
                     lp,
@@ -340,10 +342,12 @@ class Trainer:
             )
         return [position_routing(s.batch.routed_experts) for s in shares]
 
-    def _reference_logprobs(self, s: _Share) -> torch.Tensor:
+    def _reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams
+    ) -> torch.Tensor:
         """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
         with torch.no_grad():
             if self.reference is not None:
-                return self.reference(s.input_ids, s.attention_mask, s.batch.sampling)[0]
+                return self.reference(input_ids, attention_mask, sampling)[0]
             with self.policy.disable_adapter():
-                return self.scorer(s.input_ids, s.attention_mask, s.batch.sampling)[0]
+                return self.scorer(input_ids, attention_mask, sampling)[0]

@@ -165,7 +165,7 @@ def test_kl_to_the_starting_weights_holds_full_fine_tuning_back():
         b = fixed_batch()
         with torch.no_grad():
             lp = trainer.scorer(b.input_ids, b.attention_mask, b.sampling)[0]
-        diff = (held._reference_logprobs(b) - lp)[b.loss_mask.bool()]
+        diff = (held._reference_logprobs(b.input_ids, b.attention_mask, b.sampling) - lp)[b.loss_mask.bool()]
         return float((diff.exp() - diff - 1).mean())
 
     assert kl_to_start(held) < 0.5 * kl_to_start(free)
