@@ -71,6 +71,7 @@ def test_agentrl_eval_with_the_openai_engine_against_agentrl_serve(served, env, 
     assert all(t["versions"] == [0] for t in read_jsonl(tmp_path / "trajectories" / "index.jsonl"))
 
 
+@pytest.mark.slow  # 46 s: the fast tier runs `agentrl eval` on its other engines and benchmarks (tests/eval)
 def test_agentrl_eval_with_the_hf_engine(tmp_path):
     r = agentrl("eval", "--env", "humaneval", "--model", MODEL, "--tasks", 2, "--set", "max_tokens=16", cwd=tmp_path)
     assert "pass@1" in r.stdout

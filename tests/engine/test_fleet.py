@@ -92,6 +92,7 @@ async def test_requests_in_flight_go_on_through_a_weight_update(fleet):
     assert set(gen.kv_versions) == {version}, "later tokens were sampled over KV the old weights computed"
 
 
+@pytest.mark.slow  # 23 s: the fast tier updates every replica's weights in test_weight_update_reaches_every_replica
 async def test_bfloat16_weight_replicas_take_updates_rounded(ray_local, model_dir):
     """Replicas with bf16-rounded weights (float32 compute) round every update; closing the fleet kills its
     actors and leaves the Ray it did not start running."""

@@ -52,6 +52,7 @@ def config(env: str, groups: int, **kw) -> RolloutConfig:
     )
 
 
+@pytest.mark.slow  # 29 s: the fast tier grades agent programs on their other envs in this file
 async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never_scored(engine, chat, bwrap_runtime):
     behaviours = ["expert", "claims", "raises", "silent", "sleeps", "rewrites"]
     tasks = task_ids("repo_fix", {"tasks": "repos"}, len(behaviours))

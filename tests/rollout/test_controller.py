@@ -335,7 +335,9 @@ async def test_parked_episodes_continue_in_a_new_controller(ray_local):
     assert any(t.policy_versions[0] == 0 and t.policy_versions[-1] == 1 for t in resumed), "continued on the new engine"
 
 
-@pytest.mark.parametrize("mode", ["mask", pytest.param("retry", marks=pytest.mark.slow)])
+# 55 s: the fast tier kills a local env worker (tests/rollout/test_local_pool.py), through the same failure handling
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["mask", "retry"])
 async def test_killing_an_env_worker_fails_only_its_episodes(ray_local, mode):
     engine = HFEngine(tiny_model("qwen3_moe", seed=0))
     # long episodes (12 turns), so the victim's are still running when the kill lands
