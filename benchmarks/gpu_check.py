@@ -23,6 +23,9 @@ one leaves the others running; the exit status is 1 if any failed):
    what it found; where bubblewrap cannot run the check is skipped, with the reason.
 5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
    again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled.
+6. decode_bench: `benchmarks/decode_bench.py --device cuda`: the hf engine's tokens/s at 16 and 64 concurrent
+   requests of the "1b" model, bf16 and fp32, beside the memory-bandwidth roofline, with the GPU's busy share.
+   The 10 minutes a device call may take do not hold all six: `--only` splits them over two calls.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
 and a small benchmark, so that every line of this script runs without a GPU. A check whose Python packages
@@ -56,13 +59,15 @@ import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "train_step_bench.py"
-CHECKS = ("fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench")
+DECODE_BENCH = ROOT / "benchmarks" / "decode_bench.py"
+CHECKS = ("fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench", "decode_bench")
 TIMEOUT_S = {  # per check, GPU run / dry run
     "fsdp_bf16": (600, 300),
     "hf_engine": (900, 300),
     "logprob_parity": (900, 300),
     "agentrl_train": (1800, 300),
     "train_step_bench": (1800, 300),
+    "decode_bench": (1200, 300),
 }
 FP32_PARITY_MAX = 5e-3
 """float32 engine against float32 learner: the same math in other kernels and batch shapes (~1e-6 measured on
@@ -474,12 +479,31 @@ def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
                 expect("mfu" in result[path], f"{key} {path}: no MFU on CUDA")
 
 
+def check_decode_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
+    need_cuda(ctx)
+    args = ["--device", "cuda"] if not ctx.dry else []  # the dry run: the tiny model, 4 requests x 16 tokens
+    figures["command"] = " ".join(["benchmarks/decode_bench.py", *args])
+    r = subprocess.run(
+        [sys.executable, str(DECODE_BENCH), *args],
+        capture_output=True,
+        text=True,
+        env=child_env(ctx),
+        timeout=max(ctx.limit("decode_bench") - 30, 1),
+    )
+    expect(r.returncode == 0, f"decode_bench exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    result = figures["result"] = json.loads(r.stdout)
+    expect(bool(result["runs"]), "decode_bench measured nothing")
+    for run in result["runs"]:
+        expect(run["tokens_per_s"] > 0, f"decode_bench: no throughput in {run}")
+
+
 CHECK_FUNCTIONS = {
     "fsdp_bf16": check_fsdp_bf16,
     "hf_engine": check_hf_engine,
     "logprob_parity": check_logprob_parity,
     "agentrl_train": check_agentrl_train,
     "train_step_bench": check_train_step_bench,
+    "decode_bench": check_decode_bench,
 }
 
 

@@ -11,7 +11,7 @@ import torch
 from cli import env
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
-CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench"]
+CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench", "decode_bench"]
 
 
 def gpu_check(*args: object, timeout: float, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -31,7 +31,7 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
     summary = [(c["name"], c["status"], c["error"] or c["reason"]) for c in report["checks"]]
     assert r.returncode == 0 and report["ok"], (summary, r.stderr[-4000:])
     assert [(name, status) for name, status, _ in summary] == [(name, "ok") for name in CHECKS], summary
-    assert report["mode"] == "cpu-dry-run" and report["counts"] == {"ok": 5, "failed": 0, "skipped": 0}
+    assert report["mode"] == "cpu-dry-run" and report["counts"] == {"ok": 6, "failed": 0, "skipped": 0}
     figures = {c["name"]: c["figures"] for c in report["checks"]}
     fsdp = figures["fsdp_bf16"]
     assert fsdp["process_group"] == "gloo, world size 1" and fsdp["compute_dtypes"] == ["bfloat16"]
@@ -45,6 +45,8 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
     assert figures["agentrl_train"]["bwrap"]["unavailable"] is None
     assert figures["agentrl_train"]["bwrap"]["host"].startswith("bwrap sandboxes as root")
     assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
+    assert figures["train_step_bench"]["big_step"]["tokens_per_step"] == 256
+    assert [r["requests"] for r in figures["decode_bench"]["result"]["runs"]] == [4]
 
 
 @pytest.mark.slow  # the fast tier is at its budget; the dry run above covers the same code
