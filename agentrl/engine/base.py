@@ -43,7 +43,7 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     """generation stops after any of these; the stop token is part of the output"""
     seed: int | None = None
-    """the key of this request's own sampling noise, so its tokens do not depend on batching (None: the engine's next)"""
+    """the key of this request's own sampling noise, so its tokens do not depend on batching (None: the engine's)"""
 
     @model_validator(mode="after")
     def _greedy_has_no_filters(self) -> SamplingParams:
