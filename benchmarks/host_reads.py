@@ -15,38 +15,7 @@ from __future__ import annotations
 import json
 
 import harness
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-aten = torch.ops.aten
-READS = {
-    aten._local_scalar_dense,  # .item(), float(t), int(t), bool(t)
-    aten.is_nonzero,
-    aten.equal,
-    aten.nonzero,
-    aten.masked_select,
-    aten._unique2,
-    aten.unique_dim,
-    aten.unique_consecutive,
-}
-INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
-
-
-class Reads(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inside = self.outside = self.depth = 0
-        self.started = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        packet = func.overloadpacket
-        boolean = packet in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
-        if self.started and (packet in READS or boolean):
-            if self.depth:
-                self.inside += 1
-            else:
-                self.outside += 1
-        return func(*args, **(kwargs or {}))
+from profiling import HostReads
 
 
 def reads(minibatches: int) -> dict[str, int]:
@@ -57,10 +26,11 @@ def reads(minibatches: int) -> dict[str, int]:
     trainer = Trainer(TrainerConfig(optim=OptimConfig(lr=1e-3, minibatches=minibatches)), harness.random_model("tiny"))
     batch = harness.synthetic_batch(8, 64, cfg.vocab_size, "cpu")
     trainer.update(batch)  # whatever is set up once
-    count, forwards = Reads(), []
+    count, forwards = HostReads(), []
 
     def enter(module, args, kwargs) -> None:
-        count.started = True
+        if not forwards:  # from the first forward on: the split before it reads once, on purpose
+            count.reads.clear()
         count.depth += 1
         forwards.append(1)
 
@@ -71,7 +41,7 @@ def reads(minibatches: int) -> dict[str, int]:
     trainer.scorer.register_forward_hook(leave, with_kwargs=True)
     with count:
         trainer.update(batch)
-    return {"forwards": len(forwards), "reads_in_scorer": count.inside, "reads_outside_scorer": count.outside}
+    return {"forwards": len(forwards), "reads_in_scorer": len(count.scoped), "reads_outside_scorer": len(count.reads)}
 
 
 def main() -> None:

@@ -6,6 +6,8 @@ memset included), ops by self time on the CPU.
     with profiled(cuda, top=12) as summary:
         step()
     summary  # {"wall_s": ..., "gpu_busy_s": ..., "gpu_busy_share": ..., "top": [{"name", "calls", "ms", "share"}]}
+
+`HostReads` counts the ops that read a value back from the device (host_reads.py, tests/train/test_host_reads.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @contextmanager
@@ -44,3 +47,37 @@ def profiled(cuda: bool, top: int) -> Iterator[dict]:
             for e in sorted(rows, key=us, reverse=True)[:top]
         ],
     }
+
+
+aten = torch.ops.aten
+READS = {
+    aten._local_scalar_dense,  # .item(), float(t), int(t), bool(t)
+    aten.is_nonzero,
+    aten.equal,
+    aten.nonzero,
+    aten.masked_select,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+}
+"""the ops whose result's size or value the host must wait for"""
+INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+"""indexing ops, which read back when an index is boolean"""
+
+
+class HostReads(TorchDispatchMode):
+    """While active, records each op that reads a value back to the host (on a GPU, each waits for every kernel
+    queued before it): in `reads`, or in `scoped` while `depth` > 0 (a caller's hooks mark a region apart)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self.scoped: list[str] = []
+        self.depth = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        packet = func.overloadpacket
+        boolean = packet in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        if packet in READS or boolean:
+            (self.scoped if self.depth else self.reads).append(str(func))
+        return func(*args, **(kwargs or {}))

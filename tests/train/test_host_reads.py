@@ -7,10 +7,12 @@ reads outside the scorer do not grow with its minibatches (the scorer plans from
 which the CPU cannot tell apart from device data: its reads are counted apart and left out).
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from fsdp_worker import fixed_batch  # this directory is on sys.path
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.algo import policy_objective
 from agentrl.models.tiny import tiny_model
@@ -18,37 +20,8 @@ from agentrl.train.config import AlgoConfig, OptimConfig, TrainerConfig
 from agentrl.train.diagnostics import Metrics
 from agentrl.train.trainer import Trainer, router_aux_loss
 
-aten = torch.ops.aten
-READS = {
-    aten._local_scalar_dense,  # .item(), float(t), int(t), bool(t)
-    aten.is_nonzero,
-    aten.equal,
-    aten.nonzero,
-    aten.masked_select,
-    aten._unique2,
-    aten.unique_dim,
-    aten.unique_consecutive,
-}
-INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
-
-
-def _boolean_index(args: tuple) -> bool:
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the ops that read a value back to the host; `paused` (a counter) leaves them out while > 0."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[str] = []
-        self.paused = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        packet = func.overloadpacket
-        if not self.paused and (packet in READS or (packet in INDEXING and _boolean_index(args))):
-            self.reads.append(str(func))
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from profiling import HostReads  # benchmarks/host_reads.py counts with it too
 
 
 def loss_inputs(mode: str = "gspo_token"):
@@ -140,11 +113,11 @@ def update_reads(minibatches: int) -> tuple[list[str], int]:
     def enter(module, args, kwargs):
         if not forwards:
             host.reads.clear()
-        host.paused += 1
+        host.depth += 1
         forwards.append(1)
 
     def leave(module, args, kwargs, out):
-        host.paused -= 1
+        host.depth -= 1
 
     trainer.scorer.register_forward_pre_hook(enter, with_kwargs=True)
     trainer.scorer.register_forward_hook(leave, with_kwargs=True)
