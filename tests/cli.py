@@ -23,10 +23,10 @@ import pytest
 AGENTRL = [sys.executable, "-m", "agentrl"]
 
 
-def env(**extra: str) -> dict[str, str]:
-    """The environment `agentrl` runs with in tests."""
-    out = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RAY_AUTH_MODE": "disabled"}
-    return out | extra
+def env(**extra: str | None) -> dict[str, str]:
+    """The environment `agentrl` runs with in tests; a variable `extra` sets to None is left out."""
+    out = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RAY_AUTH_MODE": "disabled"} | extra
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def agentrl(
@@ -34,7 +34,7 @@ def agentrl(
     cwd: Path | str | None = None,
     timeout: float = 300,
     check: bool = True,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str | None] | None = None,
     launcher: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run `agentrl ARGS` to its end; `check`: fail the test unless it exits 0.
@@ -57,7 +57,7 @@ def start_agentrl(
     sigint: bool = True,
     stdout: int | IO | None = None,
     stderr: int | IO | None = None,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str | None] | None = None,
 ) -> subprocess.Popen[str]:
     """`agentrl ARGS` in the background, as text; stdout and stderr piped unless `stdout` / `stderr` say
     where (a file, or subprocess.STDOUT to merge stderr into stdout).
@@ -84,7 +84,7 @@ def listening_url(proc: subprocess.Popen[str]) -> str:
 
 
 @contextlib.contextmanager
-def serving(*args: object, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+def serving(*args: object, extra_env: dict[str, str | None] | None = None) -> Iterator[str]:
     """`agentrl serve ARGS --port 0` for the block: its URL; stopped with Ctrl-C after it."""
     proc = start_agentrl("serve", *args, "--port", 0, stderr=subprocess.DEVNULL, extra_env=extra_env)
     try:

@@ -135,8 +135,8 @@ def short_run(tmp_path_factory):
         if not made.exists():
             (shared / "short-run").mkdir()
             made.write_text(json.dumps(two_iterations(shared / "short-run"), default=str))
-        folder, stdout = json.loads(made.read_text())
-        return ShortRun(Path(folder), stdout)
+        folder, stdout, stderr = json.loads(made.read_text())
+        return ShortRun(Path(folder), stdout, stderr)
 
 
 @pytest.fixture(scope="session", autouse=True)

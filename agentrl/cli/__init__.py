@@ -1,5 +1,7 @@
 """The `agentrl` command line."""
 
+import os
+
 import typer
 
 from agentrl.cli import envs, evaluate, sandbox, serve, sft, train, view
@@ -18,4 +20,9 @@ envs.app.command("demos")(sft.demos)
 
 
 def main() -> None:
+    # Ray 2.5x starts a local cluster with token authentication unless RAY_AUTH_MODE says otherwise, and logs a
+    # warning on each `ray.init()` that it chose so. It reads the mode once, when ray is imported (setting it
+    # later leaves the driver without the token its cluster wants), so it is said here, before any command
+    # imports ray. Token, not disabled: a local Ray listens on the node's address, not on loopback alone.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     app()

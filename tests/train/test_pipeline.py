@@ -57,8 +57,8 @@ def rows(path: Path) -> list[dict]:
 @pytest.mark.slow  # the fast tier trains with `agentrl train` in tests/runs/test_compat.py, in process in test_loop.py
 def test_two_iterations(short_run):
     """Metrics written, policy version 2, a partial rollout carried across an iteration and trained, held-out
-    evals, checkpoints, TensorBoard, saved trajectories and plots. The 2-iteration run is the session's shared
-    one (the viewer tests read it too): read here, never written."""
+    evals, checkpoints, TensorBoard, saved trajectories and plots, and no library's warning. The 2-iteration run is
+    the session's shared one (the viewer tests read it too): read here, never written."""
     run = short_run.folder
     metrics = rows(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1]
@@ -81,6 +81,9 @@ def test_two_iterations(short_run):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-00001", "iter-00002"]
     assert list((run / "tensorboard").iterdir()) and list((run / "trajectories").glob("iter-*.jsonl"))
     assert (run / "plots" / "heldout.png").exists() and "plots:" in short_run.stdout
+    # run as a user's shell runs it (RAY_AUTH_MODE unset): no library says a word (Ray's token notice included)
+    warned = [line for line in short_run.stderr.splitlines() if "warn" in line.lower()]
+    assert not warned, short_run.stderr
 
 
 @pytest.mark.slow  # the fast tier resumes a run too: tests/runs/test_compat.py
