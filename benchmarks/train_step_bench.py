@@ -132,8 +132,8 @@ def main() -> None:
         "setup": f"{model_cfg.dtype}, {fsdp}",
         "batch": f"{args.batch} x {args.length} tokens, {args.minibatches} minibatches",
         "tokens_per_step": tokens // args.minibatches,
-        # transformers' kernel for the experts (grouped_mm, batched_mm or eager); None before transformers 5
-        "experts_implementation": getattr(model.config, "_experts_implementation", None),
+        # transformers' kernel for the experts (grouped_mm, batched_mm or eager)
+        "experts_implementation": model.config._experts_implementation,
         "microbatch_tokens": args.microbatch_tokens,
         "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
         "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},

@@ -2,7 +2,7 @@
 
 transformers 5.24 renamed `past_key_values` to `cache`, the forward keyword and the output field alike, and warns
 on the old name (until 5.40 drops it); the versions before know only `past_key_values`. The project supports both
-(`transformers>=4.56`), so every forward that passes a cache says it with this name.
+(`transformers>=5.14`), so every forward that passes a cache says it with this name.
 """
 
 from __future__ import annotations

@@ -28,8 +28,6 @@ def meta_model_at(path: str) -> nn.Module:
 def checkpoint_layout(path: str | Path, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A transformers module's state dict under the names and shapes of its checkpoint at `path` (what
     `save_pretrained` writes)."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers 4: in memory as on disk
-        return dict(state_dict)
+    from transformers.core_model_loading import revert_weight_conversion
+
     return revert_weight_conversion(meta_model_at(str(path)), dict(state_dict))

@@ -52,18 +52,6 @@ ADAPTER_MARK = "lora_"
 """peft's prefix of LoRA's own modules and parameters (`LoraModel.prefix`)"""
 
 
-def supported() -> bool:
-    """Whether this transformers has what the loader uses: its checkpoint conversion mapping and its
-    shard-on-read (transformers 5). With an older one the learner loads with `from_pretrained`."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping  # noqa: F401
-        from transformers.core_model_loading import WeightConverter, dot_natural_key, rename_source_key  # noqa: F401
-        from transformers.distributed.sharding_utils import DtensorShardOperation  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def model_folder(path: str) -> Path:
     """The local folder of a model: `path` itself, or a hub id's snapshot (config and safetensors only;
     under torch.distributed rank 0 downloads it first, then the others: found in the cache where they share

@@ -113,9 +113,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def checkpoint_activations(model: nn.Module) -> None:
     """Each decoder layer's activations are recomputed in backward instead of kept."""
     lm = causal_lm(model)
-    if hasattr(lm, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
+    if hasattr(lm, "activation_checkpointing_enable"):  # its name from transformers 5.24; the old one warns there
         lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:  # transformers 4.x
+    else:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 

@@ -206,7 +206,7 @@ class Scorer(nn.Module):
         lengths = attention_mask.sum(-1)
         order = torch.argsort(lengths, descending=True, stable=True)
         lm = causal_lm(self.policy)
-        # transformers 5 renamed the flag (the old name warns)
+        # transformers 5.24 renamed the flag (the old name warns)
         checkpointing = getattr(lm, "is_activation_checkpointing", None)
         if checkpointing is None:
             checkpointing = lm.is_gradient_checkpointing

@@ -40,7 +40,6 @@ from torch.distributed.tensor import DTensor
 
 from agentrl.algo import check_values, policy_objective
 from agentrl.engine.base import SamplingParams
-from agentrl.models import loading
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import TrainerConfig, lr_factor
@@ -156,10 +155,9 @@ class Trainer:
         """The trainer of `cfg.model.path`, loaded and sharded over this process group (every rank calls it).
         Full fine-tuning with a KL penalty also loads its reference: the starting weights, from the model path
         (on resume too). Under torch.distributed both are built on the meta device and each rank loads only its
-        shards (`agentrl.train.policy.meta_policy`); in one plain process (or with transformers 4, whose loading
-        internals differ), `from_pretrained` in float32."""
+        shards (`agentrl.train.policy.meta_policy`); in one plain process, `from_pretrained` in float32."""
         kl_reference = bool(cfg.algo.kl_coef) and cfg.model.lora is None
-        if dist.is_initialized() and loading.supported():
+        if dist.is_initialized():
             reference = meta_policy(cfg.model, frozen=True) if kl_reference else None
             return cls(cfg, meta_policy(cfg.model, seed=cfg.seed), reference)
         return cls(cfg, load_policy(cfg.model), load_policy(cfg.model) if kl_reference else None)
