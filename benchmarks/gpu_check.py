@@ -28,7 +28,7 @@ one leaves the others running; the exit status is 1 if any failed):
    The 10 minutes a device call may take do not hold all six: `--only` splits them over two calls.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
-and a small benchmark, so that every line of this script runs without a GPU. A check whose Python packages
+and shrunk benchmarks, so that every line of this script runs without a GPU. A check whose Python packages
 are missing is skipped, with the missing package named. Nothing is estimated: every figure is measured.
 
 Report: {"mode", "ok", "counts", "seconds", "started", "machine", "checks": [{"name", "status" (ok | failed |
@@ -445,10 +445,10 @@ def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
     and a step of 32,768 tokens (2 of them, 8,192-token micro-batches), the size an RL update steps at."""
     need_cuda(ctx)
     if ctx.dry:
-        small = ["--dtype", "bfloat16", "--size", "small", "--length", "64", "--rounds", "1", "--repeats", "1"]
+        tiny = ["--dtype", "bfloat16", "--size", "tiny", "--length", "64", "--rounds", "1", "--repeats", "1"]
         runs = {
-            "result": [*small, "--batch", "4", "--minibatches", "2"],
-            "big_step": [*small, "--step-tokens", "256", "--microbatch-tokens", "128", "--minibatches", "2"],
+            "result": [*tiny, "--batch", "4", "--minibatches", "2"],
+            "big_step": [*tiny, "--step-tokens", "256", "--microbatch-tokens", "128", "--minibatches", "2"],
         }
     else:
         big = ["--step-tokens", "32768", "--microbatch-tokens", "8192", "--minibatches", "2", "--rounds", "2"]

@@ -63,6 +63,8 @@ def test_an_old_run_resumes_and_trains_on(old):
         "iterations=2",
         "--set",
         "rollout.groups_per_iteration=4",
+        "--set",
+        "rollout.env_workers=local",
         cwd=old,
         timeout=300,
     )
