@@ -1,8 +1,9 @@
 """Generated repository tasks (issue 27): the instance model, the diff applier, the templates and their bug
 sites, the generator, validation with pytest, and the two-way splits.
 
-Every instance is generated once per module (705 of them, about 3 s); validation runs pytest on a handful
-here and on every bug site in the slow tier.
+The fast tier generates one instance of every bug site (SAMPLE_IDS, 141 of the 705) and checks each; the slow tier
+generates all 705 (31 s), checks each the same way, holds what needs all of them (the counts, the spellings, the
+largest repository) and validates every bug site with pytest.
 """
 
 from __future__ import annotations
@@ -50,11 +51,26 @@ from agentrl.tasks.repos.names import SYNONYMS, draw, renamable, rename, rename_
 gen_module = importlib.import_module("agentrl.tasks.repos.generate")  # the package's `generate` is the function
 
 ALL_IDS = [instance_id(name, n) for name, t in sorted(TEMPLATES.items()) for n in range(count(t))]
+# one instance of every bug site, its package and parameter values turning from site to site (instance n is site
+# n % sites, then package, then parameters)
+SAMPLE_IDS = [
+    instance_id(name, k + len(t.sites) * (k % (count(t) // len(t.sites))))
+    for name, t in sorted(TEMPLATES.items())
+    for k in range(len(t.sites))
+]
+# the instances the tests below name, and the last of the largest template
+SAMPLE_IDS += [i for i in ("repo-inifile-0", "repo-calc-0", "repo-roman-2", "repo-wraptext-71") if i not in SAMPLE_IDS]
 
 
 @pytest.fixture(scope="module")
 def instances() -> dict[str, RepoInstance]:
+    """All 705: the slow tier's."""
     return {iid: generate(iid) for iid in ALL_IDS}
+
+
+@pytest.fixture(scope="module")
+def sample() -> dict[str, RepoInstance]:
+    return {iid: generate(iid) for iid in SAMPLE_IDS}
 
 
 def _digest(insts: dict[str, RepoInstance]) -> str:
@@ -104,13 +120,13 @@ def test_modules_call_each_other():
 # The generator
 
 
-def test_generate_is_deterministic(instances):
-    iid = ALL_IDS[len(ALL_IDS) // 2]
-    assert generate(iid) == instances[iid]
-    # another process, another string-hash salt: the same bytes, on every fourth instance (all templates among them;
-    # all 705 took 21 s of the fast tier once value tests came with every instance)
-    sample = ALL_IDS[::4]
-    assert {instances[i].template for i in sample} == set(TEMPLATES)
+def test_generate_is_deterministic(sample):
+    iid = SAMPLE_IDS[len(SAMPLE_IDS) // 2]
+    assert generate(iid) == sample[iid]
+    # another process, another string-hash salt: the same bytes, on every fourth instance of the sample (all
+    # templates among them)
+    ids = SAMPLE_IDS[::4]
+    assert {sample[i].template for i in ids} == set(TEMPLATES)
     code = (
         "import hashlib, sys\n"
         "from agentrl.tasks.repos import generate\n"
@@ -120,10 +136,11 @@ def test_generate_is_deterministic(instances):
         "print(h.hexdigest())\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, *sample], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == _digest({i: instances[i] for i in sample})
+    out = subprocess.run([sys.executable, "-c", code, *ids], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == _digest({i: sample[i] for i in ids})
 
 
+@pytest.mark.slow
 def test_instances_of_a_template_differ(instances):
     by_template = defaultdict(list)
     for inst in instances.values():
@@ -147,6 +164,7 @@ def _param_combos(name: str) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_instances_spell_the_package_s_names_differently(instances):
     """The names in a package's code are drawn per instance (`agentrl.tasks.repos.names`): most bug sites read
     differently from one instance to the next, and module files take several names, so a fix or a path recalled
@@ -223,31 +241,36 @@ def test_generate_rejects_ids_it_cannot_build():
             generate(bad)
 
 
-def test_instance_fields(instances):
-    for iid, inst in instances.items():
-        v = variant(iid)
-        module = v.module(v.site)
-        assert inst.family == v.site.family and inst.template == v.template.name and inst.image is None
-        assert inst.base_commit == content_hash(inst.repo)
-        # the gold patch touches the planted module only, and restores the template's code
-        assert re.findall(r"^diff --git a/(\S+)", inst.patch, re.M) == [module]
-        fixed = apply_patch(inst.repo, inst.patch)
-        original = v.files()
-        assert {p: t for p, t in fixed.items() if not p.startswith("tests/")} == {
-            p: t for p, t in original.items() if not p.startswith("tests/")
-        }
-        # the test patch touches tests only; after it, every collected test is graded, and only those
-        touched = re.findall(r"^diff --git a/(\S+)", inst.test_patch, re.M)
-        assert HIDDEN_TESTS in touched and all(p.startswith("tests/") for p in touched)
-        with_tests = apply_patch(inst.repo, inst.test_patch)
-        assert sorted(collect_tests(with_tests)) == sorted(inst.FAIL_TO_PASS + inst.PASS_TO_PASS)
-        # visible tests in the repository are all PASS_TO_PASS; FAIL_TO_PASS ones come with the test patch
-        visible = collect_tests(inst.repo)
-        assert set(visible) <= set(inst.PASS_TO_PASS)
-        assert not set(visible) & set(inst.FAIL_TO_PASS)
-        assert any(n.endswith(f"::test_{v.site.id}") or f"::test_{v.site.id}_" in n for n in inst.FAIL_TO_PASS)
+def test_instance_fields(sample):
+    for iid, inst in sample.items():
+        _assert_fields(iid, inst)
 
 
+def _assert_fields(iid: str, inst: RepoInstance) -> None:
+    v = variant(iid)
+    module = v.module(v.site)
+    assert inst.family == v.site.family and inst.template == v.template.name and inst.image is None
+    assert inst.base_commit == content_hash(inst.repo)
+    # the gold patch touches the planted module only, and restores the template's code
+    assert re.findall(r"^diff --git a/(\S+)", inst.patch, re.M) == [module]
+    fixed = apply_patch(inst.repo, inst.patch)
+    original = v.files()
+    assert {p: t for p, t in fixed.items() if not p.startswith("tests/")} == {
+        p: t for p, t in original.items() if not p.startswith("tests/")
+    }
+    # the test patch touches tests only; after it, every collected test is graded, and only those
+    touched = re.findall(r"^diff --git a/(\S+)", inst.test_patch, re.M)
+    assert HIDDEN_TESTS in touched and all(p.startswith("tests/") for p in touched)
+    with_tests = apply_patch(inst.repo, inst.test_patch)
+    assert sorted(collect_tests(with_tests)) == sorted(inst.FAIL_TO_PASS + inst.PASS_TO_PASS)
+    # visible tests in the repository are all PASS_TO_PASS; FAIL_TO_PASS ones come with the test patch
+    visible = collect_tests(inst.repo)
+    assert set(visible) <= set(inst.PASS_TO_PASS)
+    assert not set(visible) & set(inst.FAIL_TO_PASS)
+    assert any(n.endswith(f"::test_{v.site.id}") or f"::test_{v.site.id}_" in n for n in inst.FAIL_TO_PASS)
+
+
+@pytest.mark.slow
 def test_visible_tests_the_bug_breaks_move_to_the_test_patch(instances):
     moved = {iid: [n for n in i.FAIL_TO_PASS if not n.startswith(HIDDEN_TESTS)] for iid, i in instances.items()}
     assert sum(bool(m) for m in moved.values()) >= 50  # common enough to matter
@@ -258,6 +281,7 @@ def test_visible_tests_the_bug_breaks_move_to_the_test_patch(instances):
     assert f"def {name}(" in apply_patch(inst.repo, inst.test_patch)[path]
 
 
+@pytest.mark.slow
 def test_repos_fit_a_small_context(instances):
     """Whole repository plus issue within a 4,096-token context with room for the episode: a bound in characters
     on every instance, and in tokens (the project tokenizer) on the largest."""
@@ -273,21 +297,25 @@ def test_repos_fit_a_small_context(instances):
     assert len(tok.encode(text)) <= 2400
 
 
-def test_problem_statement_does_not_leak_the_fix(instances):
-    for iid, inst in instances.items():
-        v = variant(iid)
-        text = inst.problem_statement
-        module = v.module(v.site)
-        stem = module.removesuffix(".py").replace("/", ".")
-        for leak in (module.split("/", 1)[1], module, stem, "_agentrl_repo", " at 0x"):
-            assert leak not in text, f"{iid}: the issue names {leak!r}"
-        for snippet in (v.site.original, v.site.buggy):
-            snippet = v.render(snippet, module_text=True).strip()
-            lines = [line.strip() for line in snippet.splitlines() if len(line.strip()) >= 12]
-            for part in [snippet, *lines] if snippet else []:
-                assert part not in text, f"{iid}: the issue quotes the code {part!r}"
-        assert text.startswith(v.title(v.site))
-        assert f">>> from {v.pkg} import" in text
+def test_problem_statement_does_not_leak_the_fix(sample):
+    for iid, inst in sample.items():
+        _assert_no_leak(iid, inst)
+
+
+def _assert_no_leak(iid: str, inst: RepoInstance) -> None:
+    v = variant(iid)
+    text = inst.problem_statement
+    module = v.module(v.site)
+    stem = module.removesuffix(".py").replace("/", ".")
+    for leak in (module.split("/", 1)[1], module, stem, "_agentrl_repo", " at 0x"):
+        assert leak not in text, f"{iid}: the issue names {leak!r}"
+    for snippet in (v.site.original, v.site.buggy):
+        snippet = v.render(snippet, module_text=True).strip()
+        lines = [line.strip() for line in snippet.splitlines() if len(line.strip()) >= 12]
+        for part in [snippet, *lines] if snippet else []:
+            assert part not in text, f"{iid}: the issue quotes the code {part!r}"
+    assert text.startswith(v.title(v.site))
+    assert f">>> from {v.pkg} import" in text
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -329,8 +357,8 @@ def _edit(rng: random.Random, text: str) -> str:
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_our_patches_are_git_patches(instances, tmp_path):
-    inst = instances["repo-inifile-0"]
+def test_our_patches_are_git_patches(sample, tmp_path):
+    inst = sample["repo-inifile-0"]
     for path, text in inst.repo.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
@@ -363,8 +391,8 @@ def test_apply_patch_says_which_hunk_fails():
         apply_patch({"m.py": "x\n" + block + "y\n" + block}, make_patch({"m.py": block}, {"m.py": "b2\n"}))
 
 
-def test_repo_instance_rejects_bad_test_lists(instances):
-    inst = instances["repo-calc-0"]
+def test_repo_instance_rejects_bad_test_lists(sample):
+    inst = sample["repo-calc-0"]
     fields = inst.model_dump()
     with pytest.raises(ValueError, match="node ids"):
         RepoInstance(**{**fields, "FAIL_TO_PASS": ["test_x"]})
@@ -486,10 +514,18 @@ def _validate_all(insts: list[RepoInstance]) -> list[str]:
     return [f"{r.instance_id}: {p}" for r in reports for p in r.problems]
 
 
-def test_a_handful_of_instances_validate(instances):
-    picked = [*_spread(instances, per_family=1), instances["repo-wraptext-71"]]
+def test_a_handful_of_instances_validate(sample):
+    picked = [*_spread(sample, per_family=1), sample["repo-wraptext-71"]]
     assert len({i.template for i in picked}) == len(picked)
     assert _validate_all(picked) == []
+
+
+@pytest.mark.slow
+def test_every_instance_has_its_fields_and_an_issue_that_does_not_leak_the_fix(instances):
+    """What test_instance_fields and test_problem_statement_does_not_leak_the_fix check on the sample, on all."""
+    for iid, inst in instances.items():
+        _assert_fields(iid, inst)
+        _assert_no_leak(iid, inst)
 
 
 @pytest.mark.slow
@@ -502,8 +538,8 @@ def test_every_bug_site_validates(instances):
     assert _validate_all(picked) == []
 
 
-def test_validation_catches_a_wrong_instance(instances):
-    inst = instances["repo-roman-2"]
+def test_validation_catches_a_wrong_instance(sample):
+    inst = sample["repo-roman-2"]
     f2p, p2p = inst.FAIL_TO_PASS, inst.PASS_TO_PASS
     wrong = inst.model_copy(update={"patch": "", "FAIL_TO_PASS": p2p[:1], "PASS_TO_PASS": p2p[1:] + f2p})
     report = validate(wrong, LocalRunner())
@@ -564,9 +600,9 @@ def test_split_options():
             RepoTasks(**bad)
 
 
-def test_hidden_test_file_is_plain_pytest(instances):
+def test_hidden_test_file_is_plain_pytest(sample):
     """The hidden file imports the package and pytest only, and names each test after its site."""
-    inst = instances["repo-semver-0"]
+    inst = sample["repo-semver-0"]
     hidden = apply_patch(inst.repo, inst.test_patch)[HIDDEN_TESTS]
     tree = ast.parse(hidden)
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
