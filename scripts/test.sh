@@ -33,7 +33,7 @@ fi
 # their node-loss timings are what a second worker's load would disturb.
 mkdir -p test-artifacts
 export COVERAGE_FILE=test-artifacts/.coverage
-xdist=(-n 2 --dist loadfile)
+xdist=(-n 2 --dist loadfile --no-loadscope-reorder)  # files longest first: tests/conftest.py's LONGEST
 .venv/bin/pytest -q -p no:cacheprovider --durations=25 "${xdist[@]}" -m "not slow" --cov=agentrl --cov-report=term "$@"
 # every module of agentrl (bar __init__.py) ran at least one line in the fast tier
 .venv/bin/python - <<'CHECK'
