@@ -1,5 +1,5 @@
 """One run under torch.profiler, summarised the same way by every benchmark that profiles (train_step_bench.py
---profile, decode_profile.py): its wall seconds; on a GPU the kernels' busy time and its share of the wall (a GPU
+--profile, decode_bench.py on a GPU): its wall seconds; on a GPU the kernels' busy time and its share of the wall (a GPU
 busy for a small share of the wall waits on the host); and the `top` entries by time, kernels on a GPU (memcpy and
 memset included), ops by self time on the CPU.
 
