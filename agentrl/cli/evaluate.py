@@ -15,8 +15,9 @@ from agentrl.cli.console import fail, out
 
 if TYPE_CHECKING:
     from agentrl.engine import EngineConfig
-    from agentrl.eval.bench import BenchResult, EvalCommandConfig
+    from agentrl.eval.bench import BenchResult
     from agentrl.eval.chat import ChatEndpoint
+    from agentrl.eval.config import EvalCommandConfig
 
 
 def eval_(
@@ -57,7 +58,7 @@ def eval_(
     """
     from agentrl.config import ConfigError, load, merge, parse_sets
     from agentrl.engine import EngineConfig, engine_unavailable
-    from agentrl.eval.bench import EvalCommandConfig
+    from agentrl.eval.config import EvalCommandConfig
 
     chat = engine == "chat"
     if chat and (base_url is None or model is None):

@@ -14,14 +14,15 @@ its own name: `pass@k` is single-turn, `pass@k (K turns)` is not comparable to i
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
-from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.engine.base import InferenceEngine
+from agentrl.eval.config import BenchConfig
 from agentrl.eval.passk import pass_at_k, pass_at_ks
-from agentrl.rollout import ChatFormat, EnvWorkersConfig, RolloutConfig, RolloutController, Status, Trajectory
-from agentrl.rollout.config import ContextConfig, EnvWorkersAt, Thinking
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
+from agentrl.rollout.config import EnvWorkersAt
 from agentrl.rollout.workers import make_env, task_ids
 from agentrl.sandbox import SandboxConfig
 
@@ -29,76 +30,6 @@ from agentrl.sandbox import SandboxConfig
 def success(traj: Trajectory) -> bool:
     """The episode terminated with outcome 1 on its last turn."""
     return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
-
-
-class EvalWorkersConfig(EnvWorkersConfig):
-    """The env-worker settings of an evaluation (`eval`, each benchmark, `agentrl eval`); where a default differs
-    from training's, the reason is under it."""
-
-    num_workers: int = Field(1, ge=1)
-    """env worker actors. One: an evaluation's episodes wait on sandboxes, which `sandboxes_per_worker` counts,
-    and the held-out evaluator's worker stays up, idle, between evaluations of a run (training's 2 spread a run's
-    many episodes over two processes, so one dying fails only half of them)"""
-    max_retries: int = Field(2, ge=0)
-    """restarts of an episode after an infrastructure failure before it is left out of the score. Two (training:
-    1): an evaluation's tasks are fixed and few, and a task left out changes its rate, where a lost training
-    episode is one of many"""
-
-
-class BenchConfig(EvalWorkersConfig):
-    env: str
-    env_kwargs: dict[str, Any] = Field(default_factory=dict)
-    split: Literal["train", "test", "all"] | None = None
-    """None: the env's own default, except that its train split becomes test (humaneval: all 164)"""
-    tasks: int | None = Field(None, ge=1)
-    """the first N problems of the split (a fixed subset); None: all"""
-    samples: int = Field(1, ge=1)
-    """episodes per problem (n of pass@k)"""
-    k: list[int] = Field(default_factory=lambda: [1])
-    turns: int = Field(1, ge=1)
-    """attempts per episode; > 1 gives test feedback between them where the env supports it"""
-    temperature: float | None = Field(None, ge=0)
-    """None: greedy for one sample, 0.8 for several (pass@k needs distinct samples)"""
-    top_p: float = Field(0.95, gt=0, le=1)
-    max_tokens: int = Field(512, ge=1)
-    """per-turn token budget"""
-    max_episode_tokens: int = Field(4096, ge=1)
-    thinking: Thinking = "keep"
-    """what later turns' contexts hold of a turn's reasoning, as `rollout.thinking` (strip: as served)"""
-    context: ContextConfig = Field(default_factory=ContextConfig)
-    """context folding, as `rollout.context`"""
-    sandbox_reuse: int = Field(100, ge=0)
-    """episodes a sandbox serves after a recycle that proves it clean. 100 (training and held-out evaluation: 0,
-    unless a recipe sets it): a benchmark's episodes are many and short (HumanEval: 164 problems x samples, one
-    program each), and a container start costs a few hundred ms of CPU"""
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _check(self) -> BenchConfig:
-        if bad := [k for k in self.k if not 1 <= k <= self.samples]:
-            raise ValueError(f"pass@k needs 1 <= k <= samples ({self.samples}); got k = {bad}: raise --samples")
-        if self.samples > 1 and self.temperature == 0:
-            raise ValueError("several samples at temperature 0 are one sample repeated: set a temperature > 0")
-        return self
-
-    @property
-    def sampling(self) -> SamplingParams:
-        t = self.temperature if self.temperature is not None else (0.0 if self.samples == 1 else 0.8)
-        return SamplingParams(temperature=t, top_p=self.top_p if t > 0 else 1.0, max_tokens=self.max_tokens)
-
-    @property
-    def metric(self) -> str:
-        return "pass@{k}" if self.turns == 1 else f"pass@{{k}} ({self.turns} turns)"
-
-
-class EvalCommandConfig(BenchConfig):
-    """`agentrl eval`'s settings: a benchmark, and where its sandboxes and env workers run (in a training run, the
-    run's `sandbox` and `rollout.env_workers`, the same for every evaluation)."""
-
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    """the backend of every sandbox (agentrl/sandbox/config.py): docker, bwrap or local"""
-    env_workers: EnvWorkersAt = "ray"
-    """ray: Ray actors on a local Ray; local: processes of this one, no Ray runtime"""
 
 
 class ProblemResult(BaseModel):

@@ -34,7 +34,8 @@ from agentrl.env.base import FailureClass, Message
 from agentrl.env.parsers import get_parser
 from agentrl.env.tool_env import ToolEnvConfig
 from agentrl.env.tools import ToolCall
-from agentrl.eval.bench import BenchConfig, BenchResult, bench_result, bench_tasks, problem_result
+from agentrl.eval.bench import BenchResult, bench_result, bench_tasks, problem_result
+from agentrl.eval.config import BenchConfig
 from agentrl.rollout import RolloutConfig, WorkerError
 from agentrl.rollout.config import EnvWorkersAt
 from agentrl.rollout.pool import EnvWorkerPool, env_worker_pool

@@ -13,29 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
-from agentrl.eval.bench import BenchConfig, EvalWorkersConfig, success
+from agentrl.eval.bench import success
+from agentrl.eval.config import EvalConfig
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
 from agentrl.rollout.config import ContextConfig, EnvWorkersAt, Thinking
 from agentrl.rollout.workers import task_ids
 from agentrl.sandbox import SandboxConfig
-
-
-class EvalConfig(EvalWorkersConfig):
-    tasks: int = Field(100, ge=0)
-    """held-out tasks: the first N of the env's test split, the same at every evaluation; 0: no held-out
-    evaluation (and no env workers or sandboxes for it; `benchmarks` still run)"""
-    every: int = Field(10, ge=0)
-    """iterations between evaluations (also before the first and after the last); 0: only those two"""
-    max_tokens: int = Field(256, ge=1)
-    """per-turn token budget of the greedy episodes"""
-    benchmarks: list[BenchConfig] = Field(default_factory=list)
-    """more evaluations at the same iterations, on the training engine, each an `agentrl eval` of its
-    own (any registered env's test split, a fixed subset with `tasks`, pass@k with `samples` and
-    `k`), logged to bench.jsonl apart from the held-out success; e.g. [{env: humaneval, tasks: 40}]"""
 
 
 class EpisodeResult(BaseModel):

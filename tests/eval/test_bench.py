@@ -9,7 +9,8 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from agentrl.engine.hf import HFEngine
-from agentrl.eval.bench import BenchConfig, run_bench
+from agentrl.eval.bench import run_bench
+from agentrl.eval.config import BenchConfig
 from agentrl.eval.passk import pass_at_k
 from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat

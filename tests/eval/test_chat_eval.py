@@ -17,8 +17,9 @@ from transformers import AutoTokenizer
 
 from agentrl.engine import EngineConfig, EngineModel, build_engine
 from agentrl.env.parsers import HermesParser
-from agentrl.eval.bench import BenchConfig, run_bench
+from agentrl.eval.bench import run_bench
 from agentrl.eval.chat import ChatEndpoint, run_chat_bench
+from agentrl.eval.config import BenchConfig
 from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat
 from agentrl.rollout.workers import make_env

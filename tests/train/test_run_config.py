@@ -1,6 +1,8 @@
 """Run configs: recipes and --set overrides are validated before anything starts, with the fix named."""
 
 import itertools
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -217,6 +219,19 @@ def test_agentrl_train_refuses_a_bad_config_before_starting(tmp_path, args, matc
     assert r.returncode == 2, r.stdout + r.stderr
     assert match in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_config_resolves_without_importing_torch_transformers_or_ray():
+    """A bad setting is refused before what runs a training is imported (about 1 s of imports instead of 5): the
+    settings' modules are plain pydantic, and the rollout and eval packages import the rest on first use."""
+    code = (
+        "import sys\n"
+        "from agentrl.cli.train import resolve_config\n"
+        "resolve_config('code_sandbox', None, ['iterations=3'], None)\n"
+        "print(sorted({'torch', 'transformers', 'ray'} & set(sys.modules)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_docker_engine():
