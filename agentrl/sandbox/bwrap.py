@@ -225,14 +225,19 @@ def unavailable() -> str | None:
     probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
     if os.geteuid() != 0:
         probe.insert(1, "--unshare-user")
-    try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bubblewrap cannot run: {e}"
-    if proc.returncode != 0:
+    # A host that refuses the namespaces refuses them every time; the answer is kept for the process (@cache), so
+    # one failed probe of a busy host (the suite saw one, beside Docker making containers) is tried again first.
+    for _ in range(3):
+        try:
+            proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = f"bubblewrap cannot run: {e}"
+            continue
+        if proc.returncode == 0:
+            return None
         said = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        return f"bubblewrap's namespaces are refused on this host: {said}"
-    return None
+        why = f"bubblewrap's namespaces are refused on this host: {said}"
+    return why
 
 
 # -- a sandbox's cgroup ------------------------------------------------------------------------

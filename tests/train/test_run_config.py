@@ -265,6 +265,39 @@ def test_a_host_without_bubblewrap_is_told_in_one_line(monkeypatch, tmp_path):
     assert r.returncode != 0 and "bubblewrap is not installed" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_namespaces_refused_are_said_in_one_line_and_a_probe_that_fails_once_is_tried_again(monkeypatch, tmp_path):
+    """A `bwrap` that refuses its namespaces every time is named with what it said; one that refuses once (a busy
+    host) is asked again before the answer is kept for the process."""
+    from agentrl.sandbox import bwrap
+
+    fake = tmp_path / "bwrap"
+    tries = tmp_path / "tries"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {tries}\n"
+        f'[ "$(wc -l < {tries})" -gt "$REFUSALS" ] && exit 0\n'
+        "echo 'bwrap: Creating new namespace failed: Operation not permitted' >&2; exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    try:
+        for refusals, said in [
+            (
+                "9",
+                "bubblewrap's namespaces are refused on this host: bwrap: Creating new namespace failed: Operation "
+                "not permitted",
+            ),
+            ("1", None),
+        ]:
+            tries.unlink(missing_ok=True)
+            monkeypatch.setenv("REFUSALS", refusals)
+            bwrap.unavailable.cache_clear()
+            assert bwrap.unavailable() == said
+        assert tries.read_text().count("x") == 2
+    finally:
+        bwrap.unavailable.cache_clear()
+
+
 def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
     f = [lr_factor(s, warmup=2, decay=10, floor=0.1) for s in range(13)]
     assert f[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
