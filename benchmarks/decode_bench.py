@@ -13,6 +13,10 @@ new tokens / 2). bound = B × bandwidth / bytes per step. The measured time incl
 of the bound is slightly pessimistic. Bandwidth: from the GPU's name (H200 4.8 TB/s, H100 SXM 3.35 TB/s, ...) or
 `--bandwidth-gbs`; on the CPU only with `--bandwidth-gbs`.
 
+Each run is repeated for each `--windows` entry, the engine's decode window (decode steps between two reads of
+the tokens back; on a GPU the host queues a window's steps ahead of the kernels): `vs_window_1` is its tokens/s over
+the same run's with one step at a time.
+
     python benchmarks/decode_bench.py --device cuda           # "1b" in bfloat16 and float32, 16 and 64 requests
     python benchmarks/decode_bench.py                         # the tiny model on the CPU: 4 requests x 16 tokens
 """
@@ -97,16 +101,27 @@ def bench(args: argparse.Namespace) -> dict:
         model = harness.random_model(args.size, args.device).to(getattr(torch, dtype)).eval()
         for rows in args.requests:
             prompts = torch.randint(10, cfg.vocab_size, (rows, args.prompt_tokens), generator=g).tolist()
-            engine = HFEngine(model, max_batch_size=rows, prefix_cache_tokens=0)
-            tokens, seconds, summary = asyncio.run(generations(engine, prompts, params, cuda, args.top))
-            run = {"dtype": dtype, "requests": rows, "tokens_per_s": tokens / seconds, "generate_s": seconds}
-            run["roofline"] = roofline(model, rows, args.prompt_tokens, args.new_tokens, bandwidth)
-            if "tokens_per_s_bound" in run["roofline"]:
-                run["share_of_bound"] = run["tokens_per_s"] / run["roofline"]["tokens_per_s_bound"]
-            if summary is not None:
-                run["gpu_busy_share"] = summary["gpu_busy_share"]
-                run["profile"] = summary
-            result["runs"].append(run)
+            one_step = None  # tokens/s of decode window 1
+            for window in args.windows:
+                engine = HFEngine(model, max_batch_size=rows, prefix_cache_tokens=0, decode_window=window)
+                tokens, seconds, summary = asyncio.run(generations(engine, prompts, params, cuda, args.top))
+                run = {
+                    "dtype": dtype,
+                    "requests": rows,
+                    "decode_window": window,
+                    "tokens_per_s": tokens / seconds,
+                    "generate_s": seconds,
+                }
+                one_step = run["tokens_per_s"] if window == 1 else one_step
+                if one_step is not None:
+                    run["vs_window_1"] = run["tokens_per_s"] / one_step
+                run["roofline"] = roofline(model, rows, args.prompt_tokens, args.new_tokens, bandwidth)
+                if "tokens_per_s_bound" in run["roofline"]:
+                    run["share_of_bound"] = run["tokens_per_s"] / run["roofline"]["tokens_per_s_bound"]
+                if summary is not None:
+                    run["gpu_busy_share"] = summary["gpu_busy_share"]
+                    run["profile"] = summary
+                result["runs"].append(run)
         del model
         if cuda:
             torch.cuda.empty_cache()
@@ -123,6 +138,7 @@ def main() -> None:
     p.add_argument("--requests", nargs="+", type=int, help="concurrent requests; default: 16 64 on cuda, 4 on cpu")
     p.add_argument("--prompt-tokens", type=int, help="default: 512 on cuda, 32 on cpu")
     p.add_argument("--new-tokens", type=int, help="default: 256 on cuda, 16 on cpu")
+    p.add_argument("--windows", nargs="+", type=int, help="decode windows, 1 first; default: 1 8 on cuda, 1 on cpu")
     p.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth for the roofline (default: by GPU name)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profiled run")
     args = p.parse_args()
@@ -133,6 +149,7 @@ def main() -> None:
         "requests": [16, 64] if cuda else [4],
         "prompt_tokens": 512 if cuda else 32,
         "new_tokens": 256 if cuda else 16,
+        "windows": [1, 8] if cuda else [1],
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:

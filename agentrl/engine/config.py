@@ -38,6 +38,10 @@ class EngineConfig(BaseModel):
     """hf: KV of prompt prefixes kept for reuse across turns and group members (0: off)"""
     record_routing: bool = False
     """hf, MoE: record each generated token's top-k experts per layer in its trajectory (`routed_experts`)"""
+    decode_window: int | None = Field(None, ge=1)
+    """hf: decode steps between two reads of the sampled tokens back to the host (a row that stops inside a
+    window decodes on to its end, the extra tokens dropped; requests join, aborts land and weights change
+    between windows); None: 8 on a GPU, where the host then queues steps ahead of the kernels, 1 elsewhere"""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_weights"] = "auto"
     """weights of an engine that loads its own copy: auto is float32 for hf (the learner's dtype) and the
     checkpoint's for vllm; bfloat16_weights (hf): weights rounded to bfloat16 (as a bf16 deployment stores
@@ -185,6 +189,11 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"engine.options does nothing with engine.kind={self.kind}: it holds the settings of an engine "
                 "from another package; set engine.kind to that engine, or drop engine.options"
+            )
+        if self.decode_window is not None and self.kind != "hf":
+            raise ValueError(
+                f"engine.decode_window sets the hf engine's decode loop: it does nothing with engine.kind={self.kind}"
+                "; set engine.kind=hf, or drop engine.decode_window"
             )
         if self.record_routing and self.kind != "hf":
             raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")

@@ -6,9 +6,10 @@ distribution a token was drawn from nor lets a weight update land between two st
 A background thread runs the loop; each iteration:
 
 1. finishes aborted requests with the tokens they have;
-2. one decode step for every running request: feed its last sampled token, sample the
-   next from `agentrl.engine.sampling` (each request its own seed's noise and settings, all
-   rows in one pass), and read the tokens and logprobs back in one transfer;
+2. a window of decode steps for every running request (`decode_window`, 1 on the CPU):
+   feed its last sampled token, sample the next from `agentrl.engine.sampling` (each request
+   its own seed's noise and settings, all rows in one pass), and read the window's tokens and
+   logprobs back in one transfer;
 3. prefills newly arrived requests as a left-padded batch, samples their first token and
    merges their KV cache into the running one (left-padding the shorter side);
 4. drops finished rows from the cache, and cache columns no row uses any more.
@@ -19,8 +20,14 @@ back from its sandbox does not wait for the batch to drain. The thread, the step
 version) and the futures are `agentrl.engine.threaded`'s.
 
 Between two changes of the running set, a step's inputs stay on the device (`_Batch`): the next
-input ids are the sampled tensor and the positions a tensor advanced in place, so a decode step
-synchronises with the device once, when it reads the tokens back.
+input ids are the sampled tensor and the positions a tensor advanced in place, and the attention
+mask goes to the model as the 4D mask it would build (transformers reads a 2D one back to see
+whether it can be skipped). So a window of decode steps synchronises with the device once, when
+it reads the tokens back, and on a GPU the host queues the window's steps ahead of the kernels.
+Within a window a row's stop is found on the device: a row that stops (a stop token, or its
+max_tokens) decodes on to the window's end, its later tokens dropped and their KV columns masked,
+so its cached prefix holds only the tokens it returns. Requests join, aborts land and weights
+change between two windows.
 """
 
 from __future__ import annotations
@@ -45,6 +52,16 @@ from agentrl.models.cache import CACHE
 from agentrl.models.lora import is_lora
 
 MAX_BATCH_SIZE = 64  # rows decoded together, by default
+DECODE_WINDOW = {"cuda": 8}  # decode steps between two reads back, by device type; others 1
+
+
+def _sdpa_full_attention(cfg) -> bool:
+    """The model attends with sdpa and every layer to the whole context (no sliding window): a decode step's
+    mask is then the padding alone."""
+    if cfg._attn_implementation != "sdpa":
+        return False
+    types = getattr(cfg, "layer_types", None)
+    return all(t == "full_attention" for t in types) if types else not getattr(cfg, "sliding_window", None)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -61,6 +78,8 @@ class _Batch:
     ids: torch.Tensor  # (B,) each row's last sampled token: the next step's input
     counters: torch.Tensor  # (B, 2) that token's position, and the index in its request of the token it samples
     sampling: RowSampling
+    stops: torch.Tensor  # (B, S) each row's stop token ids, padded with -1
+    max_tokens: torch.Tensor  # (B,)
 
 
 class HFEngine(ThreadedEngine):
@@ -88,9 +107,12 @@ class HFEngine(ThreadedEngine):
         version: int = 0,
         shared: bool = False,
         bf16_weights: bool = False,
+        decode_window: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if decode_window is not None and decode_window < 1:
+            raise ValueError(f"decode_window must be >= 1, got {decode_window}")
         super().__init__(max_context or int(model.config.max_position_embeddings), version=version)
         self.model = model
         self.shared = shared
@@ -102,6 +124,9 @@ class HFEngine(ThreadedEngine):
             self._round_weights()
         self._lora = is_lora(model)  # a peft model: its adapters take LoRA updates
         self.device = next(model.parameters()).device
+        self.decode_window = decode_window or DECODE_WINDOW.get(self.device.type, 1)
+        """decode steps between two reads of the sampled tokens back to the host"""
+        self._mask_4d = _sdpa_full_attention(model.config.get_text_config())
         self._vocab = model.config.get_text_config().vocab_size
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
@@ -162,6 +187,7 @@ class HFEngine(ThreadedEngine):
             version=version,
             shared=shared,
             bf16_weights=cfg.dtype == "bfloat16_weights",
+            decode_window=cfg.decode_window,
         )
 
     @torch.no_grad()
@@ -250,26 +276,53 @@ class HFEngine(ThreadedEngine):
         self._drop_finished()
 
     def _decode(self) -> None:
-        """Feed each row's last sampled token; sample the next one."""
+        """Decode a window of steps: feed each row's last sampled token, sample the next; read them back once."""
         assert self._cache is not None and self._mask is not None
         rows = self._rows
         if self._batch is None:  # the running set changed: its inputs come from the host, once
-            state = torch.tensor([[r.tokens[-1], r.n_ctx, len(r.tokens)] for r in rows], device=self.device)
-            self._batch = _Batch(ids=state[:, 0], counters=state[:, 1:], sampling=self._row_sampling(rows))
+            self._batch = self._inputs(rows)
         b = self._batch
-        self._mask = F.pad(self._mask, (0, 1), value=1)  # (B, L+1)
-        out = self.model(
-            input_ids=b.ids[:, None],
-            attention_mask=self._mask,
-            position_ids=b.counters[:, :1],
-            use_cache=True,
-            **{CACHE: self._cache},
-        )
+        steps = min(self.decode_window, max(r.params.max_tokens - len(r.tokens) for r in rows))
+        live = torch.ones(len(rows), dtype=torch.bool, device=self.device)  # not stopped yet
+        drawn = []
+        for _ in range(steps):
+            # the token fed is a stopped row's stop token or later: its KV column stays out of the row's context
+            self._mask = torch.cat([self._mask, live[:, None].to(self._mask.dtype)], 1)  # (B, L+1)
+            out = self.model(
+                input_ids=b.ids[:, None],
+                attention_mask=self._attention_mask(),
+                position_ids=b.counters[:, :1],
+                use_cache=True,
+                **{CACHE: self._cache},
+            )
+            routing = self._routing() if self._routers is not None else None
+            b.ids, packed = self._draw(out.logits[:, -1], b.sampling, b.counters[:, 1], routing)
+            drawn.append(packed)
+            b.counters += 1  # now the count of tokens each row has
+            if steps > 1:
+                live &= (b.ids[:, None] != b.stops).all(1) & (b.counters[:, 1] < b.max_tokens)
         for r in rows:
-            r.n_ctx += 1
-        routing = self._routing() if self._routers is not None else None
-        b.ids = self._sample(rows, out.logits[:, -1], b.sampling, b.counters[:, 1], routing)
-        b.counters += 1
+            r.n_ctx += steps
+        self._append(rows, torch.stack(drawn, 1))
+
+    def _inputs(self, rows: list[_Request]) -> _Batch:
+        state = torch.tensor([[r.tokens[-1], r.n_ctx, len(r.tokens), r.params.max_tokens] for r in rows])
+        width = max(1, max(len(r.params.stop_token_ids) for r in rows))
+        stops = torch.tensor([[*r.params.stop_token_ids] + [-1] * (width - len(r.params.stop_token_ids)) for r in rows])
+        state, stops = state.to(self.device), stops.to(self.device)
+        return _Batch(
+            ids=state[:, 0],
+            counters=state[:, 1:3].clone(),
+            sampling=self._row_sampling(rows),
+            stops=stops,
+            max_tokens=state[:, 3],
+        )
+
+    def _attention_mask(self) -> torch.Tensor:
+        """The decode step's mask: on sdpa the (B, 1, 1, L) boolean one transformers would build from the 2D
+        mask, which it reads back to see whether it may skip it (a decode step's one query attends to every
+        real column); else the 2D mask."""
+        return self._mask[:, None, None, :].bool() if self._mask_4d else self._mask
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill new prompts and merge them into the running batch; identical prompts (the G
@@ -288,7 +341,8 @@ class HFEngine(ThreadedEngine):
             last_routing = torch.stack([routing[u][-1] for u in which])
         idx = torch.tensor(which, device=self.device)
         first = torch.zeros_like(idx)  # each row samples its request's token 0
-        self._sample(reqs, logits[idx], self._row_sampling(reqs), first, last_routing)
+        _, packed = self._draw(logits[idx], self._row_sampling(reqs), first, last_routing)
+        self._append(reqs, packed[:, None])
 
     def _forward_prompts(
         self, prompts: list[list[int]]
@@ -386,37 +440,38 @@ class HFEngine(ThreadedEngine):
     def _row_sampling(self, rows: list[_Request]) -> RowSampling:
         return RowSampling.of([r.params for r in rows], [r.key for r in rows], self._vocab, self.device)
 
-    def _sample(
-        self,
-        rows: list[_Request],
-        logits: torch.Tensor,
-        sampling: RowSampling,
-        index: torch.Tensor,
-        routing: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Sample one token per row (logits (B, V); `index` (B,) its index in the request), all rows in one pass;
-        append it, its logprob and, when recording, the routing (B, layers, k) of the position that sampled it.
-        The sampled tokens (B,) stay on the device; what the host needs comes back in one transfer."""
+    def _draw(
+        self, logits: torch.Tensor, sampling: RowSampling, index: torch.Tensor, routing: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample one token per row (logits (B, V); `index` (B,) its index in the request), all rows in one pass,
+        on the device: the tokens (B,), and (B, 2 [+ layers * k]) float32 of each token, its logprob and, when
+        recording, the routing (B, layers, k) of the position that sampled it (token and expert ids are exact in
+        float32 below 2^24), for `_append` to read back with others in one transfer."""
         logq = sampling.logprobs(logits)
         ys = sampling.sample(logq, index)
-        # one float32 tensor (cat promotes; token and expert ids are exact below 2^24)
         parts = [ys[:, None], logq.gather(-1, ys[:, None])]
         if routing is not None:
             parts.append(routing.flatten(1))
-            k = routing.shape[-1]
-        for r, (y, lp, *experts) in zip(rows, torch.cat(parts, 1).tolist(), strict=True):
-            y = int(y)
-            r.tokens.append(y)
-            r.logprobs.append(lp)
-            r.versions.append(self._version)
-            r.kv_versions.append(r.kv_version)  # its prefill's: the KV holds nothing older
-            if routing is not None:
-                r.routed.append([[int(e) for e in experts[i : i + k]] for i in range(0, len(experts), k)])
-            if y in r.params.stop_token_ids:
-                r.finish = "stop"
-            elif len(r.tokens) >= r.params.max_tokens:
-                r.finish = "length"
-        return ys
+        return ys, torch.cat(parts, 1)
+
+    def _append(self, rows: list[_Request], drawn: torch.Tensor) -> None:
+        """Read back `_draw`'s (B, steps, ...) in one transfer; append each row's tokens up to its stop."""
+        k = self._routers[0].shape[-1] if self._routers is not None else 0
+        for r, row in zip(rows, drawn.tolist(), strict=True):
+            for y, lp, *experts in row:
+                y = int(y)
+                r.tokens.append(y)
+                r.logprobs.append(lp)
+                r.versions.append(self._version)
+                r.kv_versions.append(r.kv_version)  # its prefill's: the KV holds nothing older
+                if k:
+                    r.routed.append([[int(e) for e in experts[i : i + k]] for i in range(0, len(experts), k)])
+                if y in r.params.stop_token_ids:
+                    r.finish = "stop"
+                elif len(r.tokens) >= r.params.max_tokens:
+                    r.finish = "length"
+                if r.finish is not None:
+                    break  # what the row decoded after its stop is dropped
 
     def _drop_finished(self) -> None:
         B, rows = len(self._rows), self._rows

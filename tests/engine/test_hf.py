@@ -1,6 +1,8 @@
 """The hf engine against a fresh teacher-forced forward pass of the same model (fp32, CPU)."""
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ from agentrl.engine.sampling import sampling_logprobs, token_logprobs
 from agentrl.models.lora import peft_model
 from agentrl.models.tiny import tiny_model
 from agentrl.models.tokenizer import load_tokenizer
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from profiling import HostReads  # the count benchmarks/host_reads.py makes
 
 # Batched, left-padded, KV-cached decoding against one unpadded forward pass, fp32:
 # measured differences are ~1e-6; this bound leaves room for other CPUs' kernels.
@@ -216,6 +221,64 @@ async def test_stop_tokens_end_generation_and_are_returned():
         first = free.token_ids.index(stop)
         got = await eng.generate(prompt, SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=(stop,)))
     assert got.finish_reason == "stop" and got.token_ids == free.token_ids[: first + 1]
+
+
+async def test_a_decode_window_returns_what_single_steps_return():
+    """Five decode steps between two reads back: requests that stop (a stop token, their max_tokens) inside a
+    window return the tokens, logprobs and routing that one step at a time returns, and the prefix cache keeps
+    only what they returned, so a second turn reuses as much KV, with parity."""
+    model = tiny_model("qwen3_moe", seed=7)
+    tok = load_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:4]]
+
+    async def run(eng, turn, params):
+        with eng.paused():  # the requests enter as one batch, in both engines alike
+            batch = [asyncio.ensure_future(eng.generate(p, s)) for p, s in zip(turn, params, strict=True)]
+            await asyncio.sleep(0.1)
+        return await asyncio.gather(*batch)
+
+    async with (
+        HFEngine(model, record_routing=True) as one,
+        HFEngine(model, record_routing=True, decode_window=5) as five,
+    ):
+        first = [SamplingParams(max_tokens=20, seed=i) for i in range(4)]
+        free = await run(one, prompts, first)
+        assert [g.token_ids for g in await run(five, prompts, first)] == [g.token_ids for g in free]
+        # requests 0 and 2 stop on a token they draw (at index 3 or 7 at the latest), 1 and 3 at their max_tokens
+        stops = [(free[0].token_ids[3],), (), (free[2].token_ids[7],), ()]
+        params = [
+            SamplingParams(max_tokens=n, seed=i, stop_token_ids=stop)
+            for i, (n, stop) in enumerate(zip((13, 7, 20, 11), stops, strict=True))
+        ]
+        want, got = await run(one, prompts, params), await run(five, prompts, params)
+        assert [g.finish_reason for g in got] == ["stop", "length", "stop", "length"]
+        turn2 = [p + g.token_ids + tok.encode(" next") for p, g in zip(prompts, got, strict=True)]
+        again = [SamplingParams(max_tokens=9, seed=10 + i) for i in range(4)]
+        cached = one.cached_tokens, five.cached_tokens
+        want2, got2 = await run(one, turn2, again), await run(five, turn2, again)
+        assert five.cached_tokens - cached[1] == one.cached_tokens - cached[0] > 0
+    for prompt, p, w, g in zip(prompts + turn2, params + again, want + want2, got + got2, strict=True):
+        assert (g.token_ids, g.finish_reason, g.routed_experts) == (w.token_ids, w.finish_reason, w.routed_experts)
+        assert g.prompt_routing == w.prompt_routing
+        torch.testing.assert_close(torch.tensor(g.logprobs), teacher_forced(model, prompt, g, p), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+async def test_a_decode_window_reads_nothing_back_but_its_tokens(window):
+    """No step of a window waits on the device before its one transfer of the tokens (transformers' own mask
+    code read the 2D mask back once per step; the engine gives it the 4D mask instead). On the CPU that transfer
+    is no aten op, so a window counts no read at all."""
+    eng = HFEngine(tiny_model("qwen3_moe", seed=2), decode_window=window)
+    loop = asyncio.get_running_loop()
+    params = [SamplingParams(max_tokens=64, seed=i) for i in range(3)]
+    reqs = [eng._new_request(str(i), list(range(10, 15 + 3 * i)), p, loop) for i, p in enumerate(params)]  # padded
+    with torch.no_grad():
+        eng._step(reqs)  # the prefill
+        eng._step([])  # the first window copies the rows' inputs from the host
+        with HostReads() as host:
+            eng._step([])
+    assert [len(r.tokens) for r in reqs] == [1 + 2 * window] * 3
+    assert host.reads == []
 
 
 @pytest.mark.slow  # the fast tier updates weights under requests in flight in tests/engine/test_fleet.py
