@@ -44,6 +44,10 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).")] = 8000,
     dtype: Annotated[str, typer.Option(help="Weight dtype: float32, bfloat16, float16 or auto.")] = "float32",
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
+    decode_window: Annotated[
+        int | None,
+        typer.Option(help="hf: decode steps between two reads of the tokens back (default: 8 on a GPU, else 1)."),
+    ] = None,
     lora_rank: Annotated[int, typer.Option(help="Take LoRA adapter updates of this rank (0: none).")] = 0,
     lora_alpha: Annotated[float, typer.Option(help="The adapters' alpha (the run's model.lora.alpha).")] = _LORA.alpha,
     lora_targets: Annotated[
@@ -100,8 +104,9 @@ def serve(
         try:  # a bad setting, or --lora-experts on a dense model: one line, not a traceback
             cfg = load(
                 EngineConfig,
-                {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype},
-                source="--engine/--max-batch-size/--dtype",
+                {"kind": engine, "max_batch_size": max_batch_size, "dtype": dtype}
+                | ({"decode_window": decode_window} if decode_window is not None else {}),
+                source="--engine/--max-batch-size/--dtype/--decode-window",
             )
             if why := engine_unavailable(cfg):
                 fail(f"--engine {cfg.kind}: {why}")

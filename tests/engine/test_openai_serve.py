@@ -65,7 +65,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def url(model_dir):
-    proc = start_server(model_dir)
+    # three decode steps between two reads back, against `local`'s one: what it returns over HTTP is the same
+    proc = start_server(model_dir, 0, "--decode-window", "3")
     try:
         yield listening_url(proc)
     finally:
@@ -318,6 +319,7 @@ def test_serve_needs_a_model():
         (["--tiny", "qwen3_moe", "--lora-rank", "-1"], "greater than or equal to 1"),
         (["--tiny", "qwen3_moe", "--lora-rank", "4", "--engine", "vllm"], "pip install 'agentrl[vllm]'"),
         (["--tiny", "qwen3_moe", "--engine", "vlm"], "Did you mean 'vllm'?"),
+        (["--tiny", "qwen3_moe", "--engine", "vllm", "--decode-window", "4"], "decode_window sets the hf engine"),
     ],
 )
 def test_serve_refuses_a_bad_setting_in_one_line(args, says):

@@ -70,6 +70,7 @@ OPENAI = ["engine.kind=openai", "engine.base_url=http://x"]
         ([*OPENAI, "engine.dtype=bfloat16"], "engine.dtype does nothing with engine.kind=openai"),
         ([*OPENAI, "engine.max_batch_size=8"], "engine.max_batch_size does nothing with engine.kind=openai"),
         (["engine.kind=vllm", "engine.prefix_cache_tokens=0"], "does nothing with engine.kind=vllm"),
+        (["engine.kind=vllm", "engine.decode_window=8"], "decode_window sets the hf engine's decode loop"),
         ([*OPENAI, "engine.prefix_cache_tokens=0"], "does nothing with engine.kind=openai"),
         (["engine.affinity_slack_tokens=100"], "affinity_slack_tokens chooses between replicas"),
         (["engine.replicas=1", "engine.affinity_slack_tokens=100"], "it does nothing without two or more"),
