@@ -13,11 +13,11 @@ new tokens / 2). bound = B × bandwidth / bytes per step. The measured time incl
 of the bound is slightly pessimistic. Bandwidth: from the GPU's name (H200 4.8 TB/s, H100 SXM 3.35 TB/s, ...) or
 `--bandwidth-gbs`; on the CPU only with `--bandwidth-gbs`.
 
-Each run is repeated for each `--windows` entry, the engine's decode window (decode steps between two reads of
-the tokens back; on a GPU the host queues a window's steps ahead of the kernels): `vs_window_1` is its tokens/s over
-the same run's with one step at a time.
+Each run is repeated in each of `--modes`: `N` decodes N steps between two reads of the tokens back (the engine's
+decode_window: on a GPU the host queues a window's steps ahead of the kernels), `N+graphs` also replays each step
+as a CUDA graph (engine.cuda_graphs). `vs_first` is a mode's tokens/s over the first mode's, in the same run.
 
-    python benchmarks/decode_bench.py --device cuda           # "1b" in bfloat16 and float32, 16 and 64 requests
+    python benchmarks/decode_bench.py --device cuda           # "1b" in bfloat16, 16 and 64 requests, 1 8 8+graphs
     python benchmarks/decode_bench.py                         # the tiny model on the CPU: 4 requests x 16 tokens
 """
 
@@ -79,6 +79,14 @@ async def generations(engine: HFEngine, prompts: list[list[int]], params: Sampli
     return sum(len(g.token_ids) for g in gens), seconds, summary
 
 
+def parse_mode(mode: str) -> tuple[int, bool]:
+    """`N` or `N+graphs`: (decode window, CUDA graphs)."""
+    window, _, graphs = mode.partition("+")
+    if not window.isdigit() or graphs not in ("", "graphs"):
+        raise SystemExit(f"--modes {mode}: give N or N+graphs, N the decode window")
+    return int(window), graphs == "graphs"
+
+
 def bench(args: argparse.Namespace) -> dict:
     cuda = args.device == "cuda"
     gpu = torch.cuda.get_device_name() if cuda else None
@@ -101,20 +109,24 @@ def bench(args: argparse.Namespace) -> dict:
         model = harness.random_model(args.size, args.device).to(getattr(torch, dtype)).eval()
         for rows in args.requests:
             prompts = torch.randint(10, cfg.vocab_size, (rows, args.prompt_tokens), generator=g).tolist()
-            one_step = None  # tokens/s of decode window 1
-            for window in args.windows:
-                engine = HFEngine(model, max_batch_size=rows, prefix_cache_tokens=0, decode_window=window)
+            first = None  # tokens/s of the first mode
+            for mode in args.modes:
+                window, graphs = parse_mode(mode)
+                engine = HFEngine(
+                    model, max_batch_size=rows, prefix_cache_tokens=0, decode_window=window, cuda_graphs=graphs
+                )
                 tokens, seconds, summary = asyncio.run(generations(engine, prompts, params, cuda, args.top))
                 run = {
                     "dtype": dtype,
                     "requests": rows,
-                    "decode_window": window,
+                    "mode": mode,
                     "tokens_per_s": tokens / seconds,
                     "generate_s": seconds,
                 }
-                one_step = run["tokens_per_s"] if window == 1 else one_step
-                if one_step is not None:
-                    run["vs_window_1"] = run["tokens_per_s"] / one_step
+                first = first or run["tokens_per_s"]
+                run["vs_first"] = run["tokens_per_s"] / first
+                if graphs:
+                    run["graphs_captured"] = engine.graphs_captured
                 run["roofline"] = roofline(model, rows, args.prompt_tokens, args.new_tokens, bandwidth)
                 if "tokens_per_s_bound" in run["roofline"]:
                     run["share_of_bound"] = run["tokens_per_s"] / run["roofline"]["tokens_per_s_bound"]
@@ -132,24 +144,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--size", choices=harness.SIZES, help="default: 1b on cuda, tiny on the CPU")
-    p.add_argument(
-        "--dtypes", nargs="+", help="engine weight dtypes; default: bfloat16 float32 on cuda, float32 on cpu"
-    )
+    p.add_argument("--dtypes", nargs="+", help="engine weight dtypes; default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--requests", nargs="+", type=int, help="concurrent requests; default: 16 64 on cuda, 4 on cpu")
     p.add_argument("--prompt-tokens", type=int, help="default: 512 on cuda, 32 on cpu")
     p.add_argument("--new-tokens", type=int, help="default: 256 on cuda, 16 on cpu")
-    p.add_argument("--windows", nargs="+", type=int, help="decode windows, 1 first; default: 1 8 on cuda, 1 on cpu")
+    p.add_argument(
+        "--modes", nargs="+", help="N or N+graphs (decode window, CUDA graphs); default: 1 8 8+graphs on cuda"
+    )
     p.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth for the roofline (default: by GPU name)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profiled run")
     args = p.parse_args()
     cuda = args.device == "cuda"
     defaults = {
         "size": "1b" if cuda else "tiny",
-        "dtypes": ["bfloat16", "float32"] if cuda else ["float32"],
+        "dtypes": ["bfloat16"] if cuda else ["float32"],
         "requests": [16, 64] if cuda else [4],
         "prompt_tokens": 512 if cuda else 32,
         "new_tokens": 256 if cuda else 16,
-        "windows": [1, 8] if cuda else [1],
+        "modes": ["1", "8", "8+graphs"] if cuda else ["1"],
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:

@@ -11,8 +11,9 @@ one leaves the others running; the exit status is 1 if any failed):
    over a process group of one (as `agentrl train` shards a single GPU): finite losses, weights changed,
    float32 master weights, decoder layers computing in bf16.
 2. hf_engine: the `hf` engine loading a random-init Qwen3-MoE folder (benchmarks/harness.py's "1b" shapes, which
-   `train_step_bench.py --size 1b` times) onto CUDA, float32 (its default) and bfloat16, and decoding a batch of
-   sampled requests: tokens per second, every logprob finite.
+   `train_step_bench.py --size 1b` times) onto CUDA, float32 (its default) and bfloat16, and bfloat16 with its
+   decode steps replayed as CUDA graphs, decoding a batch of sampled requests: tokens per second, every logprob
+   finite, and the graphs' mean logprob within 0.05 of the eager bfloat16 engine's (same seeds and weights).
 3. logprob_parity: the engine's logprob of each token it sampled against the learner's score of the same
    tokens (`Trainer.scorer`, the forward pass the update uses), max and mean |difference|: float32 engine
    against float32 learner, and against the bf16 FSDP2 learner each engine dtype (float32, `agentrl
@@ -24,7 +25,8 @@ one leaves the others running; the exit status is 1 if any failed):
 5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
    again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled.
 6. decode_bench: `benchmarks/decode_bench.py --device cuda`: the hf engine's tokens/s at 16 and 64 concurrent
-   requests of the "1b" model, bf16 and fp32, beside the memory-bandwidth roofline, with the GPU's busy share.
+   requests of the "1b" model in bf16, one decode step a window, 8, and 8 as CUDA graphs, beside the
+   memory-bandwidth roofline, with the GPU's busy share.
    The 10 minutes a device call may take do not hold all six: `--only` splits them over two calls.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
@@ -240,17 +242,22 @@ def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
     n, T = (16, 128) if not ctx.dry else (4, 16)
     params = SamplingParams(temperature=1.0, max_tokens=T)
     requests = harness.prompts(n)
-    engines = figures["engines"] = {}  # by engine.dtype
-    for dtype in ("auto", "bfloat16"):
+    engines = figures["engines"] = {}  # by engine.dtype, "+graphs" with engine.cuda_graphs
+    variants = [("auto", False), ("bfloat16", False)] + ([("bfloat16", True)] if not ctx.dry else [])
+    for dtype, graphs in variants:
+        name = dtype + "+graphs" * graphs
         t0 = time.perf_counter()
-        engine = build_engine(EngineConfig(kind="hf", dtype=dtype), EngineModel(path=str(path), device=ctx.device))
+        cfg = EngineConfig(kind="hf", dtype=dtype, cuda_graphs=graphs)
+        engine = build_engine(cfg, EngineModel(path=str(path), device=ctx.device))
         load_s = time.perf_counter() - t0
         weights = next(engine.model.parameters())
         gens, seconds = generate(engine, requests, params, warm_up=True)
         tokens = sum(len(g.token_ids) for g in gens)
         lps = [lp for g in gens for lp in g.logprobs]
-        engines[dtype] = {
+        engines[name] = {
             "weights": f"{str(weights.dtype).removeprefix('torch.')} on {weights.device}",
+            "decode_window": engine.decode_window,
+            "graphs_captured": engine.graphs_captured,
             "load_s": load_s,
             "requests": n,
             "max_tokens": T,
@@ -260,11 +267,15 @@ def check_hf_engine(ctx: Ctx, figures: dict[str, Any]) -> None:
             "finish_reasons": sorted({g.finish_reason for g in gens}),
             "mean_logprob": sum(lps) / len(lps),
         }
-        expect(weights.device.type == ctx.device, f"engine.dtype={dtype}: weights on {weights.device}")
-        expect(tokens == n * T, f"engine.dtype={dtype}: {tokens} tokens generated, {n * T} asked")
-        expect(all(math.isfinite(lp) and lp <= 0 for lp in lps), f"engine.dtype={dtype}: a logprob not in (-inf, 0]")
+        expect(weights.device.type == ctx.device, f"engine {name}: weights on {weights.device}")
+        expect(tokens == n * T, f"engine {name}: {tokens} tokens generated, {n * T} asked")
+        expect(all(math.isfinite(lp) and lp <= 0 for lp in lps), f"engine {name}: a logprob not in (-inf, 0]")
         del engine, weights
         free_memory()
+    if "bfloat16+graphs" in engines:  # the same seeds and weights: a graph's step samples what the eager one does
+        eager, graphs = engines["bfloat16"]["mean_logprob"], engines["bfloat16+graphs"]["mean_logprob"]
+        expect(engines["bfloat16+graphs"]["graphs_captured"] > 0, "engine.cuda_graphs captured no graph")
+        expect(abs(eager - graphs) < 0.05, f"mean logprob {graphs:.4f} with CUDA graphs, {eager:.4f} without")
     gpu_memory(figures)
 
 

@@ -42,6 +42,10 @@ class EngineConfig(BaseModel):
     """hf: decode steps between two reads of the sampled tokens back to the host (a row that stops inside a
     window decodes on to its end, the extra tokens dropped; requests join, aborts land and weights change
     between windows); None: 8 on a GPU, where the host then queues steps ahead of the kernels, 1 elsewhere"""
+    cuda_graphs: bool = False
+    """hf on a GPU: each decode step replays a CUDA graph, one per bucket of batch sizes, over fixed shapes (the
+    batch padded to the bucket, attention over the KV storage's every column); needs the engine's own weights and
+    sdpa attention (agentrl.engine.graphs)"""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_weights"] = "auto"
     """weights of an engine that loads its own copy: auto is float32 for hf (the learner's dtype) and the
     checkpoint's for vllm; bfloat16_weights (hf): weights rounded to bfloat16 (as a bf16 deployment stores
@@ -194,6 +198,11 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"engine.decode_window sets the hf engine's decode loop: it does nothing with engine.kind={self.kind}"
                 "; set engine.kind=hf, or drop engine.decode_window"
+            )
+        if self.cuda_graphs and self.kind != "hf":
+            raise ValueError(
+                f"engine.cuda_graphs captures the hf engine's decode steps: it does nothing with "
+                f"engine.kind={self.kind}; set engine.kind=hf, or drop engine.cuda_graphs"
             )
         if self.record_routing and self.kind != "hf":
             raise ValueError("engine.record_routing needs engine.kind=hf (the engine that can return routing)")

@@ -44,6 +44,7 @@ from transformers.cache_utils import Cache
 
 from agentrl.engine.base import Capabilities, SamplingParams
 from agentrl.engine.config import EngineConfig, EngineModel
+from agentrl.engine.graphs import FixedShapeDecode
 from agentrl.engine.kv import SlabLayer
 from agentrl.engine.prefix_cache import PrefixCache, common_prefix
 from agentrl.engine.sampling import RowSampling, seed_key
@@ -108,6 +109,8 @@ class HFEngine(ThreadedEngine):
         shared: bool = False,
         bf16_weights: bool = False,
         decode_window: int | None = None,
+        cuda_graphs: bool = False,
+        fixed_shapes: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -127,6 +130,16 @@ class HFEngine(ThreadedEngine):
         self.decode_window = decode_window or DECODE_WINDOW.get(self.device.type, 1)
         """decode steps between two reads of the sampled tokens back to the host"""
         self._mask_4d = _sdpa_full_attention(model.config.get_text_config())
+        self._fixed: FixedShapeDecode | None = None  # the decode step over fixed shapes (agentrl.engine.graphs)
+        if cuda_graphs or fixed_shapes:
+            if cuda_graphs and self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs captures decode steps on a GPU: the model is on {self.device}")
+            if shared:
+                raise ValueError(
+                    "cuda_graphs needs the engine's own weights: a shared module is gathered anew by FSDP2"
+                )
+            if not self._mask_4d:
+                raise ValueError("cuda_graphs needs sdpa attention over the whole context (no sliding window)")
         self._vocab = model.config.get_text_config().vocab_size
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
@@ -140,6 +153,8 @@ class HFEngine(ThreadedEngine):
         self._routers: list[torch.Tensor | None] | None = None
         if record_routing:
             self._hook_routers()
+        if cuda_graphs or fixed_shapes:
+            self._fixed = FixedShapeDecode(model, max_batch_size, capture=cuda_graphs, records=self._routers)
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
 
     def _hook_routers(self) -> None:
@@ -188,7 +203,13 @@ class HFEngine(ThreadedEngine):
             shared=shared,
             bf16_weights=cfg.dtype == "bfloat16_weights",
             decode_window=cfg.decode_window,
+            cuda_graphs=cfg.cuda_graphs,
         )
+
+    @property
+    def graphs_captured(self) -> int:
+        """CUDA graphs of the decode step captured so far (engine.cuda_graphs)."""
+        return self._fixed.captures if self._fixed is not None else 0
 
     @torch.no_grad()
     def _round_weights(self) -> None:
@@ -288,15 +309,18 @@ class HFEngine(ThreadedEngine):
         for _ in range(steps):
             # the token fed is a stopped row's stop token or later: its KV column stays out of the row's context
             self._mask = torch.cat([self._mask, live[:, None].to(self._mask.dtype)], 1)  # (B, L+1)
-            out = self.model(
-                input_ids=b.ids[:, None],
-                attention_mask=self._attention_mask(),
-                position_ids=b.counters[:, :1],
-                use_cache=True,
-                **{CACHE: self._cache},
-            )
-            routing = self._routing() if self._routers is not None else None
-            b.ids, packed = self._draw(out.logits[:, -1], b.sampling, b.counters[:, 1], routing)
+            if self._fixed is not None:
+                logits = self._fixed(self._cache, b.ids, b.counters[:, :1], self._mask)
+            else:
+                logits = self.model(
+                    input_ids=b.ids[:, None],
+                    attention_mask=self._attention_mask(),
+                    position_ids=b.counters[:, :1],
+                    use_cache=True,
+                    **{CACHE: self._cache},
+                ).logits[:, -1]
+            routing = self._routing()[: len(rows)] if self._routers is not None else None  # fixed shapes pad rows
+            b.ids, packed = self._draw(logits, b.sampling, b.counters[:, 1], routing)
             drawn.append(packed)
             b.counters += 1  # now the count of tokens each row has
             if steps > 1:

@@ -8,6 +8,12 @@ one is overwritten by a row from the end. transformers' DynamicLayer re-concaten
 layer on every step (and a join or a leave would copy the whole batch); on CPU those copies
 cost more than the attention itself. Storage never written holds zeros, storage left behind
 holds stale KV: finite either way, and always masked.
+
+For a decode step of fixed shapes (`agentrl.engine.graphs`, what a CUDA graph replays), `static`
+makes `update` write the new column at a device index into the first rows of the storage and
+hand the attention every column of them; the engine then advances the live columns itself
+(`advance`), since a replayed graph runs no Python. `storage` names the storage: a graph holds
+its addresses, and a new one (`_reserve` grew it) needs a new graph.
 """
 
 from __future__ import annotations
@@ -22,6 +28,16 @@ class SlabLayer(DynamicLayer):
         self._k: torch.Tensor | None = None  # (row capacity, heads, column capacity, head_dim)
         self._v: torch.Tensor | None = None
         self._rows = self._lo = self._hi = 0  # live rows [0, rows), live columns [lo, hi)
+        self.static: tuple[torch.Tensor, int] | None = None  # (column (1,) on the device, rows): see the docstring
+
+    @property
+    def storage(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self._k, self._v
+
+    @property
+    def columns(self) -> tuple[int, int]:
+        """The live columns [lo, hi) within the storage's."""
+        return self._lo, self._hi
 
     @property
     def width(self) -> int:
@@ -52,6 +68,11 @@ class SlabLayer(DynamicLayer):
     # -- what the model calls ---------------------------------------------------------
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.static is not None:
+            column, rows = self.static
+            self._k[:rows].index_copy_(2, column, key_states)
+            self._v[:rows].index_copy_(2, column, value_states)
+            return self._k[:rows], self._v[:rows]
         s = key_states.shape[2]
         if self._k is None:  # a fresh prefill
             self._init(key_states, value_states)
@@ -94,6 +115,15 @@ class SlabLayer(DynamicLayer):
         self._k[self._rows : self._rows + b, :, self._hi - n : self._hi] = keys
         self._v[self._rows : self._rows + b, :, self._hi - n : self._hi] = values
         self._rows += b
+        self._sync()
+
+    def reserve(self, rows: int) -> None:
+        """Storage for at least `rows` rows and one more live column (a fixed-shape step pads the batch)."""
+        self._reserve(max(0, rows - self._rows), 0, 1)
+
+    def advance(self) -> None:
+        """A fixed-shape step wrote the next column: it is live now."""
+        self._hi += 1
         self._sync()
 
     def remove_rows(self, holes: torch.Tensor, sources: torch.Tensor, rows: int, drop_columns: int) -> None:

@@ -195,14 +195,16 @@ def test_prefix_cache_keeps_the_longest_entries_within_its_budget():
     assert cache.tokens == 7 and cache.lookup([7, 8, 9])[0] == 0 and cache.lookup([1, 2, 3])[0] == 2
 
 
-async def test_rows_leave_and_join_in_any_order():
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["", "fixed-shapes"])
+async def test_rows_leave_and_join_in_any_order(fixed_shapes):
     """Requests of different lengths finish at different steps (their rows are refilled from the end
-    of the batch) while others join mid-generation; every one still matches a fresh forward pass."""
+    of the batch) while others join mid-generation; every one still matches a fresh forward pass. With fixed
+    shapes, the batch crosses buckets and the KV storage grows under the step's buffers."""
     model = tiny_model("qwen3_moe", seed=6)
     tok = load_tokenizer()
     prompts = [tok.encode(f"{i} " + "word " * (3 * i + 1)) for i in range(10)]
     params = [SamplingParams(temperature=1.0, max_tokens=4 + 7 * (i % 5), seed=i) for i in range(10)]
-    async with HFEngine(model) as eng:
+    async with HFEngine(model, fixed_shapes=fixed_shapes) as eng:
         first = [asyncio.create_task(eng.generate(prompts[i], params[i])) for i in range(6)]
         await asyncio.sleep(0.05)
         later = [asyncio.create_task(eng.generate(prompts[i], params[i])) for i in range(6, 10)]
@@ -223,10 +225,12 @@ async def test_stop_tokens_end_generation_and_are_returned():
     assert got.finish_reason == "stop" and got.token_ids == free.token_ids[: first + 1]
 
 
-async def test_a_decode_window_returns_what_single_steps_return():
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["", "fixed-shapes"])
+async def test_a_decode_window_returns_what_single_steps_return(fixed_shapes):
     """Five decode steps between two reads back: requests that stop (a stop token, their max_tokens) inside a
     window return the tokens, logprobs and routing that one step at a time returns, and the prefix cache keeps
-    only what they returned, so a second turn reuses as much KV, with parity."""
+    only what they returned, so a second turn reuses as much KV, with parity. With fixed shapes (what a CUDA
+    graph replays: the batch padded to a bucket, attention over all the KV storage) too."""
     model = tiny_model("qwen3_moe", seed=7)
     tok = load_tokenizer()
     prompts = [tok.encode(p) for p in PROMPTS[:4]]
@@ -239,7 +243,7 @@ async def test_a_decode_window_returns_what_single_steps_return():
 
     async with (
         HFEngine(model, record_routing=True) as one,
-        HFEngine(model, record_routing=True, decode_window=5) as five,
+        HFEngine(model, record_routing=True, decode_window=5, fixed_shapes=fixed_shapes) as five,
     ):
         first = [SamplingParams(max_tokens=20, seed=i) for i in range(4)]
         free = await run(one, prompts, first)
@@ -261,6 +265,17 @@ async def test_a_decode_window_returns_what_single_steps_return():
         assert (g.token_ids, g.finish_reason, g.routed_experts) == (w.token_ids, w.finish_reason, w.routed_experts)
         assert g.prompt_routing == w.prompt_routing
         torch.testing.assert_close(torch.tensor(g.logprobs), teacher_forced(model, prompt, g, p), atol=ATOL, rtol=0)
+
+
+def test_cuda_graphs_need_a_gpu_the_engine_s_own_weights_and_sdpa():
+    model = tiny_model("qwen3_moe", seed=0)
+    with pytest.raises(ValueError, match="captures decode steps on a GPU: the model is on cpu"):
+        HFEngine(model, cuda_graphs=True)
+    with pytest.raises(ValueError, match="needs the engine's own weights"):
+        HFEngine(model, fixed_shapes=True, shared=True)
+    model.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="needs sdpa attention"):
+        HFEngine(model, fixed_shapes=True)
 
 
 @pytest.mark.parametrize("window", [1, 4])
