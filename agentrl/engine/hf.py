@@ -305,6 +305,9 @@ class HFEngine(ThreadedEngine):
         b = self._batch
         steps = min(self.decode_window, max(r.params.max_tokens - len(r.tokens) for r in rows))
         live = torch.ones(len(rows), dtype=torch.bool, device=self.device)  # not stopped yet
+        # no row padded: no mask at all, which lets sdpa take its grouped-query path (a stopped row's own
+        # later columns are then in its attention, but what it decodes after its stop is dropped anyway)
+        padded = any(r.n_ctx < self._mask.shape[1] for r in rows)
         drawn = []
         for _ in range(steps):
             # the token fed is a stopped row's stop token or later: its KV column stays out of the row's context
@@ -314,7 +317,7 @@ class HFEngine(ThreadedEngine):
             else:
                 logits = self.model(
                     input_ids=b.ids[:, None],
-                    attention_mask=self._attention_mask(),
+                    attention_mask=self._attention_mask() if padded else None,
                     position_ids=b.counters[:, :1],
                     use_cache=True,
                     **{CACHE: self._cache},
