@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.models.loading import ADAPTER_MARK
 from agentrl.models.lora import is_lora, peft_model
-from agentrl.train.policy import causal_lm, gather_state
+from agentrl.train.policy import causal_lm, gather_state, trainable_state
 from agentrl.train.scoring import Scorer
 
 
@@ -91,7 +91,7 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
     policy = scorer.policy
     lora = is_lora(policy)
     if lora and not merge_lora:
-        state = gather_state({n: p for n, p in policy.named_parameters() if p.requires_grad}, to, copy=True)
+        state = gather_state(trainable_state(policy), to, copy=True)
     else:
         keep_fp32 = (lambda name: torch.float32 if ADAPTER_MARK in name else None) if lora else None
         state = gather_state(policy.state_dict(keep_vars=True), to, dtype_of=keep_fp32, copy=True)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
@@ -98,6 +98,29 @@ def gather_state(
     return state
 
 
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that train, by name, as FSDP2 shards them: its state-dict hooks put back the sharded
+    parameters that a forward left gathered (`named_parameters()` would give the gathered compute-dtype copies)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {n: t for n, t in model.state_dict(keep_vars=True).items() if n in names}
+
+
+def gather_once_a_step(model: nn.Module) -> None:
+    """An FSDP2 `model` over one rank keeps each layer's gathered compute-dtype copy through its backwards too (a
+    no-op on a plain module): the forwards and backwards of one optimizer step (its micro-batches, a shared prefix
+    scored apart from its suffixes) compute with the same weights, gathered once. Its trainer must `reshard` it
+    before each step changes the weights, or the next forward would compute with the old copy."""
+    if isinstance(model, FSDPModule):
+        model.set_reshard_after_backward(False)
+
+
+def reshard(model: nn.Module) -> None:
+    """Drop every gathered copy of an FSDP2 `model`'s weights, registering the sharded parameters again."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
     """The bytes a state dict holds (what a weight sync moves); a tensor under two names counts once."""
     return sum(t.numel() * t.element_size() for t in {id(t): t for t in state.values()}.values())
@@ -129,8 +152,12 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: n
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
     # pinned host memory needs an accelerator: without one, offload is plain CPU memory
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
+    # One rank shards nothing: a layer keeps its gathered compute-dtype copy from its forward to its backward instead
+    # of casting and gathering it again there (FSDP2 still drops it after the backward, before the optimizer step).
+    # Over more ranks that copy would be the whole layer on every rank for the whole forward and backward.
+    reshard = mesh.size() > 1
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
     root = root or model
     fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return root

@@ -52,7 +52,17 @@ from agentrl.train.diagnostics import (
     UpdateObserver,
     staleness,
 )
-from agentrl.train.policy import causal_lm, gather_state, load_policy, meta_policy, prepare, train_device
+from agentrl.train.policy import (
+    causal_lm,
+    gather_once_a_step,
+    gather_state,
+    load_policy,
+    meta_policy,
+    prepare,
+    reshard,
+    train_device,
+    trainable_state,
+)
 from agentrl.train.replay import own_routing, position_routing, replayed_positions
 from agentrl.train.scoring import Scorer
 
@@ -121,6 +131,8 @@ class Trainer:
         if cfg.algo.kl_coef and not self.lora:
             self.reference = Scorer(reference.requires_grad_(False).eval(), device=self.device)
         prepare(policy, cfg.model, self.device, root=self.scorer)
+        if self.world == 1:  # nothing is sharded: a step gathers the weights once, `update` reshards before it
+            gather_once_a_step(self.scorer)
         if self.reference is not None:  # sharded like the policy; no backward, so no checkpointing
             prepare(
                 reference,
@@ -172,7 +184,7 @@ class Trainer:
             return state if self.rank == 0 else None
         from peft import get_peft_model_state_dict
 
-        adapter = gather_state({n: p for n, p in self.policy.named_parameters() if p.requires_grad}, dtype)
+        adapter = gather_state(trainable_state(self.policy), dtype)
         return get_peft_model_state_dict(self.policy, state_dict=adapter) if self.rank == 0 else None
 
     # -- data split --------------------------------------------------------------------
@@ -320,6 +332,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if s.last:
+                if self.world == 1:
+                    reshard(self.scorer)  # before the step changes the weights (gather_once_a_step)
                 trainable = [p for p in self.scorer.parameters() if p.requires_grad]
                 metrics.log("grad_norm", clip_grad_norm(trainable, self.cfg.optim.max_grad_norm))
                 self.optimizer.step()

@@ -4,6 +4,7 @@ python tests/train/fsdp_worker.py OUT {moe|lora|replay}           # reference, n
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora|replay}
 python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16, checkpointing, offload
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT load CASES.json   # Trainer.build's sharded loading
+python tests/train/fsdp_worker.py OUT gathers               # bf16 on a group of one: the weights' casts an update
 """
 
 import asyncio
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.hf import HFEngine
@@ -203,8 +205,55 @@ def load_cases(out: str, cases: str) -> None:
     dist.destroy_process_group()
 
 
+class ParameterCasts(TorchDispatchMode):
+    """Counts the casts to bfloat16 of the sharded float32 parameters (FSDP2 casts each once a gather)."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        super().__init__()
+        self.storages = {p.to_local().untyped_storage().data_ptr() for p in root.parameters()}
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+            self.casts += args[0].untyped_storage().data_ptr() in self.storages
+        return func(*args, **kwargs)
+
+
+def gathers(out: str) -> None:
+    """One update of 2 optimizer steps over a group of one in bf16, as whole minibatches and as micro-batches of
+    one row: how many times its weights were cast to bf16 for a gather, and how many weights there are."""
+    model = ModelConfig(dtype="bfloat16")
+    init_distributed(model)
+    casts = {}
+    for name, tokens in (("minibatches", 0), ("micro_batches", 64)):
+        torch.manual_seed(0)
+        policy = tiny_model("qwen3_moe", seed=0)
+        optim = OptimConfig(lr=1e-3, minibatches=2, microbatch_tokens=tokens)
+        trainer = Trainer(TrainerConfig(model=model, optim=optim), policy)
+        with ParameterCasts(trainer.scorer) as count:
+            trainer.update(fixed_batch())
+        casts[name] = count.casts
+    # LoRA: after an update the layers hold their gathered bf16 copies; the adapter an engine gets is still the
+    # float32 master weights
+    lora = ModelConfig(dtype="bfloat16", lora=LoraSettings(rank=4))
+    trainer = Trainer(
+        TrainerConfig(model=lora, optim=OptimConfig(lr=1e-2)), with_lora(tiny_model("qwen3_moe"), lora.lora)
+    )
+    trainer.update(fixed_batch())
+    adapter = trainer.engine_weights(torch.float32)
+    trained = [v for k, v in adapter.items() if "lora_B" in k]
+    synced = {"float32": {str(v.dtype) for v in adapter.values()} == {"torch.float32"}}
+    synced["bf16_values_only"] = all(torch.equal(v, v.bfloat16().float()) for v in trained)
+    synced["trained"] = any(bool(v.abs().sum() > 0) for v in trained)
+    torch.save({"casts": casts, "parameters": len(list(policy.parameters())), "lora_sync": synced}, out)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if sys.argv[2:3] == ["load"]:
         load_cases(sys.argv[1], sys.argv[3])
+    elif sys.argv[2:3] == ["gathers"]:
+        gathers(sys.argv[1])
     else:
         main(*sys.argv[1:])

@@ -93,6 +93,20 @@ def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
         assert torch.equal(engine[name], value), name
 
 
+@pytest.mark.slow  # the fast tier runs FSDP2 over two ranks (above)
+def test_one_rank_gathers_its_weights_once_an_optimizer_step(tmp_path):
+    """bf16 over a group of one: nothing is sharded, so the weights' gathered bf16 copy serves every forward and
+    backward of an optimizer step (a shared prompt scored apart from its suffixes, micro-batches) and is dropped
+    before the step. An update of 2 steps (and the expert flip rate's forward after them) casts each weight 3
+    times, in whole minibatches and in micro-batches of one row alike; resharding after each forward and backward
+    cast the layers' 10 and 17 times (229 and 401 casts in all, at b5c53ee). A LoRA adapter synced after an
+    update, when the layers hold their bf16 copies, is still the float32 master weights."""
+    result = run(tmp_path / "gathers.pt", "gathers", 1)
+    n = result["parameters"]
+    assert result["casts"] == {"minibatches": 3 * n, "micro_batches": 3 * n}
+    assert result["lora_sync"] == {"float32": True, "bf16_values_only": False, "trained": True}
+
+
 @pytest.mark.slow  # three launches; the fast tier resumes a checkpoint in tests/train/test_checkpoint.py
 def test_a_sharded_checkpoint_resumes_on_two_ranks_and_on_one(tmp_path):
     """Saved by two FSDP2 ranks; resumed by two ranks and by a plain process (DCP reshards)."""
