@@ -11,8 +11,8 @@ in one launch, but only over the shapes and addresses it was captured with. So t
 
 A bucket's graph is captured at its first step and replayed while the KV storage stays where it is; when the
 storage grows (a longer context), the graphs are dropped and captured again over the new one. A weight update
-copies into the same parameters, so graphs survive it; an engine sharing the learner's module (FSDP2 gathers
-its parameters anew at each forward) cannot use them.
+copies into the same parameters, so graphs survive it; an engine sharing the learner's module cannot use them
+(that module promises no fixed addresses for its weights).
 
 Without capture the same fixed-shape step runs eagerly: that is how the CPU checks its numerics.
 """

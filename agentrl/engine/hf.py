@@ -136,10 +136,13 @@ class HFEngine(ThreadedEngine):
                 raise ValueError(f"cuda_graphs captures decode steps on a GPU: the model is on {self.device}")
             if shared:
                 raise ValueError(
-                    "cuda_graphs needs the engine's own weights: a shared module is gathered anew by FSDP2"
+                    "fixed-shape decoding (cuda_graphs) needs the engine's own weights: a graph keeps the addresses of "
+                    "the weights it was captured with, which the learner's module does not promise to keep"
                 )
             if not self._mask_4d:
-                raise ValueError("cuda_graphs needs sdpa attention over the whole context (no sliding window)")
+                raise ValueError(
+                    "fixed-shape decoding (cuda_graphs) needs sdpa attention over the whole context (no sliding window)"
+                )
         self._vocab = model.config.get_text_config().vocab_size
         self.max_batch_size = max_batch_size
         self._seeds = itertools.count(seed * 1_000_003)
