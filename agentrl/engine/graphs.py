@@ -55,8 +55,8 @@ class FixedShapeDecode:
         layers: list[SlabLayer] = cache.layers
         for layer in layers:
             layer.reserve(b)
-        if layers[0].storage[0] is not self._storage:
-            self._reset(layers[0].storage[0])
+        if layers[0].storage is not self._storage:
+            self._reset(layers[0].storage)
         lo, hi = layers[0].columns
         self._ids[:rows] = ids
         self._positions[:rows] = positions

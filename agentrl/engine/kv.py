@@ -31,8 +31,9 @@ class SlabLayer(DynamicLayer):
         self.static: tuple[torch.Tensor, int] | None = None  # (column (1,) on the device, rows): see the docstring
 
     @property
-    def storage(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self._k, self._v
+    def storage(self) -> torch.Tensor | None:
+        """The keys' storage (the values' is allocated with it)."""
+        return self._k
 
     @property
     def columns(self) -> tuple[int, int]:
