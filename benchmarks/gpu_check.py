@@ -23,7 +23,7 @@ one leaves the others running; the exit status is 1 if any failed):
    no Ray runtime: what GPU hosts lack). It first probes bubblewrap (its namespaces, and a cgroup) and records
    what it found; where bubblewrap cannot run the check is skipped, with the reason.
 5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
-   again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled.
+   again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled, eager and with model.compile.
 6. decode_bench: `benchmarks/decode_bench.py --device cuda`: the hf engine's tokens/s at 16 and 64 concurrent
    requests of the "1b" model in bf16, one decode step a window, 8, and 8 as CUDA graphs, beside the
    memory-bandwidth roofline, with the GPU's busy share.
@@ -452,8 +452,9 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
 
 
 def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
-    """Two runs: the earlier reports' step (16 x 512 tokens in 4 minibatches: 2,048 tokens a step), for continuity,
-    and a step of 32,768 tokens (2 of them, 8,192-token micro-batches), the size an RL update steps at."""
+    """Three runs: the earlier reports' step (16 x 512 tokens in 4 minibatches: 2,048 tokens a step), for continuity,
+    and a step of 32,768 tokens (2 of them, 8,192-token micro-batches), the size an RL update steps at, eager and
+    with model.compile (last: its cold compile is the run most likely to meet the deadline)."""
     need_cuda(ctx)
     if ctx.dry:
         tiny = ["--dtype", "bfloat16", "--size", "tiny", "--length", "64", "--rounds", "1", "--repeats", "1"]
@@ -467,6 +468,7 @@ def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
             "result": ["--device", "cuda", "--size", "1b"],
             "big_step": ["--device", "cuda", "--size", "1b", *big, "--repeats", "1", "--profile", "15"],
         }
+    runs["compiled"] = [*runs["big_step"], "--compile"]
     deadline = time.monotonic() + ctx.limit("train_step_bench") - 30
     for key, args in runs.items():
         figures[f"{key}_command" if key != "result" else "command"] = " ".join(
@@ -522,8 +524,10 @@ CHECK_FUNCTIONS = {
 
 
 def child_env(ctx: Ctx) -> dict[str, str]:
-    """The environment of a check's process and of what it starts: harness.child_env's; the dry run sees no GPU."""
-    return harness.child_env(**({"CUDA_VISIBLE_DEVICES": ""} if ctx.dry else {}))
+    """The environment of a check's process and of what it starts: harness.child_env's; the dry run sees no GPU, and
+    compiles in its own process (inductor's pool of compile workers only costs its start on a small CPU)."""
+    dry = {"CUDA_VISIBLE_DEVICES": "", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    return harness.child_env(**(dry if ctx.dry else {}))
 
 
 def run_check(name: str, ctx: Ctx, result: Path) -> None:

@@ -11,10 +11,13 @@ forward and backward on the same minibatches, timed in the same run, interleaved
     python benchmarks/train_step_bench.py --device cuda --size 1b  # GPU, bf16 FSDP2, a 1B+ MoE, with MFU
     python benchmarks/train_step_bench.py --dtype bfloat16         # the GPU path's code on the CPU (gloo)
     python benchmarks/train_step_bench.py --device cuda --size 1b --step-tokens 32768 --microbatch-tokens 8192
+    python benchmarks/train_step_bench.py --device cuda --size 1b --compile   # model.compile, the plain pass's too
 
 The step size: `--batch` rows of `--length` tokens in `--minibatches` optimizer steps, or `--step-tokens`, the
 tokens of one optimizer step (the rows follow from it); `--microbatch-tokens` is the trainer's token budget per
-forward (optim.microbatch_tokens), which the plain baseline keeps too.
+forward (optim.microbatch_tokens), which the plain baseline keeps too. `--compile` is model.compile (each decoder
+layer's MLP compiled), on both paths; the warm-up call before the timed ones pays the compile, and
+`first_update_s` says how long it took.
 
 MFU (on CUDA), over the GPU's dense bf16 peak: `mfu` counts 6 × the matmul parameters active per token (not the
 input embedding) plus attention's 12·L·H·Q·T, as PaLM does (harness.train_flops_per_token); `mfu_6n` is the
@@ -50,6 +53,7 @@ def main() -> None:
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--step-tokens", type=int, help="tokens per optimizer step: sets --batch to fit it")
     p.add_argument("--microbatch-tokens", type=int, default=0, help="optim.microbatch_tokens (0: none)")
+    p.add_argument("--compile", action="store_true", help="model.compile: each decoder layer's MLP, both paths")
     p.add_argument("--repeats", type=int, default=2, help="calls timed per path and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (update, plain), interleaved; medians reported")
     p.add_argument(
@@ -76,7 +80,7 @@ def main() -> None:
             f"--device {args.device}, but torch.cuda.is_available() is {torch.cuda.is_available()} "
             "(the trainer takes the GPU when there is one: CUDA_VISIBLE_DEVICES= hides it)"
         )
-    model_cfg = ModelConfig(dtype=args.dtype or ("bfloat16" if cuda else "float32"))
+    model_cfg = ModelConfig(dtype=args.dtype or ("bfloat16" if cuda else "float32"), compile=args.compile)
     lead = init_distributed(model_cfg)  # bfloat16: FSDP2 over a group of one (or torchrun's ranks)
     world = dist.get_world_size() if dist.is_initialized() else 1
     cfg = harness.model_config(args.size)
@@ -98,12 +102,16 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
+    first: list[float] = []  # the warm-up calls' seconds: the first update's pays a compile (--compile)
+
     def timed(fn) -> tuple[float, float | None]:
         """Seconds per call, and the peak of the GPU memory torch allocated over its calls (GiB)."""
         if cuda:
             torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
         fn()  # warm-up
         sync()
+        first.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for _ in range(args.repeats):
             fn()
@@ -135,6 +143,8 @@ def main() -> None:
         # transformers' kernel for the experts (grouped_mm, batched_mm or eager)
         "experts_implementation": model.config._experts_implementation,
         "microbatch_tokens": args.microbatch_tokens,
+        "compile": args.compile,
+        "first_update_s": first[0],
         "gspo_token_update": {"s": update_s, "tokens_per_s_per_device": tokens / world / update_s},
         "plain_forward_backward": {"s": plain_s, "tokens_per_s_per_device": tokens / world / plain_s},
         "update_vs_plain": statistics.median(q[0] / u[0] for u, q in rounds),

@@ -46,6 +46,7 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
     assert figures["agentrl_train"]["bwrap"]["host"].startswith("bwrap sandboxes as root")
     assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
     assert figures["train_step_bench"]["big_step"]["tokens_per_step"] == 256
+    assert [figures["train_step_bench"][k]["compile"] for k in ("big_step", "compiled")] == [False, True]
     assert [r["requests"] for r in figures["decode_bench"]["result"]["runs"]] == [4]
 
 

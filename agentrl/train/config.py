@@ -155,6 +155,10 @@ class ModelConfig(_Strict):
     """FSDP2 keeps parameters and optimizer state on the CPU (a single process is sharded too)"""
     router_aux_loss: bool = True
     """MoE models: add the router's load-balancing loss (times the config's router_aux_loss_coef)"""
+    compile: bool = False
+    """torch.compile (inductor) each decoder layer's MLP, an MoE model's router and experts, for the learner's
+    forwards and backwards (not the engine's: an engine then takes its own copy of the weights). The first update
+    pays the compile (seconds to a minute), and each new grad mode or batch of one row a recompile"""
 
 
 class OptimConfig(_Strict):

@@ -106,8 +106,9 @@ class LocalLearner(Learner):
 
     @property
     def shared_module(self) -> nn.Module | None:
-        # sharded weights (FSDP2, a group of one included) cannot be sampled in place
-        return None if dist.is_initialized() else self.trainer.policy
+        # sharded weights (FSDP2, a group of one included) cannot be sampled in place; compiled MLPs would recompile
+        # for the engine's shapes under inference mode
+        return None if dist.is_initialized() or self.trainer.cfg.model.compile else self.trainer.policy
 
     async def update(
         self, batch: TrainBatch, recorder: RowRecorder | None = None, policy_version: int | None = None

@@ -142,11 +142,28 @@ def checkpoint_activations(model: nn.Module) -> None:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def compile_mlps(model: nn.Module) -> None:
+    """torch.compile each decoder layer's MLP (an MoE block: its router and experts) in place (`Module.compile`: the
+    state dict's names stay), over dynamic shapes: the update's lengths change every minibatch.
+
+    Not the whole layer: its attention writes the scorer's KV cache of a shared prefix at the layer's index, and
+    dynamo specialises a compiled layer to each index (a 12-layer Qwen3-MoE went past its limit of 8 recompiles and
+    ran the rest eagerly). Nor the norms: their one `forward` takes 3D and 4D inputs (the q and k norms) in both
+    grad modes and came within one of that limit. The MLPs recompile only per grad mode and for a batch of one row.
+    """
+    for layer in decoder_layers(model):
+        if not isinstance(getattr(layer, "mlp", None), nn.Module):
+            raise ValueError(f"{type(layer).__name__} has no `mlp` for model.compile to compile")
+        layer.mlp.compile(dynamic=True)
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: nn.Module | None = None) -> nn.Module:
-    """Activation checkpointing, FSDP2 per decoder layer of `model` and at `root` (a module holding
-    `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
+    """Activation checkpointing, compiled MLPs (`cfg.compile`), FSDP2 per decoder layer of `model` and at `root` (a
+    module holding `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
+    if cfg.compile:
+        compile_mlps(model)
     # parameters are gathered in the compute dtype (frozen bfloat16 ones too under float32 compute: LoRA's base,
     # the reference), gradients reduced in float32; FSDP2 skips a cast to the dtype a parameter already has
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
@@ -197,6 +214,8 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
         )
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
+    if cfg.compile:
+        compile_mlps(model)
     (root or model).to(device)
 
 

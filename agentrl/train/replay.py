@@ -120,4 +120,5 @@ class RoutingReplay:
             w = replay_gate(logits, chosen, self.normalize).to(scores.dtype)
             return logits, torch.where(has, w, scores), chosen
 
-        return hook
+        # eager inside a compiled MoE block (model.compile): traced, it would specialise the block to each layer's j
+        return torch.compiler.disable(hook)

@@ -360,6 +360,10 @@ class Trainer:
         """lp_ref of the KL penalty: the frozen reference (full fine-tuning) or the base model, adapters off."""
         with torch.no_grad():
             if self.reference is not None:
-                return self.reference(input_ids, attention_mask, sampling)[0]
+                lp = self.reference(input_ids, attention_mask, sampling)[0]
+                # over one rank a layer keeps its gathered copy after a forward, and only a backward would drop it:
+                # without this the reference would be held twice for the run (3.1 GB more for "1b" in bf16)
+                reshard(self.reference)
+                return lp
             with self.policy.disable_adapter():
                 return self.scorer(input_ids, attention_mask, sampling)[0]

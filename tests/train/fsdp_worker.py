@@ -5,6 +5,7 @@ torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT {moe|lora|replay}
 python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group of one: bf16, checkpointing, offload
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT load CASES.json   # Trainer.build's sharded loading
 python tests/train/fsdp_worker.py OUT gathers               # bf16 on a group of one: the weights' casts an update
+python tests/train/fsdp_worker.py OUT bf16+compile          # any kind, with model.compile (the MLPs compiled)
 """
 
 import asyncio
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.engine.base import SamplingParams
@@ -83,10 +85,11 @@ async def synced_engine_state(trainer: Trainer) -> tuple[int, dict[str, torch.Te
 
 
 def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
+    kind, compiled = kind.removesuffix("+compile"), kind.endswith("+compile")
     model = (
-        ModelConfig(dtype="bfloat16", activation_checkpointing=True, cpu_offload=True)
+        ModelConfig(dtype="bfloat16", activation_checkpointing=True, cpu_offload=True, compile=compiled)
         if kind == "bf16"
-        else ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None)
+        else ModelConfig(lora=LoraSettings(rank=4) if kind == "lora" else None, compile=compiled)
     )
     init_distributed(model)
     torch.manual_seed(0)
@@ -129,6 +132,8 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
                 "world": dist.get_world_size() if dist.is_initialized() else 0,
                 "compute": seen,
                 "checkpointing": [layer.gradient_checkpointing for layer in decoder_layers(policy)],
+                "compiled": [layer.mlp._compiled_call_impl is not None for layer in decoder_layers(policy)],
+                "shares_module": LocalLearner(trainer, in_thread=False).shared_module is not None,
                 "engine": engine_state,
                 "replayed": replayed,
             },
@@ -246,7 +251,20 @@ def gathers(out: str) -> None:
     synced = {"float32": {str(v.dtype) for v in adapter.values()} == {"torch.float32"}}
     synced["bf16_values_only"] = all(torch.equal(v, v.bfloat16().float()) for v in trained)
     synced["trained"] = any(bool(v.abs().sum() > 0) for v in trained)
-    torch.save({"casts": casts, "parameters": len(list(policy.parameters())), "lora_sync": synced}, out)
+    # full fine-tuning's KL reference: no backward drops what its forwards gathered; the trainer does
+    cfg = TrainerConfig(model=model, algo=AlgoConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-3))
+    trainer = Trainer(cfg, tiny_model("qwen3_moe", seed=0), tiny_model("qwen3_moe", seed=0))
+    trainer.update(fixed_batch())
+    reference_sharded = all(isinstance(p, DTensor) for p in trainer.reference.parameters())
+    torch.save(
+        {
+            "casts": casts,
+            "parameters": len(list(policy.parameters())),
+            "lora_sync": synced,
+            "reference_sharded": reference_sharded,
+        },
+        out,
+    )
     dist.destroy_process_group()
 
 

@@ -20,7 +20,8 @@ def run(out: Path, kind: str, ranks: int, *phase: str) -> dict:
     cmd = [sys.executable, str(WORKER), str(out), kind, *phase]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", *cmd[1:]]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # inductor compiles in this process: its pool of compile workers only cost start-up on 2 cores (32 s -> 15 s)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=600)
     return torch.load(out)
 
@@ -104,11 +105,29 @@ def test_one_rank_gathers_its_weights_once_an_optimizer_step(tmp_path):
     before the step. An update of 2 steps (and the expert flip rate's forward after them) casts each weight 3
     times, in whole minibatches and in micro-batches of one row alike; resharding after each forward and backward
     cast the layers' 10 and 17 times (229 and 401 casts in all, at b5c53ee). A LoRA adapter synced after an
-    update, when the layers hold their bf16 copies, is still the float32 master weights."""
+    update, when the layers hold their bf16 copies, is still the float32 master weights. The KL reference, which
+    has no backward, holds no gathered copy after an update."""
     result = run(tmp_path / "gathers.pt", "gathers", 1)
     n = result["parameters"]
     assert result["casts"] == {"minibatches": 3 * n, "micro_batches": 3 * n}
     assert result["lora_sync"] == {"float32": True, "bf16_values_only": False, "trained": True}
+    assert result["reference_sharded"]
+
+
+@pytest.mark.slow  # inductor compiles for 10-40 s on 2 cores; the fast tier runs every update eagerly
+def test_compiled_mlps_update_as_eager(tmp_path):
+    """model.compile, each decoder layer's MoE block compiled, gives the eager update (fp32, a plain process, to
+    1e-5): under R3 routing replay, whose hooks on the router run inside the compiled block, over a shared prompt
+    (the scorer's KV cache), with the proximal pass and the expert flip rate's forwards (no grad). The module is
+    no longer shared with an engine. (scripts/gpu_check.sh's dry run compiles under FSDP2 in bf16.)"""
+    eager, compiled = (run(tmp_path / f"{kind}.pt", kind, 1) for kind in ("replay", "replay+compile"))
+    assert (all(compiled["compiled"]), any(eager["compiled"])) == (True, False)
+    assert (eager["shares_module"], compiled["shares_module"]) == (True, False)
+    assert compiled["state"].keys() == eager["state"].keys()  # compiled in place: the names stay
+    for name, value in eager["state"].items():
+        torch.testing.assert_close(compiled["state"][name], value, atol=ATOL, rtol=0, msg=name)
+    for key in ("loss", "grad_norm", "router_aux_loss", "routing_replayed", "expert_flip_rate"):
+        assert compiled["metrics"][key] == pytest.approx(eager["metrics"][key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.mark.slow  # three launches; the fast tier resumes a checkpoint in tests/train/test_checkpoint.py
