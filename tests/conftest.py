@@ -22,6 +22,14 @@ from ownership import descends_from_us
 from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, SandboxError, reaper
 from agentrl.sandbox.docker_sandbox import docker_client as _docker_client
 
+# With RAY_AUTH_MODE unset, Ray 2.60 chooses the mode at each in-process `ray.init` (token for a new local cluster,
+# which it then writes into this process's environment). A pytest worker whose earlier tests had started Ray saw
+# test_learners' `ray.init` start a GCS that refused its own driver (InvalidAuthToken, "RAY_AUTH_MODE is currently
+# 'disabled'"): tests/train on 2 workers failed so twice in 2 runs, and passed with the mode set here. The tests' Ray
+# clusters stay on this machine; `agentrl` runs in tests set it too (tests/cli.py), or leave it out where a test runs
+# `agentrl` as a user's shell would.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 # Fixtures that need the engine: a test using one (directly or through another fixture) needs the marker.
 DOCKER_FIXTURES = {"docker_client", "sandbox_image", "short_run", "ray_cluster"}
 NO_DOCKER = "unix:///nonexistent/agentrl-tests-without-the-docker-marker.sock"
