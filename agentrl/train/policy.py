@@ -157,13 +157,19 @@ def compile_mlps(model: nn.Module) -> None:
         layer.mlp.compile(dynamic=True)
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: nn.Module | None = None) -> nn.Module:
-    """Activation checkpointing, compiled MLPs (`cfg.compile`), FSDP2 per decoder layer of `model` and at `root` (a
-    module holding `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
+def _ready_layers(model: nn.Module, cfg: ModelConfig) -> None:
+    """What both placements (FSDP2, a plain process) do to the decoder layers first: activation checkpointing, then
+    compiled MLPs (`cfg.compile`), each where `cfg` asks for it."""
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
     if cfg.compile:
         compile_mlps(model)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ModelConfig, *, root: nn.Module | None = None) -> nn.Module:
+    """Activation checkpointing, compiled MLPs (`cfg.compile`), FSDP2 per decoder layer of `model` and at `root` (a
+    module holding `model`; default the model itself), with `cfg.dtype` bfloat16 mixed precision. Returns the root."""
+    _ready_layers(model, cfg)
     # parameters are gathered in the compute dtype (frozen bfloat16 ones too under float32 compute: LoRA's base,
     # the reference), gradients reduced in float32; FSDP2 skips a cast to the dtype a parameter already has
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
@@ -212,10 +218,7 @@ def prepare(model: nn.Module, cfg: ModelConfig, device: torch.device, *, root: n
             "model.dtype=bfloat16 and model.cpu_offload are FSDP2 policies: initialise "
             "torch.distributed first (one rank is enough; `agentrl train` does)"
         )
-    if cfg.activation_checkpointing:
-        checkpoint_activations(model)
-    if cfg.compile:
-        compile_mlps(model)
+    _ready_layers(model, cfg)
     (root or model).to(device)
 
 
