@@ -3,6 +3,7 @@
     bash scripts/gpu_check.sh [--out gpu_check.json]      # on a GPU machine: every check on CUDA
     bash scripts/gpu_check.sh --cpu-dry-run               # the same code paths on the CPU, shrunk (CI runs it)
     bash scripts/gpu_check.sh --only hf_engine logprob_parity
+    bash scripts/gpu_check.sh --budget 560 --workdir /tmp/gc --out $OUT/gc.json   # within a 10-minute device call
 
 The checks, in order, each in a process of its own (a crash, a hang past its time limit or a CUDA error in
 one leaves the others running; the exit status is 1 if any failed):
@@ -18,23 +19,28 @@ one leaves the others running; the exit status is 1 if any failed):
    tokens (`Trainer.scorer`, the forward pass the update uses), max and mean |difference|: float32 engine
    against float32 learner, and against the bf16 FSDP2 learner each engine dtype (float32, `agentrl
    train`'s default; bfloat16; bfloat16_weights).
-4. agentrl_train: `agentrl train --env tool_use` for 2 iterations on that "1b" model, bf16, the engine's copy
+4. agentrl_train: `agentrl train --env tool_use` for 3 iterations on that "1b" model, bf16, the engine's copy
    on the learner's GPU, its sandboxes bubblewrap's and its env workers processes of the run (no Docker daemon,
-   no Ray runtime: what GPU hosts lack). It first probes bubblewrap (its namespaces, and a cgroup) and records
-   what it found; where bubblewrap cannot run the check is skipped, with the reason.
-5. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
+   no Ray runtime: what GPU hosts lack): rollout tokens/s, update, sync and peak GPU memory per iteration. It
+   first probes bubblewrap (its namespaces, and a cgroup) and records what it found; where bubblewrap cannot run
+   the check is skipped, with the reason.
+5. default_recipe: the default recipe, `agentrl train --env code_sandbox` on the default policy, on CUDA, the same
+   way daemonless: its held-out success must gain 20 points over its 10 iterations, as it does on the CPU.
+6. train_step_bench: `benchmarks/train_step_bench.py --device cuda --size 1b`, its JSON (with MFU) included, and
    again at 32,768 tokens an optimizer step (8,192-token micro-batches), profiled, eager and with model.compile.
-6. decode_bench: `benchmarks/decode_bench.py --device cuda`: the hf engine's tokens/s at 16 and 64 concurrent
+7. decode_bench: `benchmarks/decode_bench.py --device cuda`: the hf engine's tokens/s at 16 and 64 concurrent
    requests of the "1b" model in bf16, one decode step a window, 8, and 8 as CUDA graphs, beside the
    memory-bandwidth roofline, with the GPU's busy share.
-   The 10 minutes a device call may take do not hold all six: `--only` splits them over two calls.
+   The 10 minutes a device call may take do not hold all seven: `--only` splits them over calls.
 
 --cpu-dry-run runs the same steps on the CPU (gloo instead of nccl), with tiny models instead of the 1B one
 and shrunk benchmarks, so that every line of this script runs without a GPU. A check whose Python packages
 are missing is skipped, with the missing package named. Nothing is estimated: every figure is measured.
 
-Report: {"mode", "ok", "counts", "seconds", "started", "machine", "checks": [{"name", "status" (ok | failed |
-skipped), "seconds", "figures", "error" (failed: the error text), "reason" (skipped: why)}]}.
+Report: {"mode", "ok", "complete", "counts", "seconds", "started", "machine", "checks": [{"name", "status" (ok |
+failed | skipped), "seconds", "figures", "error" (failed: the error text), "reason" (skipped: why)}]}, written
+after each check ("complete": false until the last). `--budget S` bounds the whole command: each check gets at most
+what is left, and one with under 30 s left is skipped.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import datetime
 import json
 import math
@@ -62,15 +69,26 @@ import harness
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "train_step_bench.py"
 DECODE_BENCH = ROOT / "benchmarks" / "decode_bench.py"
-CHECKS = ("fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench", "decode_bench")
+CHECKS = (
+    "fsdp_bf16",
+    "hf_engine",
+    "logprob_parity",
+    "agentrl_train",
+    "default_recipe",
+    "train_step_bench",
+    "decode_bench",
+)
 TIMEOUT_S = {  # per check, GPU run / dry run
     "fsdp_bf16": (600, 300),
     "hf_engine": (900, 300),
     "logprob_parity": (900, 300),
     "agentrl_train": (1800, 300),
+    "default_recipe": (1800, 300),
     "train_step_bench": (1800, 300),
     "decode_bench": (1200, 300),
 }
+MIN_CHECK_S = 30
+"""with --budget, a check is started only with at least this many seconds left"""
 FP32_PARITY_MAX = 5e-3
 """float32 engine against float32 learner: the same math in other kernels and batch shapes (~1e-6 measured on
 CPU, tests/engine/test_hf.py); beyond this the two do not compute the same distribution"""
@@ -369,8 +387,10 @@ def check_logprob_parity(ctx: Ctx, figures: dict[str, Any]) -> None:
         expect(mean <= BF16_PARITY_MEAN_MAX, f"{name}: mean |engine - learner| {mean:.3g} > {BF16_PARITY_MEAN_MAX}")
 
 
-def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
-    """2 iterations of `agentrl train --env tool_use`, bf16, on the check's model."""
+def probe_sandbox(figures: dict[str, Any]) -> str:
+    """What `agentrl train` needs on a GPU host without Docker or Ray: its packages (Skip without one), and a sandbox
+    backend: bubblewrap, whose probe (its namespaces, a cgroup) goes into `figures` ("bwrap"); where it cannot run,
+    `local` (no isolation: the issue's fallback for a host that refuses the namespaces), said in "sandbox_backend"."""
     import importlib
 
     for package in sorted(OPTIONAL_PACKAGES):
@@ -383,46 +403,27 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
     sandbox = SandboxConfig(backend="bwrap")
     why = sandbox.unavailable()
     figures["bwrap"] = {"unavailable": why, "host": None if why else sandbox.describe()}
-    if why is not None:
-        raise Skip(f"`agentrl train` runs its sandboxes with bubblewrap here, which cannot run: {why}")
-    need_cuda(ctx)
-    path = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
-    figures["model"] = harness.describe_model(harness.model_config(ctx.big))
-    run = ctx.workdir / "train-run"
+    figures["sandbox_backend"] = "bwrap" if why is None else "local"
+    return figures["sandbox_backend"]
+
+
+def train_run(ctx: Ctx, figures: dict[str, Any], name: str, args: list[str], settings: list[str]) -> tuple[list, list]:
+    """`agentrl train ARGS` with `settings` into the run folder `name` of the workdir, within the check's limit and
+    daemonless (the backend `probe_sandbox` chose, env workers in processes of the run: no Docker engine, no Ray):
+    its command, wall, peak GPU memory (every process's, by nvidia-smi) and per-iteration figures into `figures`, and
+    its metrics.jsonl and eval.jsonl rows."""
+    run = ctx.workdir / name
     shutil.rmtree(run, ignore_errors=True)
-    G, groups, T, tasks = (4, 2, 64, 4) if not ctx.dry else (2, 2, 16, 2)
-    settings = [
-        "iterations=2",
-        f"model.path={path}",
-        "model.dtype=bfloat16",
-        f"out={run}",
-        f"rollout.group_size={G}",
-        f"rollout.groups_per_iteration={groups}",
-        "sandbox.backend=bwrap",
-        "rollout.env_workers=local",
-        "rollout.num_workers=1",
-        "rollout.sandboxes_per_worker=2",
-        f"rollout.sampling.max_tokens={T}",
-        f"eval.tasks={tasks}",
-        "eval.every=0",
-        "eval.sandboxes_per_worker=2",
-        f"eval.max_tokens={T}",
-        "log.tensorboard=false",
-        'log.wandb="off"',
-        # one checkpoint, at the end: the 1B model's holds ~18 GB (fp32 weights and AdamW's two moments)
-        "checkpoint.every=0",
-        "checkpoint.keep=1",
-        "checkpoint.export_final=false",
-    ]
-    args = ["train", "--env", "tool_use", *harness.sets(settings)]
+    daemonless = [f"sandbox.backend={figures['sandbox_backend']}", "rollout.env_workers=local"]
+    args = ["train", *args, *harness.sets([*daemonless, f"out={run}", *settings])]
     figures["command"] = " ".join(["agentrl", *args])
-    log = ctx.workdir / "train-run.log"
+    log = ctx.workdir / f"{name}.log"
     # every process's GPU memory: the run's engine and learner are outside this process's allocator
     sampler = harness.PeakSampler(harness.gpu_used_mib, every=1.0)  # no nvidia-smi (the dry run): no figure
     try:
         with sampler:
             figures["wall_s"] = harness.agentrl(
-                *args, log=log, cwd=ctx.workdir, env=child_env(ctx), timeout=max(ctx.limit("agentrl_train") - 60, 1)
+                *args, log=log, cwd=ctx.workdir, env=child_env(ctx), timeout=max(ctx.limit(name) - 60, 1)
             )
     except subprocess.CalledProcessError as e:
         raise CheckFailed(f"agentrl train exited {e.returncode}:\n{log.read_text(errors='replace')[-6000:]}") from None
@@ -444,11 +445,83 @@ def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
         for m in rows
     ]
     evals = run / "eval.jsonl"
-    if evals.exists():
-        figures["held_out"] = [json.loads(line) for line in evals.read_text().splitlines()]
-    expect([m["iteration"] for m in rows] == [0, 1], f"iterations logged: {[m['iteration'] for m in rows]}")
-    expect(rows[-1]["policy_version"] == 2, f"policy version {rows[-1]['policy_version']} after 2 iterations")
+    held_out = [json.loads(line) for line in evals.read_text().splitlines()] if evals.exists() else []
+    if held_out:
+        figures["held_out"] = held_out
     expect(all(math.isfinite(m["train/loss"]) for m in rows), "a non-finite loss")
+    return rows, held_out
+
+
+def check_agentrl_train(ctx: Ctx, figures: dict[str, Any]) -> None:
+    """3 iterations of `agentrl train --env tool_use` (2 in the dry run), bf16, on the check's model: what an
+    iteration of the "1b" shape costs (rollout tokens/s, update, sync, peak GPU memory)."""
+    probe_sandbox(figures)
+    need_cuda(ctx)
+    path = harness.model_folder(ctx.workdir, ctx.big, ctx.device)
+    figures["model"] = harness.describe_model(harness.model_config(ctx.big))
+    G, groups, T, tasks, iterations = (4, 2, 64, 4, 3) if not ctx.dry else (2, 2, 16, 2, 2)
+    settings = [
+        f"iterations={iterations}",
+        f"model.path={path}",
+        "model.dtype=bfloat16",
+        f"rollout.group_size={G}",
+        f"rollout.groups_per_iteration={groups}",
+        "rollout.num_workers=1",
+        "rollout.sandboxes_per_worker=2",
+        f"rollout.sampling.max_tokens={T}",
+        f"eval.tasks={tasks}",
+        "eval.every=0",
+        "eval.sandboxes_per_worker=2",
+        f"eval.max_tokens={T}",
+        "log.tensorboard=false",
+        'log.wandb="off"',
+        # one checkpoint, at the end: the 1B model's holds ~18 GB (fp32 weights and AdamW's two moments)
+        "checkpoint.every=0",
+        "checkpoint.keep=1",
+        "checkpoint.export_final=false",
+    ]
+    rows, _ = train_run(ctx, figures, "agentrl_train", ["--env", "tool_use"], settings)
+    expect(
+        [m["iteration"] for m in rows] == list(range(iterations)),
+        f"iterations logged: {[m['iteration'] for m in rows]}",
+    )
+    expect(rows[-1]["policy_version"] == iterations, f"policy version {rows[-1]['policy_version']} after {iterations}")
+
+
+DEFAULT_RECIPE_GAIN_PP = 20
+"""the default recipe's held-out gain on a GPU must reach what the CPU's runs reach (27-40.5 points in BENCHMARKS.md;
+the goal there is 20)"""
+
+
+def check_default_recipe(ctx: Ctx, figures: dict[str, Any]) -> None:
+    """The default recipe, `agentrl train --env code_sandbox` on the default policy, on CUDA for its 10 iterations:
+    held-out success before and after, which must gain DEFAULT_RECIPE_GAIN_PP points as on the CPU. The dry run: one
+    iteration of one small group, on the tiny model, 2 held-out tasks (its path, not its learning)."""
+    probe_sandbox(figures)
+    need_cuda(ctx)
+    settings = ['log.wandb="off"']
+    if ctx.dry:
+        settings += [
+            f"model.path={harness.model_folder(ctx.workdir, ctx.big, ctx.device)}",
+            "iterations=1",
+            "rollout.group_size=2",
+            "rollout.groups_per_iteration=1",
+            "rollout.num_workers=1",
+            "rollout.sandboxes_per_worker=2",
+            "rollout.sampling.max_tokens=16",
+            "eval.tasks=2",
+            "eval.sandboxes_per_worker=2",
+            "eval.max_tokens=16",
+            "checkpoint.export_final=false",
+        ]
+    rows, held_out = train_run(ctx, figures, "default_recipe", ["--env", "code_sandbox"], settings)
+    expect(len(held_out) >= 2, f"{len(held_out)} held-out evaluations: one before the first iteration and one after")
+    summary = figures["summary"] = harness.run_summary(held_out, rows, figures["wall_s"])
+    if not ctx.dry:
+        expect(
+            summary["gain_pp"] >= DEFAULT_RECIPE_GAIN_PP,
+            f"held-out gain {summary['gain_pp']} points < {DEFAULT_RECIPE_GAIN_PP}",
+        )
 
 
 def check_train_step_bench(ctx: Ctx, figures: dict[str, Any]) -> None:
@@ -515,6 +588,7 @@ CHECK_FUNCTIONS = {
     "hf_engine": check_hf_engine,
     "logprob_parity": check_logprob_parity,
     "agentrl_train": check_agentrl_train,
+    "default_recipe": check_default_recipe,
     "train_step_bench": check_train_step_bench,
     "decode_bench": check_decode_bench,
 }
@@ -632,6 +706,12 @@ def main() -> int:
         help="seconds each check may run (default: its own, 600 to 1800 s "
         "on a GPU): for a machine lent for a few minutes",
     )
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="seconds the whole command may run: each check gets at most what is left, and one left under "
+        f"{MIN_CHECK_S} s is skipped, so that the report is written before a lent machine's call ends",
+    )
     p.add_argument("--child", choices=CHECKS, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -645,30 +725,53 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(args.cpu_dry_run, workdir.resolve(), args.time_limit)
     t0 = time.perf_counter()
+    mode = "cpu-dry-run" if args.cpu_dry_run else "gpu"
+    machine = harness.machine("torch", "transformers")
+    checks: list[dict[str, Any]] = []
+
+    def report(complete: bool) -> dict[str, Any]:
+        """The report so far, written out: after each check too, so that a call killed past its limit keeps what ran."""
+        counts = {s: sum(c["status"] == s for c in checks) for s in ("ok", "failed", "skipped")}
+        out = {
+            "mode": mode,
+            "ok": counts["failed"] == 0,
+            "complete": complete,
+            "counts": counts,
+            "seconds": time.perf_counter() - t0,
+            "started": started,
+            "machine": machine,
+            "checks": checks,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(finite(out), indent=2) + "\n")
+        return out
+
     try:
-        checks = [
-            drive(name, ctx, lambda m: print(m, file=sys.stderr, flush=True))
-            for name in CHECKS
-            if not args.only or name in args.only
-        ]
+        for name in CHECKS:
+            if args.only and name not in args.only:
+                continue
+            left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+            if left is not None and left < MIN_CHECK_S:
+                checks.append(skipped(name, f"{left:.0f} s left of --budget {args.budget:g}: not started"))
+            else:
+                limit = ctx.limit(name) if left is None else min(ctx.limit(name), left)
+                checks.append(drive(name, dataclasses.replace(ctx, time_limit=limit), log))
+            report(complete=False)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    counts = {s: sum(c["status"] == s for c in checks) for s in ("ok", "failed", "skipped")}
-    report = {
-        "mode": "cpu-dry-run" if args.cpu_dry_run else "gpu",
-        "ok": counts["failed"] == 0,
-        "counts": counts,
-        "seconds": time.perf_counter() - t0,
-        "started": started,
-        "machine": harness.machine("torch", "transformers"),
-        "checks": checks,
-    }
-    text = json.dumps(finite(report), indent=2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
-    print(text)
-    return 0 if report["ok"] else 1
+    final = report(complete=True)
+    print(json.dumps(finite(final), indent=2))
+    return 0 if final["ok"] else 1
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def skipped(name: str, reason: str) -> dict[str, Any]:
+    log(f"[skipped] {name}: {reason}")
+    return {"name": name, "status": "skipped", "seconds": 0.0, "figures": {}, "error": None, "reason": reason}
 
 
 if __name__ == "__main__":

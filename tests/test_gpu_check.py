@@ -4,6 +4,7 @@ without a GPU its GPU run fails each check with the reason, skips what cannot ru
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ import torch
 from cli import env
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
-CHECKS = ["fsdp_bf16", "hf_engine", "logprob_parity", "agentrl_train", "train_step_bench", "decode_bench"]
+CHECKS = [
+    "fsdp_bf16",
+    "hf_engine",
+    "logprob_parity",
+    "agentrl_train",
+    "default_recipe",
+    "train_step_bench",
+    "decode_bench",
+]
 
 
 def gpu_check(*args: object, timeout: float, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -31,7 +40,7 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
     summary = [(c["name"], c["status"], c["error"] or c["reason"]) for c in report["checks"]]
     assert r.returncode == 0 and report["ok"], (summary, r.stderr[-4000:])
     assert [(name, status) for name, status, _ in summary] == [(name, "ok") for name in CHECKS], summary
-    assert report["mode"] == "cpu-dry-run" and report["counts"] == {"ok": 6, "failed": 0, "skipped": 0}
+    assert report["mode"] == "cpu-dry-run" and report["counts"] == {"ok": 7, "failed": 0, "skipped": 0}
     figures = {c["name"]: c["figures"] for c in report["checks"]}
     fsdp = figures["fsdp_bf16"]
     assert fsdp["process_group"] == "gloo, world size 1" and fsdp["compute_dtypes"] == ["bfloat16"]
@@ -44,6 +53,10 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, bwrap_site):
     assert [i["policy_version"] for i in figures["agentrl_train"]["iterations"]] == [1, 2]
     assert figures["agentrl_train"]["bwrap"]["unavailable"] is None
     assert figures["agentrl_train"]["bwrap"]["host"].startswith("bwrap sandboxes as root")
+    recipe = figures["default_recipe"]
+    assert "--env code_sandbox" in recipe["command"] and "rollout.env_workers=local" in recipe["command"]
+    assert recipe["summary"]["iterations"] == 1 and recipe["summary"]["tasks"] == 2
+    assert sorted(recipe["summary"]["curve"]) == ["0", "1"]  # held out before the iteration and after it
     assert figures["train_step_bench"]["result"]["setup"] == "bfloat16, FSDP2 over 1 rank(s)"
     assert figures["train_step_bench"]["big_step"]["tokens_per_step"] == 256
     assert [figures["train_step_bench"][k]["compile"] for k in ("big_step", "compiled")] == [False, True]
@@ -114,11 +127,40 @@ def test_a_check_whose_optional_package_is_missing_is_skipped_with_the_reason(tm
 @pytest.mark.slow  # the fast tier is at its budget
 def test_a_check_past_the_time_limit_asked_is_killed_and_fails_saying_so(tmp_path):
     """--time-limit (a machine lent for minutes): a check still running at the limit is killed, with whatever it
-    started, and fails with its output's tail, the report still written."""
+    started, and fails with its output's tail; the report is written after each check, so a command killed in turn
+    (a lent machine's call past its limit) keeps the checks that ran."""
+    out = tmp_path / "report.json"
+    cmd = ["bash", str(SCRIPT), "--cpu-dry-run", "--only", "fsdp_bf16", "hf_engine", "--time-limit", "2", "--out", out]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    partial = None
+    while proc.poll() is None and partial is None:
+        if out.exists() and not (report := json.loads(out.read_text()))["complete"]:
+            partial = report
+        time.sleep(0.05)
+    stdout, _ = proc.communicate(timeout=120)
+    report = json.loads(out.read_text())
+    assert json.loads(stdout) == report and proc.returncode == 1 and not report["ok"], report
+    assert partial is not None and [c["name"] for c in partial["checks"]] == ["fsdp_bf16"]
+    assert report["complete"] and [c["name"] for c in report["checks"]] == ["fsdp_bf16", "hf_engine"]
+    for check in report["checks"]:
+        assert check["status"] == "failed" and check["error"].startswith("ran past its time limit of 2.0 s (killed)")
+        assert 2 <= check["seconds"] < 20
+
+
+def test_a_check_the_budget_leaves_no_time_for_is_not_started(tmp_path):
+    """--budget (the whole command's seconds): a check is not started with under 30 s of it left."""
     r, report = gpu_check(
-        "--cpu-dry-run", "--only", "fsdp_bf16", "--time-limit", "2", "--out", tmp_path / "report.json", timeout=120
+        "--cpu-dry-run",
+        "--only",
+        "fsdp_bf16",
+        "decode_bench",
+        "--budget",
+        "20",
+        "--out",
+        tmp_path / "r.json",
+        timeout=60,
     )
-    assert r.returncode == 1 and not report["ok"], report
-    [fsdp] = report["checks"]
-    assert fsdp["status"] == "failed" and fsdp["error"].startswith("ran past its time limit of 2.0 s (killed)")
-    assert 2 <= fsdp["seconds"] < 20
+    assert r.returncode == 0 and report["ok"] and report["complete"], report
+    assert report["counts"] == {"ok": 0, "failed": 0, "skipped": 2}
+    for check in report["checks"]:
+        assert re.fullmatch(r"\d+ s left of --budget 20: not started", check["reason"]), check

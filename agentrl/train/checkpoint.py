@@ -55,20 +55,33 @@ def save(path: str | Path, trainer: Trained, state: dict[str, Any]) -> None:
 
 
 def load(path: str | Path, trainer: Trained) -> dict[str, Any]:
-    """Restore model, optimizer and RNG into a trainer built like the saved one; returns `state`."""
+    """Restore model, optimizer state (AdamW's moments), the schedule's step and RNG into a trainer built like the
+    saved one; returns `state`.
+
+    The hyperparameters stay the trainer's own, as its config built them: the learning rate, betas, weight decay
+    and the schedule's shape. A resume with `--set optim.lr=...` trains at the new rate from the saved step on,
+    lr = lr_new · factor(step) under the new schedule, rather than the checkpoint's."""
     path = Path(path)
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a finished checkpoint (no state.json)")
+    scheduler = trainer.scheduler
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise TypeError(f"checkpoints restore a LambdaLR schedule, not {type(scheduler).__name__}")
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
-    sd = {"model": model, "optim": optim, "scheduler": trainer.scheduler.state_dict()}
+    sd = {"model": model, "optim": optim, "scheduler": scheduler.state_dict()}
     with _one_process_is_fine():
         dcp.load(sd, checkpoint_id=path)
-    # how the optimizer steps (fused, foreach) is this build's choice, not the checkpoint's: an older one has None there
-    kernels = {k: trainer.optimizer.defaults[k] for k in ("fused", "foreach")}
+    built = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
     set_state_dict(trainer.scorer, trainer.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    for group in trainer.optimizer.param_groups:
-        group.update(kernels)
-    trainer.scheduler.load_state_dict(sd["scheduler"])
+    scheduler.load_state_dict(sd["scheduler"])  # its step (and, until overwritten below, the saved base rates)
+    scheduler.base_lrs = base_lrs
+    step = scheduler.last_epoch
+    for group, own, base, factor in zip(
+        trainer.optimizer.param_groups, built, base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group.update(own, lr=base * factor(step))
+    scheduler._last_lr = [group["lr"] for group in trainer.optimizer.param_groups]
     rng = path / f"rng_{trainer.rank}.pt"
     if rng.exists():  # resumed on more ranks than saved: the new ones keep their seeds
         saved = torch.load(rng, weights_only=True)

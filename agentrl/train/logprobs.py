@@ -18,6 +18,37 @@ from agentrl.engine.sampling import sampling_logprobs
 
 PLAIN_SOFTMAX = SamplingParams(temperature=1.0)  # lp under the model's plain softmax
 
+LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": None,  # Gemma 2: cap · tanh(logits / cap)
+    "logits_scaling": 1.0,  # Granite divides by it, others multiply
+    "logit_scale": 1.0,  # Cohere
+    "output_multiplier": 1.0,
+    "lm_head_multiplier": 1.0,
+}
+"""the config settings with which transformers' causal LMs change the head's logits after it, each with the value
+that changes nothing"""
+
+
+def check_plain_head(lm: torch.nn.Module) -> None:
+    """Raise ValueError unless `lm`'s logits are its output head's product alone, h · Wᵀ, which `target_logprobs`
+    computes: a bias, a softcap or a scale the model applies after its head would make the learner's lp differ from
+    the engine's, whose logits are the model's own (the ratios and the behaviour weight biased, silently)."""
+    configs = {id(c): c for c in (lm.config, lm.config.get_text_config())}.values()
+    applied = [
+        f"{name}={value}"
+        for c in configs
+        for name, neutral in LOGIT_TRANSFORMS.items()
+        if (value := getattr(c, name, neutral)) not in (neutral, None)
+    ]
+    if getattr(lm.get_output_embeddings(), "bias", None) is not None:
+        applied.append("a bias in its output head")
+    if applied:
+        raise ValueError(
+            f"{lm.config.model_type} changes its logits after the output head ({', '.join(applied)}), which the "
+            "learner's scorer, h · Wᵀ in chunks, does not: its logprobs would not be the engine's. Supported: models "
+            "whose logits are the head's product alone (Qwen, Llama, Mistral, Mixtral, ...)"
+        )
+
 
 def _chunk(
     h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, params: SamplingParams, with_entropy: bool

@@ -1,4 +1,5 @@
-"""The policy: any Hugging Face causal LM, optionally with LoRA, sharded with FSDP2.
+"""The policy: a Hugging Face causal LM whose logits are its output head's product (the scorer refuses one that
+softcaps or scales them: `agentrl.train.logprobs.check_plain_head`), optionally with LoRA, sharded with FSDP2.
 
 `prepare` is the one place that decides how the model is placed: under torch.distributed
 `parallelize` wraps it, in this order: activation checkpointing, then `fully_shard` per decoder

@@ -12,7 +12,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from agentrl.engine.base import SamplingParams
 from agentrl.models.cache import CACHE
-from agentrl.train.logprobs import target_logprobs
+from agentrl.train.logprobs import check_plain_head, target_logprobs
 from agentrl.train.policy import causal_lm
 from agentrl.train.replay import RoutingReplay
 
@@ -59,6 +59,7 @@ class Scorer(nn.Module):
         device: torch.device | None = None,
     ) -> None:
         super().__init__()
+        check_plain_head(causal_lm(policy))
         self.policy = policy
         self.device = device
         """where the forward runs (None: on its inputs' device); the inputs may then be host tensors"""

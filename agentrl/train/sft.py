@@ -173,13 +173,14 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         n_tokens = sum(sum(e.mask) for e in batch)
         mine = batch[rank::world] or batch[:1]  # a rank without rows still joins FSDP's collectives
         ids, attn, mask = (t.to(device) for t in _collate(mine))
+        counted = attn  # the tokens the router loss counts: a stand-in row's none
         if not batch[rank::world]:
-            mask = torch.zeros_like(mask)
+            mask, counted = torch.zeros_like(mask), torch.zeros_like(attn)
         lp, _, router = scorer(ids, attn, PLAIN_SOFTMAX, router=bool(aux_coef) and train)
         nll = -(lp * mask).sum()
         loss = nll * world / max(n_tokens, 1)  # FSDP averages gradients over ranks
         if router is not None:
-            loss = loss + aux_coef * router_aux_loss(router, top_k, attn)
+            loss = loss + aux_coef * router_aux_loss(router, top_k, counted)
         return loss, float(nll.detach())
 
     def evaluate() -> float:

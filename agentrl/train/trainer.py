@@ -322,7 +322,9 @@ class Trainer:
             else:
                 loss = lp.sum() * 0.0  # keeps this rank in the collectives
             if router is not None and self.aux_coef:
-                aux = router_aux_loss(router, self.top_k, mb.attention_mask)
+                # a stand-in row (this rank holds none of the micro-batch) counts no token in the all-reduced counts
+                real = mb.attention_mask if s.rows else torch.zeros_like(mb.attention_mask)
+                aux = router_aux_loss(router, self.top_k, real)
                 loss = loss + self.aux_coef * s.tokens * aux
                 metrics.log("router_aux_loss", aux, s.tokens)
             scored = ScoredMinibatch(s.minibatch, mb, s.rows, s.n_local, lp, old, router, policy_version)

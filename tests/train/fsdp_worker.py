@@ -6,6 +6,7 @@ python tests/train/fsdp_worker.py OUT bf16                  # FSDP2 on a group o
 torchrun --nproc-per-node 2 tests/train/fsdp_worker.py OUT load CASES.json   # Trainer.build's sharded loading
 python tests/train/fsdp_worker.py OUT gathers               # bf16 on a group of one: the weights' casts an update
 python tests/train/fsdp_worker.py OUT bf16+compile          # any kind, with model.compile (the MLPs compiled)
+torchrun --nproc-per-node 3 tests/train/fsdp_worker.py OUT pairs   # minibatches of 2 rows: a rank holds none
 """
 
 import asyncio
@@ -113,7 +114,8 @@ def main(out: str, kind: str, phase: str = "", ckpt: str = "") -> None:
         assert checkpoint.load(ckpt, trainer) == {"step": 1}
         metrics = trainer.update(second_batch())
     else:
-        metrics = trainer.update(replayed_batch() if kind == "replay" else fixed_batch())
+        batches = {"replay": replayed_batch, "pairs": lambda: fixed_batch().select([0, 1, 2, 3])}
+        metrics = trainer.update(batches.get(kind, fixed_batch)())
     state = full_state_dict(trainer.scorer)
     engine_state = asyncio.run(synced_engine_state(trainer)) if kind == "bf16" else None
     replayed = None

@@ -8,17 +8,16 @@ from transformers import AutoModelForCausalLM
 from agentrl.models.lora import LoraSettings, with_lora
 from agentrl.models.tiny import tiny_model
 from agentrl.train import checkpoint
-from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.config import ModelConfig, OptimConfig, TrainerConfig, lr_factor
 from agentrl.train.trainer import Trainer
 
 LORA = LoraSettings(rank=4)
 
 
-def trainer(lora: bool) -> Trainer:
+def trainer(lora: bool, **optim) -> Trainer:
     policy = tiny_model("qwen3_moe", seed=0)
-    cfg = TrainerConfig(
-        model=ModelConfig(lora=LORA if lora else None), optim=OptimConfig(lr=1e-2, minibatches=2, warmup_steps=5)
-    )
+    optim = {"lr": 1e-2, "minibatches": 2, "warmup_steps": 5} | optim
+    cfg = TrainerConfig(model=ModelConfig(lora=LORA if lora else None), optim=OptimConfig(**optim))
     return Trainer(cfg, with_lora(policy, LORA) if lora else policy)
 
 
@@ -43,6 +42,24 @@ def test_resume_reproduces_the_next_step(tmp_path, lora):
     assert b.scheduler.last_epoch == a.scheduler.last_epoch == 4  # 2 updates x 2 minibatches
     for name, value in b.scorer.state_dict().items():  # the optimizer's moments and the schedule came back too
         torch.testing.assert_close(value, expected_state[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_resume_trains_with_its_own_optimizer_settings(tmp_path):
+    """`agentrl train --resume RUN --set optim.lr=...` rewrites the run's config: the resumed trainer steps at the
+    new rate, betas and weight decay from the saved step on (AdamW's moments and the step count are the checkpoint's),
+    not at the checkpoint's."""
+    a = trainer(False)
+    a.update(fixed_batch())
+    checkpoint.save(tmp_path / "step1", a, {"step": 1})
+    b = trainer(False, lr=1e-3, warmup_steps=2, decay_steps=20, betas=(0.8, 0.9), weight_decay=0.5)
+    checkpoint.load(tmp_path / "step1", b)
+    [group] = b.optimizer.param_groups
+    assert b.scheduler.last_epoch == 2 and b.scheduler.base_lrs == [1e-3]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-3 * lr_factor(2, 2, 20, 0.1), (0.8, 0.9), 0.5)
+    assert b.scheduler.get_last_lr() == [group["lr"]]
+    assert group["lr"] != a.optimizer.param_groups[0]["lr"]  # the checkpoint's was 1e-2 · factor(2) of its schedule
+    b.update(fixed_batch())
+    assert group["lr"] == pytest.approx(1e-3 * lr_factor(4, 2, 20, 0.1))
 
 
 def test_an_unfinished_checkpoint_is_refused(tmp_path):

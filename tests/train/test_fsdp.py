@@ -75,6 +75,17 @@ def test_routing_replay_on_two_ranks_matches_one_process(tmp_path):
     assert (replayed - own).abs().max() > 1e-2  # the record is not the learner's routing: replay changes lp
 
 
+@pytest.mark.slow  # a launch of 3 ranks; the fast tier runs FSDP2 over two (above)
+def test_a_rank_that_holds_no_row_of_a_minibatch_changes_nothing(tmp_path):
+    """Minibatches of 2 rows over 3 ranks: the third scores a stand-in row, which must count nowhere, the router's
+    load-balancing loss included (its token counts are summed over ranks)."""
+    one, three = run(tmp_path / "one.pt", "pairs", 1), run(tmp_path / "three.pt", "pairs", 3)
+    for name, value in one["state"].items():
+        torch.testing.assert_close(three["state"][name], value, atol=ATOL, rtol=0, msg=name)
+    for key in ("loss", "grad_norm", "router_aux_loss"):
+        assert three["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-7), key
+
+
 @pytest.mark.slow  # the fast tier runs FSDP2 over two ranks (above)
 def test_bf16_mixed_precision_on_a_group_of_one(tmp_path, plain_moe):
     """model.dtype bfloat16 in a plain process: a process group of one, FSDP2 computing in bf16 with

@@ -59,3 +59,40 @@ def test_chunked_peak_memory_is_under_a_quarter_of_naive():
     result = json.loads(out.stdout)["vocab_151936"]
     assert result["same_result"]
     assert result["memory_ratio"] <= 1 / 4, result
+
+
+TINY = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "settings", "named"),
+    [
+        ("gemma2", {"head_dim": 16, "final_logit_softcapping": 2.0}, "final_logit_softcapping=2.0"),  # default 30
+        ("granite", {"logits_scaling": 8.0}, "logits_scaling=8.0"),
+        ("cohere", {}, "logit_scale=0.0625"),
+    ],
+)
+def test_a_model_that_changes_its_logits_after_the_head_is_refused(model_type, settings, named):
+    """The scorer's lp is h · Wᵀ: for these models the engine's (the model's own logits) differs, so the learner
+    refuses them at once, naming the setting, rather than train on biased ratios."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.engine.sampling import token_logprobs
+    from agentrl.train.scoring import Scorer
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY, **settings)).eval()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # what it guards against: the head's product alone is not the model's distribution
+        own = token_logprobs(model(ids).logits[:, :-1], ids[:, 1:], PARAMS[0])
+        hidden = model.get_decoder()(ids).last_hidden_state[:, :-1]
+        plain, _ = target_logprobs(hidden, model.get_output_embeddings().weight, ids[:, 1:])
+    assert (own - plain).abs().max() > 1e-4  # float32 rounding is ~1e-6
+    with pytest.raises(ValueError, match=f"{model_type} changes its logits after the output head \\({named}\\)"):
+        Scorer(model)
