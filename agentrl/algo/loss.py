@@ -194,21 +194,53 @@ def _k3(log_r: torch.Tensor) -> torch.Tensor:
     return log_r.exp() - log_r - 1
 
 
-def _quantiles(name: str, x: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
-    """{name_p05, name_p50, name_p95} of the values of x where `keep` (the same shape), as torch.quantile's linear
-    interpolation computes them, without reading anything back to the host: the kept values sorted first (the
-    others set to +inf), the q-quantile at position q·(n − 1) of them, n = Σ keep ≥ 1."""
+@dataclass(frozen=True)
+class Mean:
+    """A metric's mean as its parts, Σ x over `count` units (0-dim tensors): the means of several parts of a batch
+    (micro-batches, ranks) then pool exactly, Σ total / Σ count, whatever the split."""
+
+    total: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor | None = None) -> Mean:
+        """The mean of x where `keep` (the same shape), each value weighing `weight` (default 1), in float64."""
+        w = keep.double() if weight is None else torch.where(keep, weight.double(), 0.0)
+        return cls((w * torch.where(keep, x.double(), 0.0)).sum(), w.sum())
+
+    @property
+    def value(self) -> torch.Tensor:
+        return self.total / self.count
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A metric's values, x where `keep` (the same shape): reported as quantiles (`quantiles`), taken once over
+    every part's values (a mean of the parts' quantiles is not the whole's)."""
+
+    values: torch.Tensor
+    keep: torch.Tensor
+
+
+QUANTILES = (0.05, 0.5, 0.95)
+
+
+def quantile_keys(name: str) -> list[str]:
+    """The keys a Sample's metric `name` is reported under: name_p05, name_p50 and name_p95 (QUANTILES)."""
+    return [f"{name}_p{round(100 * q):02d}" for q in QUANTILES]
+
+
+def quantiles(name: str, sample: Sample) -> dict[str, torch.Tensor]:
+    """{name_p05, name_p50, name_p95} of the kept values, as torch.quantile's linear interpolation computes them,
+    without reading anything back to the host: the kept values sorted first (the others set to +inf), the
+    q-quantile at position q·(n − 1) of them, n = Σ keep ≥ 1."""
+    x, keep = sample.values, sample.keep
     v = torch.where(keep, x.double(), torch.inf).flatten().sort().values
-    q = torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=x.device)
+    q = torch.tensor(QUANTILES, dtype=torch.float64, device=x.device)
     position = q * (keep.sum() - 1)
     below, above = position.floor().long(), position.ceil().long()
     value = torch.lerp(v[below], v[above], position - below)
-    return {f"{name}_p05": value[0], f"{name}_p50": value[1], f"{name}_p95": value[2]}
-
-
-def _masked_mean(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The mean of x where `keep` (the same shape), in float64."""
-    return torch.where(keep, x.double(), 0.0).sum() / keep.sum()
+    return dict(zip(quantile_keys(name), value, strict=True))
 
 
 @dataclass
@@ -303,9 +335,11 @@ def policy_objective(
     behaviour_level: BehaviourLevel = "auto",
     sequence_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss to minimise, −J (+ the optional KL penalty), and its metrics as 0-dim tensors, computed without
-    reading a value back to the host (no synchronisation with a GPU): the inputs' values are taken as
-    `check_values` checks them; `policy_loss` checks them and returns floats.
+    """The loss to minimise, −J (+ the optional KL penalty), and its metrics, computed without reading a value back
+    to the host (no synchronisation with a GPU): the inputs' values are taken as `check_values` checks them;
+    `policy_loss` checks them and returns floats. A mean metric is a `Mean` (its sum and count), one reported as
+    quantiles a `Sample` (its values), so that a trainer pools the parts of a minibatch exactly (`metric_values`
+    gives one call's as 0-dim tensors).
 
     logprobs (B, T): lp_θ, with gradient. old_logprobs (B, T): lp_prox, the ratio's reference (the
     engine's lp_b unless decoupled). mask (B, T): 1 on generated tokens. advantages: (B, T) per token
@@ -322,14 +356,15 @@ def policy_objective(
       "token" (not for GSPO, whose one term per sequence has no token to weigh).
 
     Metrics: clip_fraction (share of the objective's weight whose clipped branch is taken:
-    sequences for GSPO, tokens for GSPO-token and GRPO, averaged per sequence), ratio_p05 /
-    ratio_p50 / ratio_p95 (s_i per sequence, or r_{i,t} per token for GRPO), abs_logprob_diff
+    sequences for GSPO, tokens for GSPO-token and GRPO, averaged per sequence), ratio (a Sample: s_i per
+    sequence, or r_{i,t} per token for GRPO; ratio_p05 / _p50 / _p95), abs_logprob_diff
     (mean |lp_θ − lp_prox| over generated tokens), seq_kl (k3 estimate of KL(π_prox ‖ π_θ) per token,
     averaged per sequence then over sequences: the engine/trainer mismatch when lp_θ is scored
-    before any update against the engine's lp_b), sequences (B'); with the KL penalty kl_ref; with a
-    behaviour weight, over its units (sequences with tokens, or generated tokens): behaviour_weight_p05 /
-    _p50 / _p95 (ŵ, before the cap) and behaviour_truncated_fraction or behaviour_masked_fraction
-    (the share whose ŵ exceeded C), or behaviour_band_masked_fraction (the share outside [1/C, C]).
+    before any update against the engine's lp_b), sequences (B', a 0-dim tensor); with the KL penalty kl_ref
+    (ρ-weighted over sequences); with a behaviour weight, over its units (sequences with tokens, or generated
+    tokens): behaviour_weight (a Sample of ŵ, before the cap) and behaviour_truncated_fraction or
+    behaviour_masked_fraction (the share whose ŵ exceeded C), or behaviour_band_masked_fraction (the share
+    outside [1/C, C]).
 
     Computed in float32 at least whatever the inputs' dtype; the gradient reaches `logprobs` in its own.
     """
@@ -363,7 +398,7 @@ def policy_objective(
         return torch.where(has_tokens, rho * x, 0.0).sum() / rho.sum()
 
     weight = None
-    metrics: dict[str, torch.Tensor] = {}
+    metrics: dict[str, Mean | Sample | torch.Tensor] = {}
     if weighted:
         level = objective.level if behaviour_level == "auto" else behaviour_level
         if level == "token" and not objective.token_weight:
@@ -375,27 +410,38 @@ def policy_objective(
             lp_prox, masked(behaviour_logprobs), m, level=level, kind=behaviour_weight, cap=behaviour_cap
         )
         units = has_tokens if level == "sequence" else on
-        metrics |= _quantiles("behaviour_weight", raw, units)
-        metrics[_CAPPED_METRIC[behaviour_weight]] = _masked_mean(capped, units)
+        metrics["behaviour_weight"] = Sample(raw.detach(), units)
+        metrics[_CAPPED_METRIC[behaviour_weight]] = Mean.of(capped, units)
 
     terms = objective.terms(lp, lp_prox, A, m, x.eps_low, x.eps_high, weight)
     J = mean(terms.J_i)
     loss = -J
     if ref_logprobs is not None:
-        kl_ref = mean(_token_mean(_k3(masked(ref_logprobs) - lp), m))
-        loss = loss + kl_coef * kl_ref
-        metrics["kl_ref"] = kl_ref.detach()
+        per_sequence = _token_mean(_k3(masked(ref_logprobs) - lp), m)
+        loss = loss + kl_coef * mean(per_sequence)
+        metrics["kl_ref"] = Mean.of(per_sequence.detach(), has_tokens, rho)
 
     with torch.no_grad():
         diff = (lp - lp_prox).detach()
         metrics.update(
-            clip_fraction=_masked_mean(terms.clipped, has_tokens),
-            **_quantiles("ratio", terms.ratio, has_tokens if objective.level == "sequence" else on),
-            abs_logprob_diff=_masked_mean(diff.abs(), on),
-            seq_kl=_masked_mean(_token_mean(_k3(diff), m), has_tokens),
+            clip_fraction=Mean.of(terms.clipped, has_tokens),
+            ratio=Sample(terms.ratio.detach(), has_tokens if objective.level == "sequence" else on),
+            abs_logprob_diff=Mean.of(diff.abs(), on),
+            seq_kl=Mean.of(_token_mean(_k3(diff), m), has_tokens),
             sequences=has_tokens.sum().double(),
         )
     return loss, metrics
+
+
+def metric_values(metrics: dict[str, Mean | Sample | torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`policy_objective`'s metrics as 0-dim tensors: a Mean's value, a Sample's `quantiles`."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in metrics.items():
+        if isinstance(v, Sample):
+            out |= quantiles(k, v)
+        else:
+            out[k] = v.value if isinstance(v, Mean) else v
+    return out
 
 
 def policy_loss(
@@ -413,7 +459,7 @@ def policy_loss(
         logprobs, old_logprobs, advantages, mask, mode=mode, sequence_weights=sequence_weights, **options
     )  # its arguments and shapes checked first
     check_values(advantages, mask, mode=mode, sequence_weights=sequence_weights)
-    return loss, {k: float(v) for k, v in metrics.items()}
+    return loss, {k: float(v) for k, v in metric_values(metrics).items()}
 
 
 def sequence_stats(

@@ -10,6 +10,7 @@ policy version; the training loop adds a `RowRecorder` for the trajectories it s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.algo import sequence_stats
+from agentrl.algo.loss import QUANTILES, Mean, Sample, quantile_keys
 from agentrl.runs import TrainedView
 from agentrl.train.batch import TrainBatch
 from agentrl.train.config import AlgoConfig
@@ -26,34 +28,68 @@ from agentrl.train.scoring import Scorer
 class Metrics:
     """An update's metrics: weighted means over minibatches, reduced over ranks once, at the end.
 
-    A value may be a 0-dim tensor on the device: its sums stay there, and `reduce` reads them all back in one
-    transfer, so logging never waits for the device."""
+    A value (and a weight) may be a 0-dim tensor on the device: its sums stay there, and `reduce` reads them all
+    back in one transfer, so logging never waits for the device. `policy_objective`'s metrics pool exactly
+    (`add`): a `Mean` as its sum and count, a `Sample` as its values, whose quantiles are taken once over every
+    micro-batch, minibatch and rank of the update."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, list] = {}  # key -> [Σ value·weight (a float or a 0-dim float64 tensor), Σ weight]
+        self._sums: dict[str, list] = {}  # key -> [Σ value·weight, Σ weight], each a float or a 0-dim tensor
+        self._samples: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # key -> [(values, keep)]
 
-    def log(self, key: str, value: float | torch.Tensor, weight: float = 1.0) -> None:
+    def log(self, key: str, value: float | torch.Tensor, weight: float | torch.Tensor = 1.0) -> None:
         s = self._sums.setdefault(key, [0.0, 0.0])
         if isinstance(value, torch.Tensor):
             value = value.detach().double()
         s[0] = s[0] + value * weight
-        s[1] += weight
+        s[1] = s[1] + weight
+
+    def add(self, key: str, metric: Mean | Sample | torch.Tensor, weight: float = 1.0) -> None:
+        """A metric of `policy_objective`: a Mean pools by its count, a Sample by its values; a plain value is
+        `log`ged with `weight`."""
+        if isinstance(metric, Mean):
+            s = self._sums.setdefault(key, [0.0, 0.0])
+            s[0], s[1] = s[0] + metric.total.detach(), s[1] + metric.count.detach().double()
+        elif isinstance(metric, Sample):
+            self._samples.setdefault(key, []).append((metric.values.detach(), metric.keep))
+        else:
+            self.log(key, metric, weight)
 
     def reduce(self, world: int) -> dict[str, float]:
-        keys = sorted(self._sums)
+        keys, sampled = sorted(self._sums), sorted(self._samples)
         if world > 1:  # a rank without data lacks some keys: every rank reduces the union
-            all_keys: list[list[str]] = [[] for _ in range(world)]
-            dist.all_gather_object(all_keys, keys)
-            keys = sorted({k for ks in all_keys for k in ks})
+            all_keys: list[tuple[list[str], list[str]]] = [([], []) for _ in range(world)]
+            dist.all_gather_object(all_keys, (keys, sampled))
+            keys = sorted({k for ks, _ in all_keys for k in ks})
+            sampled = sorted({k for _, ks in all_keys for k in ks})
         rows = [self._sums.get(k, [0.0, 0.0]) for k in keys]
-        on_device = [v for v, _ in rows if isinstance(v, torch.Tensor)]
-        read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])  # the one transfer
+        parts = [pair for k in sampled for pair in self._samples.get(k, [])]
+        on_device = [x.reshape(1) for row in rows for x in row if isinstance(x, torch.Tensor)]
+        on_device += [t.flatten() for pair in parts for t in pair]
+        # the one transfer: what was on the device comes back in the order it went, as floats
+        values = torch.cat([x.double() for x in on_device]).cpu().tolist() if on_device else []
+        at = itertools.accumulate((x.numel() for x in on_device), initial=0)
+        read = (values[a:b] for a, b in itertools.pairwise(at))
         sums = torch.tensor(
-            [[next(read) if isinstance(v, torch.Tensor) else v, w] for v, w in rows], dtype=torch.float64
-        )
+            [[next(read)[0] if isinstance(x, torch.Tensor) else x for x in row] for row in rows], dtype=torch.float64
+        ).reshape(len(rows), 2)
         if world > 1:
             dist.all_reduce(sums)
-        return {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
+        out = {k: float(v / w) for k, (v, w) in zip(keys, sums.tolist(), strict=True) if w}
+        kept: dict[str, list[float]] = {k: [] for k in sampled}
+        for k in sampled:
+            for _ in self._samples.get(k, []):
+                kept[k] += itertools.compress(next(read), next(read))
+        if world > 1:  # every rank's values, to take the quantiles over all of them
+            gathered: list[dict[str, list[float]]] = [{} for _ in range(world)]
+            dist.all_gather_object(gathered, kept)
+            kept = {k: [v for g in gathered for v in g.get(k, [])] for k in sampled}
+        q = torch.tensor(QUANTILES, dtype=torch.float64)
+        for k in sampled:
+            if kept[k]:
+                taken = torch.tensor(kept[k], dtype=torch.float64).quantile(q)
+                out |= dict(zip(quantile_keys(k), taken.tolist(), strict=True))
+        return out
 
 
 @dataclass
@@ -98,10 +134,9 @@ class Mismatch(UpdateObserver):
         on = s.batch.loss_mask.bool()
         d = torch.where(on, s.logprobs.detach() - s.batch.old_logprobs, 0.0)
         k3 = torch.where(on, d.exp() - d - 1, 0.0)
-        has = on.any(-1)
         per_sequence = k3.sum(-1) / on.sum(-1).clamp(min=1)
-        metrics.log("mismatch_abs_logprob_diff", d.abs().sum() / on.sum(), s.n_local)
-        metrics.log("mismatch_seq_kl", torch.where(has, per_sequence, 0.0).sum() / has.sum(), s.n_local)
+        metrics.add("mismatch_abs_logprob_diff", Mean.of(d.abs(), on))  # per token
+        metrics.add("mismatch_seq_kl", Mean.of(per_sequence, on.any(-1)))  # per sequence
 
 
 def staleness(token_versions: torch.Tensor, loss_mask: torch.Tensor, policy_version: int) -> dict[str, float]:

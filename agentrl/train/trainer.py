@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from agentrl.algo import check_values, policy_objective
+from agentrl.algo.loss import Mean
 from agentrl.engine.base import SamplingParams
 from agentrl.models.lora import is_lora
 from agentrl.train.batch import TrainBatch
@@ -249,7 +250,9 @@ class Trainer:
     def update(
         self, batch: TrainBatch, *observers: UpdateObserver, policy_version: int | None = None
     ) -> dict[str, float]:
-        """M optimizer steps over the batch; returns metrics averaged over minibatches (and ranks).
+        """M optimizer steps over the batch; returns its metrics, each a mean over the update's units (sequences or
+        tokens, every minibatch, micro-batch and rank) or quantiles over all its values: the same however it is split,
+        but the router's loss (a micro-batch's, weighted by its tokens) and the expert flip rate (a sample of rows).
         `observers` (every rank passes the same) watch it besides `self.diagnostics`. `policy_version`: the
         version of the weights held before the first step, to log the trained tokens' staleness (every rank
         passes the same; the batch needs its token_versions)."""
@@ -310,8 +313,8 @@ class Trainer:
                 )
                 for k, v in loss_metrics.items():
                     if k != "sequences":
-                        metrics.log(k, v, s.n_local)
-                metrics.log("entropy", (entropy * mb.loss_mask).sum() / mb.loss_mask.sum(), s.n_local)
+                        metrics.add(k, v)  # pooled exactly over micro-batches and ranks
+                metrics.add("entropy", Mean.of(entropy, mb.loss_mask.bool()))
                 metrics.log("loss", loss, s.n_local)
                 if algo.routing_replay != "none":  # the share of real positions routed to a given set
                     real = int(s.attention_mask.sum())

@@ -42,8 +42,9 @@ def test_two_ranks_match_one_process(tmp_path, kind, plain_moe):
     assert one["state"].keys() == two["state"].keys()
     for name, value in one["state"].items():
         torch.testing.assert_close(two["state"][name], value, atol=ATOL, rtol=0, msg=name)
-    # the metrics are of the whole minibatch, whichever rank scored which sequence
-    for key in ("loss", "clip_fraction", "entropy", "grad_norm", "router_aux_loss", "mismatch_seq_kl"):
+    # the metrics are of the whole minibatch, whichever rank scored which sequence (quantiles over both ranks' values)
+    keys = ("loss", "clip_fraction", "entropy", "grad_norm", "router_aux_loss", "mismatch_seq_kl", "abs_logprob_diff")
+    for key in (*keys, "mismatch_abs_logprob_diff", "ratio_p05", "ratio_p50", "ratio_p95"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-7), key
     initial = {k: v for k, v in tiny_model("qwen3_moe", seed=0).state_dict().items()}
     changed = [n for n, v in one["state"].items() if n in initial and not torch.equal(v, initial[n])]
