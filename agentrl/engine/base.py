@@ -161,8 +161,9 @@ class InferenceEngine(ABC):
     async def start(self) -> None:  # noqa: B027 (optional hook: most engines are ready once built)
         """Ready the engine (a client connects); later calls return at once. Nothing to do by default."""
 
-    def paused(self) -> AbstractContextManager[None]:
-        """No decode step runs inside this block (for an in-place update of a shared module)."""
+    def paused(self, *, new_version: bool = False) -> AbstractContextManager[None]:
+        """No decode step runs inside this block (for an in-place update of a shared module); `new_version`: the
+        block changed the weights, and the next policy version begins as it ends, before any step."""
         raise NotImplementedError(f"the {self.name} engine cannot pause (capabilities.pausable is False)")
 
     @property

@@ -43,7 +43,7 @@ class FixedShapeDecode:
         self.captures = 0  # graphs captured so far
         self._storage: torch.Tensor | None = None  # the KV storage the buffers and graphs were made for
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, list]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._pool = None  # the graphs' memory pool, one per KV storage (`_reset`)
 
     def bucket(self, rows: int) -> int:
         return next(b for b in self.buckets if b >= rows)
@@ -80,6 +80,9 @@ class FixedShapeDecode:
         device = storage.device
         self._storage = storage
         self._graphs.clear()
+        # a new pool for the new graphs: capturing again into a pool whose graphs are gone while tensors in it live on
+        # (the last step's logits, the routing records) has met PyTorch's internal use_count assert elsewhere
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._ids = torch.zeros(rows, dtype=torch.long, device=device)
         self._positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self._mask = torch.zeros(rows, 1, 1, columns, dtype=torch.bool, device=device)
@@ -106,9 +109,9 @@ class FixedShapeDecode:
                 self._forward(cache, b)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            # one memory pool for every bucket's graph: a graph's intermediates may lie where another's outputs
-            # do, which is safe because each replay's outputs are consumed (queued on the same stream) before the
-            # next replay. thread_local: a learner in another thread of this process may use the GPU meanwhile
+            # one memory pool for every bucket's graph over this storage: a graph's intermediates may lie where
+            # another's outputs do, which is safe because each replay's outputs are consumed (queued on the same
+            # stream) before the next replay. thread_local: a learner in another thread may use the GPU meanwhile
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits = self._forward(cache, b)
             self._graphs[b] = (graph, logits, list(self.records or ()))

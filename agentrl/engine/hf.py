@@ -56,11 +56,9 @@ MAX_BATCH_SIZE = 64  # rows decoded together, by default
 DECODE_WINDOW = {"cuda": 8}  # decode steps between two reads back, by device type; others 1
 
 
-def _sdpa_full_attention(cfg) -> bool:
-    """The model attends with sdpa and every layer to the whole context (no sliding window): a decode step's
-    mask is then the padding alone."""
-    if cfg._attn_implementation != "sdpa":
-        return False
+def _full_attention(cfg) -> bool:
+    """Every layer attends to the whole context (no sliding window): masks go by the padding alone, and a padding
+    column between a row's tokens changes nothing."""
     types = getattr(cfg, "layer_types", None)
     return all(t == "full_attention" for t in types) if types else not getattr(cfg, "sliding_window", None)
 
@@ -87,8 +85,9 @@ class HFEngine(ThreadedEngine):
     """The embedded engine, sampling with the transformers module it is given.
 
     `shared=True`: the module is the trainer's own (no copy). The trainer changes its weights in
-    place, wrapped in `with engine.paused():` (no decode step runs meanwhile), and then calls
-    `await engine.update_weights()` with no arguments, which only moves the version. Otherwise the
+    place, wrapped in `with engine.paused(new_version=True):` (no decode step runs meanwhile, and the next version
+    begins as the block ends; `await engine.update_weights()` with no arguments after a plain `paused()` moves it
+    too, but a step may run between the two). Otherwise the
     engine owns its module and takes full state dicts, and LoRA adapters when it is a peft model.
     """
 
@@ -129,7 +128,9 @@ class HFEngine(ThreadedEngine):
         self.device = next(model.parameters()).device
         self.decode_window = decode_window or DECODE_WINDOW.get(self.device.type, 1)
         """decode steps between two reads of the sampled tokens back to the host"""
-        self._mask_4d = _sdpa_full_attention(model.config.get_text_config())
+        text = model.config.get_text_config()
+        self._full_attention = _full_attention(text)
+        self._mask_4d = self._full_attention and text._attn_implementation == "sdpa"  # a decode step's 4D mask
         self._fixed: FixedShapeDecode | None = None  # the decode step over fixed shapes (agentrl.engine.graphs)
         if cuda_graphs or fixed_shapes:
             if cuda_graphs and self.device.type != "cuda":
@@ -268,9 +269,11 @@ class HFEngine(ThreadedEngine):
             if self.bf16_weights:
                 self._round_weights()
             # Neither: the module is shared with the trainer and already holds the new weights.
-            self._prefix.clear()  # KV of the old weights: reusing it would not sample the new policy
-            self._version += 1
-            return self._version
+            return self._next_version()
+
+    def _next_version(self) -> int:
+        self._prefix.clear()  # KV of the old weights: reusing it would not sample the new policy
+        return super()._next_version()
 
     # -- the decode loop (engine thread) --------------------------------------------
 
@@ -278,8 +281,18 @@ class HFEngine(ThreadedEngine):
         return bool(self._rows)
 
     def _take(self) -> list[Request]:
-        room = self.max_batch_size - len(self._rows)
-        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        """The waiting requests in order while the batch has room, and every aborted one whatever the room (`_step`
+        resolves it at once, rather than when a row frees)."""
+        room, taken, kept = self.max_batch_size - len(self._rows), [], []
+        for req in self._waiting:
+            if req.aborted or room > 0:
+                taken.append(req)
+                room -= not req.aborted
+            else:
+                kept.append(req)
+        self._waiting.clear()
+        self._waiting.extend(kept)
+        return taken
 
     @torch.no_grad()
     def _step(self, new: list[_Request]) -> None:
@@ -328,7 +341,9 @@ class HFEngine(ThreadedEngine):
             routing = self._routing()[: len(rows)] if self._routers is not None else None  # fixed shapes pad rows
             b.ids, packed = self._draw(logits, b.sampling, b.counters[:, 1], routing)
             drawn.append(packed)
-            b.counters += 1  # now the count of tokens each row has
+            # now the count of tokens each row has; a stopped row's stay, so no position passes prompt + max_tokens
+            # (its later steps are dropped, and a model with learned positions has none beyond max_context)
+            b.counters += live[:, None]
             if steps > 1:
                 live &= (b.ids[:, None] != b.stops).all(1) & (b.counters[:, 1] < b.max_tokens)
         for r in rows:
@@ -391,6 +406,14 @@ class HFEngine(ThreadedEngine):
         if shared := self._shared_prefixes(prompts):
             self._forward_prompts(shared)
         hits = [self._prefix.lookup(p) for p in prompts]
+        if not self._full_attention:
+            # a sliding window masks by column, not by position: a row's cached prefix and its suffix must be
+            # adjacent, so each suffix spans the longest one's columns (such a row reuses less of its prefix)
+            S = max(len(p) - hit.tokens for p, hit in zip(prompts, hits, strict=True))
+            hits = [
+                hit if len(p) - hit.tokens >= S else self._prefix.lookup(p[: max(0, len(p) - S) + 1])
+                for p, hit in zip(prompts, hits, strict=True)
+            ]
         m = [hit.tokens for hit in hits]
         s = [len(p) - n for p, n in zip(prompts, m, strict=True)]
         U, Lp, S = len(prompts), max(m), max(s)

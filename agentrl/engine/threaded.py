@@ -63,10 +63,19 @@ class ThreadedEngine(InferenceEngine):
         return self._max_context
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No engine step runs inside this block (capabilities.pausable)."""
+    def paused(self, *, new_version: bool = False) -> Iterator[None]:
+        """No engine step runs inside this block (capabilities.pausable). `new_version`: the block changes the
+        shared module's weights, and the next policy version begins as it ends (unless it raised), before any step:
+        a step between the block and a later `update_weights()` would sample the new weights under the old version."""
         with self._lock:
             yield
+            if new_version:
+                self._next_version()
+
+    def _next_version(self) -> int:
+        """The weights changed (under the step lock): later tokens carry the next version."""
+        self._version += 1
+        return self._version
 
     # -- hooks (engine thread unless said otherwise) ---------------------------------
 

@@ -2,7 +2,7 @@
 is built, from what the engine declares (`InferenceEngine.capabilities`) and whether the policy trains LoRA.
 
 - `SharedModule`: the engine samples with the learner's own module (one process): the update runs
-  inside `engine.paused()` and the sync only moves the policy version;
+  inside `engine.paused(new_version=True)`, which moves the policy version as it ends;
 - `LoraAdapter`: only the adapter's tensors are sent;
 - `FullState`: the full state dict, gathered from the shards.
 
@@ -64,10 +64,11 @@ class SharedModule(WeightSync):
     in_place = True
 
     def updating(self) -> AbstractContextManager[None]:
-        return self.engine.paused()  # no decode step reads the weights while the optimizer writes them
+        # no decode step reads the weights while the optimizer writes them, and the first after it is the new version's
+        return self.engine.paused(new_version=True)
 
     async def push(self) -> int:
-        return await self.engine.update_weights()
+        return self.engine.version  # moved as the update ended
 
 
 def weight_sync(learner: Learner, engine: InferenceEngine) -> WeightSync:

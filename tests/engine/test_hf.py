@@ -430,3 +430,71 @@ async def test_prompt_routing_of_prefix_cache_hits_is_the_routing_their_kv_was_c
     assert [[sorted(e) for e in token] for token in gen2.routed_experts] == fresh[len(turn2) - 1 : -1]
     assert gen2.prompt_routing[: len(first) - 1] == gen.prompt_routing, "a hit reports what was recorded"
     assert gen2.prompt_routing[len(first) - 1 : len(first) - 1 + len(gen.routed_experts)] == gen.routed_experts
+
+
+async def test_a_sliding_window_model_keeps_parity_when_prompts_reuse_cached_prefixes():
+    """Sliding-window layers mask by column: a row whose cached prefix and suffix sat apart (a shorter suffix than
+    its batch's longest) lost earlier tokens from its window (0.15-0.38 off). The two prompts share a 40-token
+    system prompt, computed once first and then reused by both, with suffixes of 2 and 10 tokens."""
+    model = tiny_model("qwen3", seed=0, use_sliding_window=True, sliding_window=6, max_window_layers=0)
+    assert set(model.config.layer_types) == {"sliding_attention"}
+    system = list(range(100, 140))
+    prompts = [[*system, 200, 201], system + list(range(300, 310))]
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=0)
+    async with HFEngine(model) as eng:
+        with eng.paused():  # the requests enter as one batch
+            gens = [asyncio.ensure_future(eng.generate(p, params)) for p in prompts]
+            await asyncio.sleep(0.05)
+        gens = await asyncio.gather(*gens)
+        assert eng.cached_tokens > 0  # the shared prefix was reused
+    for prompt, gen in zip(prompts, gens, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(gen.logprobs), teacher_forced(model, prompt, gen, params), atol=ATOL, rtol=0
+        )
+
+
+async def test_a_decode_window_feeds_no_position_past_a_row_s_last():
+    """A row that reaches its max_tokens inside a window decodes on to the window's end: its position must stay
+    within prompt + max_tokens (here max_context), or a model with learned positions indexes past its table."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2)).eval()
+    async with HFEngine(model, decode_window=4) as eng:
+        with eng.paused():  # one batch: the first request ends at the context's end while the other goes on
+            full = asyncio.ensure_future(eng.generate(list(range(10, 60)), SamplingParams(max_tokens=14, seed=0)))
+            other = asyncio.ensure_future(eng.generate(list(range(10, 20)), SamplingParams(max_tokens=30, seed=1)))
+            await asyncio.sleep(0.05)
+        full, other = await asyncio.gather(full, other)
+    assert (len(full.token_ids), len(other.token_ids)) == (14, 30)
+
+
+async def test_an_aborted_request_waiting_for_room_ends_at_once():
+    model = tiny_model("llama", seed=0)
+    async with HFEngine(model, max_batch_size=1) as eng:
+        running = asyncio.create_task(eng.generate([5, 6], SamplingParams(max_tokens=3000), request_id="a"))
+        waiting = asyncio.create_task(eng.generate([7, 8], SamplingParams(max_tokens=8), request_id="b"))
+        await asyncio.sleep(0.2)
+        await eng.abort("b")
+        gen = await waiting  # not when the running request frees its row
+        assert not running.done() and gen.finish_reason == "aborted" and gen.token_ids == []
+        await eng.abort("a")
+        await running
+
+
+async def test_a_shared_module_s_new_version_begins_as_its_update_ends():
+    """`paused(new_version=True)` around an in-place update: the version moves, and the old weights' KV leaves
+    the prefix cache, before the engine can step again (an `update_weights()` after the block left a step between
+    the two, whose tokens carried the new weights under the old version); a failed update moves nothing."""
+    model = tiny_model("qwen3", seed=0)
+    async with HFEngine(model, shared=True) as eng:
+        await eng.generate(list(range(10, 50)), SamplingParams(max_tokens=4))
+        assert eng._prefix.tokens > 0
+        with eng.paused(new_version=True):
+            assert eng.version == 0
+        assert eng.version == 1 and eng._prefix.tokens == 0
+        with pytest.raises(RuntimeError), eng.paused(new_version=True):
+            raise RuntimeError("the optimizer step failed")
+        assert eng.version == 1
+        gen = await eng.generate(list(range(10, 50)), SamplingParams(max_tokens=4))
+    assert gen.versions == [1] * 4
