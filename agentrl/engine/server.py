@@ -309,6 +309,10 @@ class _KeyCheck:
         await self.app(scope, receive, send)
 
 
+ABORT_WAIT_S = 30.0
+"""how long an aborted request is waited for (an engine ends it at its next step)"""
+
+
 async def until_done(
     engine: InferenceEngine, task: asyncio.Future[Generation], rid: str, request: Request
 ) -> Generation | None:
@@ -327,6 +331,9 @@ async def until_done(
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its partial result is not read
             with anyio.CancelScope(shield=True):
                 await engine.abort(rid)
+                # until the engine lets it go: the caller's next request may carry the same id (a gateway session's
+                # next call), which the engine refuses while this one is in flight
+                await asyncio.wait({task}, timeout=ABORT_WAIT_S)
 
 
 async def _disconnected(request: Request) -> None:

@@ -97,13 +97,14 @@ _BINARY = {
 def calculate(expression: str) -> Fraction:
     """Exact value of an arithmetic expression, walked on its AST (never eval: it is the agent's text)."""
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        return _eval(ast.parse(expression.strip(), mode="eval").body)
     except SyntaxError as e:
         raise ToolError(f"not an expression: {e.msg}") from None
-    try:
-        return _eval(tree.body)
     except ZeroDivisionError:
         raise ToolError("division by zero") from None
+    # the agent's text (nested too deep, a null byte, an inf, a modulus of 0), not the env's fault
+    except (ValueError, OverflowError, RecursionError, MemoryError) as e:
+        raise ToolError(f"cannot compute that: {type(e).__name__}: {e}"[:300]) from None
 
 
 def _eval(node: ast.AST) -> Fraction:
@@ -120,7 +121,8 @@ def _eval(node: ast.AST) -> Fraction:
             base, exp = _eval(a), _eval(b)
             if exp.denominator != 1:
                 raise ToolError("only whole-number exponents are exact")
-            if abs(exp) * math.log10(max(2, abs(base.numerator), base.denominator)) > MAX_DIGITS:
+            # the result's digits, |exp| · log10(base), compared without making a float of a huge exponent
+            if abs(exp) > MAX_DIGITS / math.log10(max(2, abs(base.numerator), base.denominator)):
                 raise ToolError(f"the result would have more than {MAX_DIGITS} digits")
             return base**exp
         case ast.BinOp(op=op, left=a, right=b) if type(op) in _BINARY:

@@ -82,12 +82,14 @@ class ChatFormat:
         """The delta after a generated turn whose last token is `last_token` (see module doc)."""
         full = self.render([*_STAND_IN, {"role": "assistant", "content": SENTINEL}, *messages], generation_prompt=True)
         before = self._stand_in_rendered
-        if not full.startswith(before) or full.count(SENTINEL) != 1:
+        if not full.startswith(before) or SENTINEL not in full[len(before) :]:
             raise TemplatePrefixError(
                 "the chat template rewrites earlier turns once messages are appended, so a conversation is "
                 f"not a prefix of its continuation: {before!r} + an assistant turn rendered as {full!r}"
             )
-        head = full[: full.index(SENTINEL) + len(SENTINEL)]
+        # the first one after the stand-in is the assistant turn's: an observation may hold the same text (a tool's
+        # output, an echoed malformed call), which must not fail the episode
+        head = full[: full.index(SENTINEL, len(before)) + len(SENTINEL)]
         delta = self.encode(full[len(head) :])
         if not delta or self.tokenizer.convert_ids_to_tokens(delta[0]) not in self._atomic:
             raise TemplatePrefixError(

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import os
+import stat
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -197,6 +199,22 @@ async def executor_ready(fd: int, timeout_s: float) -> bool:
         return await asyncio.wait_for(reader.readline(), timeout_s) == b"ready\n"
     finally:
         transport.close()
+
+
+def runtime_dir() -> Path:
+    """This user's folder for sandboxes' host sides (sockets; bwrap's trees), `$TMPDIR/agentrl-UID`: short, as a Unix
+    socket's path must fit in 108 bytes. It must be this user's own and private: in a shared /tmp another user could
+    make it first, then swap a sandbox's folder and answer on its socket (forged results, the hidden tests read)."""
+    d = Path(os.environ.get("TMPDIR") or "/tmp") / f"agentrl-{os.getuid()}"  # read at each call, as processes set it
+    with contextlib.suppress(FileExistsError):
+        d.mkdir(mode=0o700)
+    st = d.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise SandboxError(
+            f"{d} is not a private folder of this user (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}; uid "
+            f"{os.getuid()}, drwx------ expected): someone else may have made it. Remove it, or set TMPDIR elsewhere"
+        )
+    return d
 
 
 class Reply(NamedTuple):

@@ -54,7 +54,14 @@ from docker.utils import parse_bytes  # Docker's size notation, as DockerSandbox
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox import reaper
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, executor_ready, start_executor
+from agentrl.sandbox.base import (
+    CallLimits,
+    ExecutorSandbox,
+    SandboxError,
+    executor_ready,
+    runtime_dir,
+    start_executor,
+)
 from agentrl.sandbox.image import (
     SANDBOX_MOUNTS,
     cache_dir,
@@ -69,6 +76,7 @@ log = logging.getLogger(__name__)
 
 TREE_PREFIX = "bwrap-"
 SOCKET_IN_SANDBOX = "/run/agentrl"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = (65534, 65534)
 # What a host-rooted sandbox gets of the host: the system's programs and libraries, read-only.
@@ -289,8 +297,14 @@ class Cgroup:
         return {"version": self.version, "dirs": {c: str(d) for c, d in self.dirs.items()}}
 
     @classmethod
-    def from_record(cls, record: dict) -> Cgroup:
-        return cls(record["version"], {c: Path(d) for c, d in record["dirs"].items()})
+    def from_record(cls, record: dict, name: str) -> Cgroup:
+        """The cgroup an owner.json names, for the sandbox `name`: only folders of that name under /sys/fs/cgroup
+        (ValueError otherwise), since removing a cgroup kills every process in it and the record is read from disk."""
+        dirs = {c: Path(d) for c, d in record["dirs"].items()}
+        for d in dirs.values():
+            if d.name != name or CGROUP_ROOT not in d.resolve().parents:
+                raise ValueError(f"{d} is not the cgroup of the sandbox {name}")
+        return cls(record["version"], dirs)
 
     @property
     def procs_files(self) -> list[str]:
@@ -330,13 +344,6 @@ class Cgroup:
 
 
 # -- the sandbox -------------------------------------------------------------------------------
-
-
-def runtime_dir() -> Path:
-    """Where sandboxes' host-side folders live (short: a Unix socket path must fit in 108 bytes)."""
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"agentrl-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    return d
 
 
 @cache
@@ -429,16 +436,22 @@ COMPILE = (
 @cache
 def _executor_bytecode(bwrap: str, privileged: bool, rootfs: Path | None) -> Path | None:
     """A __pycache__ folder with the executor's bytecode for the root's python3, bound in beside it (see main.py): a
-    fifth of a cold start is compiling it. Compiled once per executor and Python version, by that python3, in a
-    sandbox on that root (its bytecode format is its own). None, with a warning, where it cannot be made."""
+    fifth of a cold start is compiling it. Compiled once per executor and root, by the root's python3 (its bytecode
+    format is its own), in a sandbox as locked down as the programs' (an instance image's python3 is its author's
+    code: run on the host, it would be root there), into a folder of that root's alone (so a root can plant
+    bytecode only for its own executor, which runs its own python3 anyway). None, with a warning, where it cannot
+    be made."""
     source = sandboxes_dir() / "python" / "executor.py"
     version = python_version(rootfs or Path("/"))
-    folder = cache_dir() / "executor" / file_sha256(source)[:12] / "__pycache__"
+    root = "host" if rootfs is None else hashlib.sha256(str(rootfs.resolve()).encode()).hexdigest()[:12]
+    folder = cache_dir() / "executor" / file_sha256(source)[:12] / root / "__pycache__"
     if version is not None and (folder / f"executor.cpython-{version[0]}{version[1]}.pyc").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [bwrap, "--unshare-net", "--die-with-parent", "--clearenv", "--setenv", "PATH", PATH]
-    argv += [] if privileged else ["--unshare-user"]
+    argv = [bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
+    argv += ["--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", PATH]
+    argv += ["--cap-drop", "ALL"] if os.geteuid() == 0 else []
+    argv += [] if privileged else ["--unshare-user", "--disable-userns"]
     argv += [*_root_args(rootfs), "--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/agentrl"]
     argv += ["--ro-bind", str(source), "/agentrl/executor.py", "--bind", str(folder), "/agentrl/__pycache__"]
     done = subprocess.run([*argv, "--", "python3", "-c", COMPILE], capture_output=True, text=True, timeout=60)
@@ -452,7 +465,7 @@ class BwrapSandbox(ExecutorSandbox):
     """One bubblewrap sandbox. Create with `await BwrapSandbox.create(cfg)`; usually via SandboxPool."""
 
     def __init__(self, proc: asyncio.subprocess.Process, tree: Path, cgroup: Cgroup | None, limits: CallLimits):
-        super().__init__(tree / "exec.sock", limits, tree.name)
+        super().__init__(tree / "socket" / "exec.sock", limits, tree.name)
         self.proc = proc
         self.tree = tree
         self.cgroup = cgroup
@@ -469,6 +482,9 @@ class BwrapSandbox(ExecutorSandbox):
         name = f"{TREE_PREFIX}{secrets.token_hex(6)}"
         tree = runtime_dir() / name
         tree.mkdir(mode=0o700)
+        # the sandbox sees this subfolder alone: owner.json (which names the cgroups whose processes are killed at
+        # removal) and bubblewrap's stderr stay out of its reach, whichever uid it runs as
+        (tree / "socket").mkdir(mode=0o700)
         cgroup = None
         try:
             if h.cgroup:
@@ -527,7 +543,17 @@ class BwrapSandbox(ExecutorSandbox):
         argv += ["--perms", "0777", "--size", str(parse_bytes(cfg.work_size)), "--tmpfs", "/work"]
         argv += ["--perms", "0755", "--size", str(16 << 20), "--tmpfs", "/code"]  # executor-only
         argv += _executor_args(rootfs, bytecode)
-        argv += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", "/run", "--bind", str(tree), SOCKET_IN_SANDBOX]
+        argv += [
+            "--perms",
+            "0755",
+            "--size",
+            str(1 << 20),
+            "--tmpfs",
+            "/run",
+            "--bind",
+            str(tree / "socket"),
+            SOCKET_IN_SANDBOX,
+        ]
         if cgroup is not None:
             where, inside = cgroup.memory_dir
             argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
@@ -609,9 +635,21 @@ def collect_orphans(*, everything: bool = False) -> list[str]:
             if time.time() - tree.stat().st_mtime < 60:
                 continue
         if everything or owner is None or not reaper.owner_alive(owner):
-            _remove_tree(tree, Cgroup.from_record(owner["cgroup"]) if owner and owner.get("cgroup") else None)
+            _remove_tree(tree, _owned_cgroup(owner, tree))
             removed.append(tree.name)
     return removed
+
+
+def _owned_cgroup(owner: dict | None, tree: Path) -> Cgroup | None:
+    """The cgroup a tree's owner.json names, if it is that sandbox's (else None, with a warning: its processes are
+    not killed on that record's word)."""
+    if not owner or not owner.get("cgroup"):
+        return None
+    try:
+        return Cgroup.from_record(owner["cgroup"], tree.name)
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        log.warning("bwrap: %s names a cgroup that is not its own (%s): left alone", tree / "owner.json", e)
+        return None
 
 
 def remove_session(session: str = reaper.SESSION_ID) -> int:
@@ -621,7 +659,7 @@ def remove_session(session: str = reaper.SESSION_ID) -> int:
         with contextlib.suppress(OSError, ValueError):
             owner = json.loads((tree / "owner.json").read_text())
             if owner.get(reaper.SESSION_LABEL) == session:
-                _remove_tree(tree, Cgroup.from_record(owner["cgroup"]) if owner.get("cgroup") else None)
+                _remove_tree(tree, _owned_cgroup(owner, tree))
                 n += 1
     return n
 

@@ -8,10 +8,8 @@ works with `network_mode=none`.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
-import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -22,7 +20,7 @@ from docker.types import Mount
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox import reaper
-from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError
+from agentrl.sandbox.base import CallLimits, ExecutorSandbox, SandboxError, runtime_dir
 from agentrl.sandbox.image import image_exists, image_tag
 
 SOCKET_IN_CONTAINER = "/run/agentrl"
@@ -76,13 +74,6 @@ def default_image() -> str:
     return image_tag()
 
 
-def _runtime_dir() -> Path:
-    # Short: a Unix socket path must fit in 108 bytes.
-    d = Path(tempfile.gettempdir()) / f"agentrl-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    return d
-
-
 class DockerSandbox(ExecutorSandbox):
     """One container. Create with `await DockerSandbox.create(cfg)`; usually via SandboxPool.
 
@@ -112,7 +103,7 @@ class DockerSandbox(ExecutorSandbox):
         if not image_exists(client, image):
             raise SandboxError(f"sandbox image {image} not found: run `agentrl sandbox build`")
         token = secrets.token_hex(6)
-        sockdir = _runtime_dir() / token
+        sockdir = runtime_dir() / token
         sockdir.mkdir()
         # Writable for the container's root (no CAP_DAC_OVERRIDE) until the socket exists.
         sockdir.chmod(0o777)

@@ -3,7 +3,7 @@
 import pytest
 
 from agentrl.models.tokenizer import load_tokenizer
-from agentrl.rollout.chat import ChatFormat, TemplatePrefixError
+from agentrl.rollout.chat import SENTINEL, ChatFormat, TemplatePrefixError
 
 TOOLS = [{"type": "function", "function": {"name": "run_python", "description": "run", "parameters": {}}}]
 OBS = [{"role": "tool", "content": "stdout:\n3\n"}, {"role": "user", "content": "Now submit."}]
@@ -20,6 +20,16 @@ def test_delta_extends_the_rendering_token_exactly(template):
     ids += chat.observation_ids(OBS, last_token=ids[-1])
     full = [*opening, {"role": "assistant", "content": reply}, *OBS]
     assert ids == chat.encode(chat.render(full, tools=TOOLS, generation_prompt=True))
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_an_observation_may_hold_any_text_the_delta_uses_internally(template):
+    """The delta is found by rendering a marker as the assistant turn: a tool's output that prints the same marker
+    (or a malformed call echoed back) is an observation like any other, not a broken template."""
+    chat = ChatFormat(load_tokenizer(template))
+    echoed = [{"role": "tool", "content": f"stdout:\n{SENTINEL}\n"}]
+    delta = chat.observation_ids(echoed, last_token=chat.tokenizer.eos_token_id)
+    assert SENTINEL in chat.tokenizer.decode(delta)
 
 
 @pytest.mark.parametrize("template", ["qwen3", "llama3"])

@@ -171,3 +171,20 @@ async def test_keys_are_per_session(gateway):
         await gateway.close_session(a.session_id)
         r = await h.post(url, json=body, headers={"Authorization": f"Bearer {a.api_key}"})
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+async def test_the_call_after_a_client_timeout_is_served(engine, chat):
+    """An agent's SDK gives up on a long call (a timeout: the client disconnects): the gateway aborts the engine
+    request, and its next call on the session, at once, is served rather than refused as a duplicate request id."""
+    sampling = SamplingParams(temperature=1.0, max_tokens=400)
+    async with Gateway(engine, chat, sampling=sampling, max_episode_tokens=4096) as g:
+        access = g.open(Trajectory(episode_id="slow", group_id="g", task_id="t", sampling=sampling))
+        messages = [{"role": "user", "content": "Write a long story."}]
+        async with openai.AsyncOpenAI(
+            base_url=access.base_url, api_key=access.api_key, max_retries=0, timeout=0.2
+        ) as impatient:
+            with pytest.raises(openai.APITimeoutError):
+                await impatient.chat.completions.create(model="policy", messages=messages)
+        async with client(access) as c:
+            r = await c.chat.completions.create(model="policy", messages=[*messages, *messages], max_tokens=4)
+        assert r.choices[0].message is not None
