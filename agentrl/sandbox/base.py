@@ -171,12 +171,15 @@ class Sandbox(abc.ABC):
         await self.close()
 
 
-async def start_executor(*argv: str, **kw) -> tuple[asyncio.subprocess.Process, int]:
+async def start_executor(*argv: str, pass_fds: tuple[int, ...] = (), **kw) -> tuple[asyncio.subprocess.Process, int]:
     """Start `argv`, a command that ends in the executor's own arguments, with `--ready-fd` added: the process, and
-    the pipe's read end for `executor_ready` (the write end is the child's alone). `kw` go to the subprocess."""
+    the pipe's read end for `executor_ready` (the write end is the child's alone). `pass_fds` and `kw` go to the
+    subprocess."""
     ready_r, ready_w = os.pipe()
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, "--ready-fd", str(ready_w), pass_fds=(ready_w,), **kw)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, "--ready-fd", str(ready_w), pass_fds=(ready_w, *pass_fds), **kw
+        )
     except BaseException:
         os.close(ready_r)
         raise

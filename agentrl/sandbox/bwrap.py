@@ -17,13 +17,18 @@ socket, spare forks included); what Docker's defaults promise, made by bubblewra
 - memory (swap included), pids and CPU limits from a cgroup per sandbox (v2, or v1 where the host
   has that), entered before bubblewrap starts; where none can be made, rlimits per call
   (RLIMIT_AS, RLIMIT_NPROC) and the start-up line says so. Then a memory bomb ends `error`
-  (a MemoryError), not `oom`.
+  (a MemoryError), not `oom`; RLIMIT_AS holds per process, and RLIMIT_NPROC counts all of
+  nobody's processes on the host (the README's table of modes).
 
-Not there: Docker's seccomp profile (bubblewrap installs none): a program holds no capability
-and cannot gain one, so the syscalls that profile blocks for root do not apply to it.
+No new user namespace: run as root, a seccomp filter (`no_userns_filter`) refuses unshare and clone with
+CLONE_NEWUSER (clone3 answers ENOSYS, as under Docker's profile, and libc falls back to clone); run unprivileged,
+bubblewrap's --disable-userns does. Inside one a program would hold every capability (of that namespace), as
+Docker's profile does not allow either. The rest of that profile is not reproduced: a program holds no capability and
+cannot gain one, so the syscalls it blocks for root do not apply.
 
-A sandbox's host side is one folder (`tree`) in the runtime dir: its socket and `owner.json`
-(the owner's pid, its start time, host and session, and the cgroup folders). A SIGKILLed
+A sandbox's host side is one folder (`tree`) in the runtime dir (`agentrl.sandbox.base.runtime_dir`: this user's
+alone): `socket/`, the one part the sandbox sees, and `owner.json` (the owner's pid, its start time, host and
+session, and the cgroup folders, which removal trusts only when they are the sandbox's own). A SIGKILLed
 owner's bubblewrap dies with it (`--die-with-parent`); its trees are removed at the next start
 of a bwrap sandbox on this host and by `agentrl sandbox gc` (`collect_orphans`).
 """
@@ -33,14 +38,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import platform
 import secrets
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import threading
@@ -343,12 +351,65 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-# -- the sandbox -------------------------------------------------------------------------------
+# -- no new user namespace -----------------------------------------------------------------------
+
+# seccomp's classic BPF over struct seccomp_data: nr at offset 0, arch at 4, args[0]'s low 32 bits at 16
+_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _KILL, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+CLONE_NEWUSER = 0x10000000
+# per machine: (AUDIT_ARCH, unshare, clone, clone3, x32's bit or 0) of the native ABI and of the 32-bit one it runs
+_ABIS = {
+    "x86_64": [(0xC000003E, 272, 56, 435, 0x40000000), (0x40000003, 310, 120, 435, 0)],
+    "aarch64": [(0xC00000B7, 97, 220, 435, 0), (0x40000028, 337, 120, 435, 0)],
+}
 
 
 @cache
+def no_userns_filter() -> bytes | None:
+    """A seccomp program (cBPF, for bubblewrap's --seccomp) that refuses a new user namespace: unshare or clone with
+    CLONE_NEWUSER gets EPERM, clone3 (whose flags sit in memory, out of the filter's reach) ENOSYS, any other
+    syscall passes; an ABI it does not know kills the process. None on a machine it has no syscall numbers for."""
+    abis = _ABIS.get(platform.machine())
+    if abis is None:
+        return None
+    code = [(_LD, 0, 0, 4)]  # the arch
+    for arch, unshare, clone, clone3, x32 in abis:
+        block = [(_LD, 0, 0, 0)]  # the syscall number
+        if x32:  # x32 numbers on the native arch: none is needed, none passes
+            block += [(_JGE, 0, 1, x32), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
+        block += [
+            (_JEQ, 0, 1, clone3),
+            (_RET, 0, 0, _ERRNO | errno.ENOSYS),
+            (_JEQ, 1, 0, unshare),
+            (_JEQ, 0, 3, clone),
+            (_LD, 0, 0, 16),  # the flags: unshare's and clone's first argument
+            (_JSET, 0, 1, CLONE_NEWUSER),
+            (_RET, 0, 0, _ERRNO | errno.EPERM),
+            (_RET, 0, 0, _ALLOW),
+        ]
+        code += [(_JEQ, 0, len(block), arch), *block]  # another arch: on to the next block, the arch still loaded
+    code.append((_RET, 0, 0, _KILL))
+    return b"".join(struct.pack("=HBBI", *op) for op in code)
+
+
+def _seccomp_fd() -> int | None:
+    """A file descriptor bubblewrap reads `no_userns_filter` from (each sandbox its own: bubblewrap reads it to the
+    end), or None where there is none."""
+    program = no_userns_filter()
+    if program is None:
+        return None
+    fd = os.memfd_create("agentrl-seccomp")
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+# -- the sandbox -------------------------------------------------------------------------------
+
+
 def _generated_etc() -> Path:
-    """A minimal /etc for host-rooted sandboxes (never the host's own), named by its content: made once per host."""
+    """A minimal /etc for host-rooted sandboxes (never the host's own), named by its content: made once per runtime
+    folder (looked for at each start: the folder follows TMPDIR, which may change under a process)."""
     d = runtime_dir() / f"etc-{hashlib.sha256(json.dumps(ETC, sort_keys=True).encode()).hexdigest()[:12]}"
     if not d.is_dir():
         staging = Path(tempfile.mkdtemp(dir=runtime_dir()))
@@ -373,17 +434,22 @@ def resolve_rootfs(cfg: BwrapSandboxConfig) -> Path | None:
     return exported if exported.is_dir() else None
 
 
-@cache
 def _root_args(rootfs: Path | None) -> tuple[str, ...]:
     """The read-only root: a rootfs bound whole where it has every folder the sandbox mounts over (`SANDBOX_MOUNTS`:
     agentrl's exported and unpacked roots do); else a tmpfs with the rootfs's entries, or the host's system folders
-    and a generated /etc, bound on it (a mount per entry: a fifth of bubblewrap's start-up more). Once per root and
-    process, off each sandbox's start (a root's top-level entries do not change under a run)."""
+    and a generated /etc, bound on it (a mount per entry: a fifth of bubblewrap's start-up more)."""
+    return _root_binds(rootfs, _generated_etc() if rootfs is None else None)
+
+
+@cache
+def _root_binds(rootfs: Path | None, etc: Path | None) -> tuple[str, ...]:
+    """`_root_args`, once per root and process, off each sandbox's start (a root's top-level entries do not change
+    under a run)."""
     if rootfs is not None and all((rootfs / n).is_dir() and not (rootfs / n).is_symlink() for n in SANDBOX_MOUNTS):
         base, names, args = rootfs, [], ["--ro-bind", str(rootfs), "/"]
     elif rootfs is None:
         base, names = Path("/"), [n for n in HOST_DIRS if Path("/", n).exists()]
-        args = ["--tmpfs", "/", "--ro-bind", str(_generated_etc()), "/etc"]
+        args = ["--tmpfs", "/", "--ro-bind", str(etc), "/etc"]
     else:
         base, names = rootfs, sorted(p.name for p in rootfs.iterdir() if p.name not in SANDBOX_MOUNTS)
         args = ["--tmpfs", "/"]
@@ -454,7 +520,19 @@ def _executor_bytecode(bwrap: str, privileged: bool, rootfs: Path | None) -> Pat
     argv += [] if privileged else ["--unshare-user", "--disable-userns"]
     argv += [*_root_args(rootfs), "--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/agentrl"]
     argv += ["--ro-bind", str(source), "/agentrl/executor.py", "--bind", str(folder), "/agentrl/__pycache__"]
-    done = subprocess.run([*argv, "--", "python3", "-c", COMPILE], capture_output=True, text=True, timeout=60)
+    seccomp = _seccomp_fd() if privileged else None
+    argv += [] if seccomp is None else ["--seccomp", str(seccomp)]
+    try:
+        done = subprocess.run(
+            [*argv, "--", "python3", "-c", COMPILE],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=() if seccomp is None else (seccomp,),
+        )
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
     if done.returncode != 0:
         log.warning("bwrap: could not compile the executor (it starts from source): %s", done.stderr.strip()[-500:])
         return None
@@ -491,21 +569,27 @@ class BwrapSandbox(ExecutorSandbox):
                 cgroup = await asyncio.to_thread(Cgroup.create, h, name, cfg)
             owner = {**reaper.owner_labels(), "cgroup": cgroup.record() if cgroup else None}
             (tree / "owner.json").write_text(json.dumps(owner))
-            argv = cls._argv(h, cfg, rootfs, bytecode, tree, cgroup)
+            seccomp = _seccomp_fd() if h.privileged else None  # unprivileged: --disable-userns
+            argv = cls._argv(h, cfg, rootfs, bytecode, tree, cgroup, seccomp)
             # sh puts itself in the cgroup, then becomes bwrap: everything the sandbox starts is in it from the
             # first instruction (a preexec_fn would be unsafe in a threaded process)
             enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
-            with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
-                proc, ready = await start_executor(
-                    "/bin/sh",
-                    "-c",
-                    f'{enter}exec "$@"',
-                    "sh",
-                    *argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stderr,
-                    stderr=stderr,
-                )
+            try:
+                with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
+                    proc, ready = await start_executor(
+                        "/bin/sh",
+                        "-c",
+                        f'{enter}exec "$@"',
+                        "sh",
+                        *argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        pass_fds=() if seccomp is None else (seccomp,),
+                    )
+            finally:
+                if seccomp is not None:
+                    os.close(seccomp)
         except BaseException:
             await asyncio.to_thread(_remove_tree, tree, cgroup)
             raise
@@ -527,7 +611,13 @@ class BwrapSandbox(ExecutorSandbox):
 
     @staticmethod
     def _argv(
-        h: Host, cfg: BwrapSandboxConfig, rootfs: Path | None, bytecode: Path | None, tree: Path, cgroup: Cgroup | None
+        h: Host,
+        cfg: BwrapSandboxConfig,
+        rootfs: Path | None,
+        bytecode: Path | None,
+        tree: Path,
+        cgroup: Cgroup | None,
+        seccomp: int | None = None,
     ) -> list[str]:
         # not --unshare-all: it would map one uid as root too, and nobody could not be switched to
         argv = [h.bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
@@ -559,6 +649,8 @@ class BwrapSandbox(ExecutorSandbox):
             argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
         argv += ["--remount-ro", "/", "--chdir", "/work"]
         argv += ["--setenv", "PATH", PATH, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        if seccomp is not None:
+            argv += ["--seccomp", str(seccomp)]
         if h.privileged:
             argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         elif os.geteuid() == 0:  # root asked for a user namespace: none of root's capabilities in it either

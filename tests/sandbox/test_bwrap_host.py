@@ -96,3 +96,26 @@ async def test_an_image_s_python3_compiles_the_executor_in_a_sandbox(
     _, caps, processes = seen.read_text().split()
     assert int(caps, 16) == 0 and int(processes) <= 3, seen.read_text()  # no capability; its own pid namespace
     shutil.rmtree(root, ignore_errors=True)
+
+
+USERNS = r"""
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.unshare(0x10000000), ctypes.get_errno() != 0)  # CLONE_NEWUSER
+t = threading.Thread(target=print, args=("thread",))
+t.start()
+t.join()
+print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+async def test_a_program_cannot_make_a_user_namespace(isolating_factory):
+    """Inside a new user namespace a program would hold every capability (of it), the kernel's most used way up:
+    Docker's seccomp profile refuses it, and so does bwrap's filter. Threads and child processes still start (clone3
+    answers ENOSYS under both, and libc falls back to clone)."""
+    sandbox = await isolating_factory()
+    try:
+        r = await sandbox.run_python(USERNS)
+    finally:
+        await sandbox.close()
+    assert (r.status, r.stdout.split("\n")) == (Status.OK, ["-1 True", "thread", "child", ""]), r
