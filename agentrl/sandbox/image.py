@@ -16,6 +16,8 @@ image unpacked from its `docker save` tarball with no Docker at all (`saved_imag
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -23,6 +25,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -327,11 +330,14 @@ def unpack_saved_image(tarball: Path, dest: Path) -> None:
     tarfile reads the layers, but the members are written here, not by its extraction: that knows nothing of
     whiteouts, and its filters resolve symlinks on the host (a file under an absolute link such as var/run -> /run
     would be refused, or with no filter written outside `dest`). Here each path is resolved inside `dest` as if it
-    were /, as Docker resolves it unpacking in a chroot."""
+    were /, as Docker resolves it unpacking in a chroot: folder by folder, by descriptor, never following a link
+    on the host (`_Tree`), so that whatever the members are, nothing is written, linked, removed, or has its mode
+    or owner changed outside `dest`. A hard link must name a regular file of the image (ValueError else)."""
     if not tarfile.is_tarfile(tarball):
         raise ValueError(f"{tarball} is not a tar file: make one with `docker save IMAGE -o FILE`")
     dest.mkdir(parents=True, exist_ok=True)
     dir_modes: dict[str, int] = {}  # set last: a folder of the image may be read-only to the user unpacking it
+    tree = _Tree(str(dest))
     try:
         with tarfile.open(tarball) as outer:
             for name in _layers(outer, tarball):
@@ -342,12 +348,19 @@ def unpack_saved_image(tarball: Path, dest: Path) -> None:
                 if blob is None:
                     raise ValueError(f"{tarball}: manifest.json lists the layer {name}, which it does not hold")
                 with blob, tarfile.open(fileobj=blob, mode="r|*") as layer:
-                    _apply_layer(layer, str(dest), dir_modes)
+                    _apply_layer(layer, tree, dir_modes)
+        # deepest first, so that a folder made read-only does not bar the way to those under it
+        for path, mode in sorted(dir_modes.items(), key=lambda item: -item[0].count("/")):
+            fd = tree.open_real(path)  # None when a link or a file has taken the folder's place since
+            if fd is not None:
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
     except tarfile.TarError as e:
         raise ValueError(f"{tarball}: a layer cannot be read ({' '.join(str(e).split())})") from None
-    for path, mode in dir_modes.items():
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, mode)
+    finally:
+        tree.close()
 
 
 def _layers(outer: tarfile.TarFile, tarball: Path) -> list[str]:
@@ -368,61 +381,285 @@ def _layers(outer: tarfile.TarFile, tarball: Path) -> list[str]:
     return layers
 
 
-def _apply_layer(layer: tarfile.TarFile, root: str, dir_modes: dict[str, int]) -> None:
-    """Write one layer's members over `root`, whiteouts applied."""
-    own: set[str] = set()  # what this layer wrote: an opaque whiteout keeps it
-    folders: dict[str, str] = {}  # a folder of the image -> its place under root, until a link or folder changes
-
-    def place(name: str) -> str:
-        folder, base = posixpath.split(_rel(name))
-        if folder not in folders:
-            folders[folder] = _resolve(root, folder)
-        return os.path.join(folders[folder], base)
-
-    def remove(path: str) -> None:
-        if os.path.islink(path) or os.path.isdir(path):
-            folders.clear()  # a path may have led through it
-        _remove(path)
-
+def _apply_layer(layer: tarfile.TarFile, tree: _Tree, dir_modes: dict[str, int]) -> None:
+    """Write one layer's members over `tree`'s root, whiteouts applied. Every change is made by a descriptor of
+    the folder it is in (`_Tree.folder`) to one name in it, never following a link that name is: so it stays in
+    the root, whatever the members are. `dir_modes` gets each folder's mode by its real path in the root."""
+    own: set[str] = set()  # the real paths of what this layer wrote: an opaque whiteout keeps them
     for member in layer:
-        if _rel(member.name) == ".":
+        rel = _rel(member.name)
+        if rel == ".":
             continue  # the root folder itself
-        path = place(member.name)
-        parent, base = os.path.split(path)
-        if base == OPAQUE:
-            if os.path.isdir(parent):
-                folders.clear()
-                _empty(parent, own)
-            continue
+        folder, base = posixpath.split(rel)
         if base.startswith(WHITEOUT):
-            if not base.startswith(WHITEOUT * 2):  # `.wh..wh.*` else: aufs's own bookkeeping
-                remove(os.path.join(parent, _name(base[len(WHITEOUT) :], member.name)))
+            if base != OPAQUE and base.startswith(WHITEOUT * 2):
+                continue  # `.wh..wh.*`: aufs's own bookkeeping
+            name = None if base == OPAQUE else _name(base[len(WHITEOUT) :], member.name)
+            found = tree.folder(folder, member.name, create=False)
+            if found is not None:  # else there is nothing to delete
+                try:
+                    if name is not None:
+                        tree.remove(found[0], name)
+                    else:
+                        tree.forget()  # what it empties may be on the way to a folder known
+                        _empty(found[0], found[1], own)
+                finally:
+                    os.close(found[0])
             continue
         if not (member.isdir() or member.isreg() or member.issym() or member.islnk()):
             continue
-        os.makedirs(parent, exist_ok=True)
-        own.add(path)
-        if member.isdir():
-            if not os.path.isdir(path) or os.path.islink(path):
-                remove(path)
-                os.mkdir(path)
-            os.chmod(path, member.mode & _MODE_BITS | 0o700)
-            dir_modes[path] = member.mode & _MODE_BITS
-        else:
-            remove(path)
-            if member.isreg():
-                with layer.extractfile(member) as src, open(path, "xb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                os.chmod(path, member.mode & _MODE_BITS)
-            elif member.issym():
-                os.symlink(member.linkname, path)
-                folders.clear()  # a path may lead through it now
-            else:
-                os.link(place(member.linkname), path, follow_symlinks=False)
+        # a hard link's target first: one to what is not a regular file of the image is refused
+        source = _hard_link_source(tree, member) if member.islnk() else None
+        try:
+            parent, real = tree.folder(folder, member.name, create=True)
+            try:
+                own.add(posixpath.join(real, base))
+                _write(layer, member, tree, parent, base, source)
+                if member.isdir():
+                    dir_modes[posixpath.join(real, base)] = member.mode & _MODE_BITS
+            finally:
+                os.close(parent)
+        finally:
+            if source is not None:
+                os.close(source[0])
+
+
+def _write(
+    layer: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    tree: _Tree,
+    parent: int,
+    base: str,
+    source: tuple[int, str, os.stat_result] | None,
+) -> None:
+    """Put the member (a folder, a file, a symlink or a hard link to `source`) at the name `base` of the folder
+    `parent` (a descriptor), in place of what is there; owned as in the image when run as root."""
+    root_owner = os.geteuid() == 0  # then the image's owners, by number (names would be the host's)
+    if member.isdir():
+        if not _is_real_dir(parent, base):
+            tree.remove(parent, base)
+            os.mkdir(base, 0o700, dir_fd=parent)
+        fd = os.open(base, _DIR_FLAGS, dir_fd=parent)  # a folder, not a link: just made or checked so
+        try:
+            os.fchmod(fd, member.mode & _MODE_BITS | 0o700)  # its own mode last (`unpack_saved_image`)
+            if root_owner:
+                os.fchown(fd, member.uid, member.gid)
+        finally:
+            os.close(fd)
+        return
+    if member.isreg():
+        tree.remove(parent, base)
+        # O_EXCL: a name that is there again (nothing should be) fails, and is not written through
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(base, flags, 0o600, dir_fd=parent), "wb") as dst, layer.extractfile(member) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fchmod(dst.fileno(), member.mode & _MODE_BITS)
+            if root_owner:
+                os.fchown(dst.fileno(), member.uid, member.gid)
             # the time a .pyc file records of its source: kept, or every interpreter start recompiles it
-            os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
-        if os.geteuid() == 0:  # the image's owners, by number (names would be the host's)
-            os.lchown(path, member.uid, member.gid)
+            os.utime(dst.fileno(), (member.mtime, member.mtime))
+        return
+    if source is None:  # a symlink
+        tree.remove(parent, base)
+        os.symlink(member.linkname, base, dir_fd=parent)
+        tree.forget()  # a folder's path may lead through it now
+    else:
+        src_fd, src_name, src_stat = source
+        there = _lstat(parent, base)
+        if there is None or not os.path.samestat(there, src_stat):  # else: already that file
+            tree.remove(parent, base)
+            try:
+                os.link(src_name, base, src_dir_fd=src_fd, dst_dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:  # it was in the folder the link replaced
+                raise ValueError(
+                    f"the image's hard link {member.name!r} names {member.linkname!r}, which it removes"
+                ) from None
+    if root_owner:
+        os.chown(base, member.uid, member.gid, dir_fd=parent, follow_symlinks=False)
+    os.utime(base, (member.mtime, member.mtime), dir_fd=parent, follow_symlinks=False)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""open a folder, and fail (ELOOP, ENOTDIR) for a symlink or anything else"""
+_MAX_LINKS = 40  # as the kernel's, in a path
+_KNOWN_FOLDERS = 64  # the folders of a layer `_Tree` keeps open: its members come folder by folder
+
+
+class _Tree:
+    """A root folder whose paths are resolved as if it were / (a chroot): by descriptors, from the root's, one
+    name at a time opened with O_NOFOLLOW, a symlink met on the way read and followed by hand (an absolute one from
+    the root, `..` never above it). So every descriptor it gives is of a real folder under the root, whatever
+    links and files the image holds. The folders last resolved are kept open; any change that could alter where a
+    path leads (a link or folder removed, a link made) forgets them."""
+
+    def __init__(self, root: str) -> None:
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.known: dict[str, tuple[int, str]] = {}  # a folder of the image -> (its descriptor, its real path)
+
+    def close(self) -> None:
+        self.forget()
+        os.close(self.fd)
+
+    def forget(self) -> None:
+        for fd, _ in self.known.values():
+            os.close(fd)
+        self.known.clear()
+
+    def folder(self, rel: str, member: str, *, create: bool) -> tuple[int, str] | None:
+        """The folder `rel` of the image (a normalized path, "" for the root): a new descriptor of it, for the
+        caller to close, and its real path under the root ("" for the root). Missing folders on the way are made
+        with `create`; without it, None when one is missing or is not a folder. ValueError naming `member` for a
+        path through a file, or through too many links."""
+        found = self._known(rel, member, create)
+        return None if found is None else (os.dup(found[0]), found[1])
+
+    def _known(self, rel: str, member: str, create: bool) -> tuple[int, str] | None:
+        """As `folder`, but the descriptor is the tree's, closed when it forgets it."""
+        if rel == "":
+            return self.fd, ""
+        if (hit := self.known.pop(rel, None)) is not None:
+            self.known[rel] = hit  # the most recently used last
+            return hit
+        up, name = posixpath.split(rel)
+        above = self._known(up, member, create)
+        if above is None:
+            return None
+        found = self._walk(above, [name], member, create)
+        if found is not None:
+            if len(self.known) >= _KNOWN_FOLDERS:
+                oldest = next(iter(self.known))
+                os.close(self.known.pop(oldest)[0])
+            self.known[rel] = found
+        return found
+
+    def _walk(self, start: tuple[int, str], todo: list[str], member: str, create: bool) -> tuple[int, str] | None:
+        """Resolve the names `todo` from the folder `start` (a descriptor not closed here, its real path): a new
+        descriptor of where they lead and its real path, or None (see `folder`)."""
+        fd, real = start
+        parts = real.split("/") if real else []
+        owned = False  # whether `fd` was opened here
+
+        def go(new: int) -> None:
+            nonlocal fd, owned
+            if owned:
+                os.close(fd)
+            fd, owned = new, True
+
+        links = 0
+        todo = todo[::-1]  # popped from the end
+        found = False
+        try:
+            while todo:
+                part = todo.pop()
+                if part in ("", "."):
+                    continue
+                if part == "..":  # the real parent, never above the root
+                    if parts:
+                        parts.pop()
+                        go(self._open_parts(parts))
+                    continue
+                try:
+                    new = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    new = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    if not stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                        if not create:
+                            return None
+                        raise ValueError(
+                            f"the image's file {member!r} lies under {'/'.join([*parts, part])!r}, which is no folder"
+                        ) from None
+                    links += 1
+                    if links > _MAX_LINKS:
+                        raise ValueError(f"the image's path {member!r} has too many levels of symbolic links") from None
+                    target = os.readlink(part, dir_fd=fd)
+                    if target.startswith("/"):
+                        parts = []
+                        go(os.dup(self.fd))
+                    todo.extend(reversed(target.split("/")))
+                    continue
+                go(new)
+                parts.append(part)
+            if not owned:
+                go(os.dup(fd))
+            found = True
+            return fd, "/".join(parts)
+        finally:
+            if owned and not found:  # None, or an error
+                os.close(fd)
+
+    def _open_parts(self, parts: list[str]) -> int:
+        """A descriptor of the real folder at `parts` under the root (OSError if it is not one, links not followed)."""
+        fd = os.dup(self.fd)
+        try:
+            for part in parts:
+                new = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = new
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def open_real(self, real: str) -> int | None:
+        """A new descriptor of the folder at the real path `real` under the root, or None when it is not one now
+        (a link on the way, or a file, or nothing)."""
+        try:
+            return self._open_parts(real.split("/") if real else [])
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None
+            raise
+
+    def remove(self, parent: int, name: str) -> None:
+        """Remove the name `name` from the folder `parent` (a folder with all it holds, links not followed)."""
+        st = _lstat(parent, name)
+        if st is None:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            self.forget()  # a path may have led through it
+            shutil.rmtree(name, dir_fd=parent)
+        else:
+            if stat.S_ISLNK(st.st_mode):
+                self.forget()
+            os.unlink(name, dir_fd=parent)
+
+
+def _lstat(parent: int, name: str) -> os.stat_result | None:
+    try:
+        return os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+
+
+def _is_real_dir(parent: int, name: str) -> bool:
+    st = _lstat(parent, name)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _hard_link_source(tree: _Tree, member: tarfile.TarInfo) -> tuple[int, str, os.stat_result]:
+    """The file a hard link member names, resolved in the root (a new descriptor of its folder, its name, its lstat):
+    ValueError naming the member unless it is a regular file of the image (not a link, a folder or nothing)."""
+    target = _rel(member.linkname)
+    folder, name = posixpath.split(target)
+    found = tree.folder(folder, member.name, create=False) if target != "." else None
+    st = _lstat(found[0], name) if found is not None else None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        if found is not None:
+            os.close(found[0])
+        raise ValueError(
+            f"the image's hard link {member.name!r} names {member.linkname!r}, which is not a regular file of the image"
+        )
+    return found[0], name, st
 
 
 def _rel(name: str) -> str:
@@ -465,21 +702,23 @@ def _resolve(root: str, rel: str) -> str:
     return os.path.join(root, *done)
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
-
-
-def _empty(folder: str, keep: set[str]) -> None:
-    """Remove what `folder` holds, except the paths in `keep` (and what they hold)."""
+def _empty(folder: int, real: str, keep: set[str]) -> None:
+    """Remove what the folder `folder` (a descriptor; `real`, its real path) holds, except the real paths in `keep`
+    (and what they hold). Links are not followed."""
     for name in os.listdir(folder):
-        child = os.path.join(folder, name)
+        child = posixpath.join(real, name)
         if child not in keep:
-            _remove(child)
-        elif os.path.isdir(child) and not os.path.islink(child):
-            _empty(child, keep)
+            if _is_real_dir(folder, name):
+                shutil.rmtree(name, dir_fd=folder)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=folder)
+        elif _is_real_dir(folder, name):
+            fd = os.open(name, _DIR_FLAGS, dir_fd=folder)
+            try:
+                _empty(fd, child, keep)
+            finally:
+                os.close(fd)
 
 
 def python_version(root: Path) -> tuple[int, int] | None:

@@ -112,12 +112,14 @@ async def test_an_exported_image_runs_on_a_daemon_that_lacked_it(docker_client, 
 # -- a `docker save` tarball unpacked for bwrap sandboxes --------------------------------------
 
 
-def layer(*members: tuple[str, str]) -> bytes:
-    """A layer tar: (name, what) pairs, what being a file's text, "dir", "link:TARGET" or "hard:TARGET"."""
+def layer(*members: tuple[str, str], owner: int = 0) -> bytes:
+    """A layer tar: (name, what) pairs, what being a file's text, "dir", "link:TARGET" or "hard:TARGET"; each
+    owned by the user and group `owner`."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, what in members:
             info = tarfile.TarInfo(name)
+            info.uid = info.gid = owner
             if what == "dir":
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
                 tar.addfile(info)
@@ -257,3 +259,78 @@ def test_a_saved_image_unpacks_as_docker_ran_it(docker_client, tmp_path):
     assert not (root / "etc" / "gone").exists() and (root / "etc").is_dir()
     assert [p.name for p in (root / "data").iterdir()] == ["only"] and (root / "data" / "only").read_text() == "new\n"
     assert (root / "bin" / "sh").is_file() and python_version(root) is None
+
+
+def hostile(tmp_path: Path, *members: tuple[str, str]) -> tuple[Path, Path]:
+    """A one-layer image of `members` (as `layer` takes them, owned by 4242: as root, chowned so) and the folder
+    to unpack it into."""
+    return saved(tmp_path / "hostile.tar", layer(*members, owner=4242)), tmp_path / "root"
+
+
+def test_a_hard_link_to_a_symlink_turns_no_folder_into_a_way_out(tmp_path):
+    """The reviewer's sequence: a folder made a hard link to a symlink to a host folder (after a member made the
+    folder's place known), and a file written under it. Refused, naming the member, and nothing lands outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tarball, root = hostile(
+        tmp_path,
+        ("evil", f"link:{outside}"),
+        ("a", "plain file"),
+        ("a/.wh..wh..opq", ""),
+        ("a", "hard:evil"),
+        ("a/pwned", "written outside the rootfs"),
+    )
+    with pytest.raises(ValueError, match=r"hard link 'a' .*'evil'.* not a regular file"):
+        unpack_saved_image(tarball, root)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_hard_link_reaches_no_host_file(tmp_path):
+    """A hard link whose target would be a host file (found through a folder turned into a link to the host) is
+    refused: its lchown, as root, would give the host's file to the image's owner. One through a link to the host's
+    folder is to the image's own file there."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("host\n")
+    before = (outside / "secret").stat()
+    tarball, root = hostile(
+        tmp_path,
+        ("evil", f"link:{outside}"),
+        ("a", "plain file"),
+        ("a/.wh..wh..opq", ""),
+        ("a", "hard:evil"),
+        ("h", "hard:a/secret"),
+    )
+    with pytest.raises(ValueError, match="hard link"):
+        unpack_saved_image(tarball, root)
+    assert (outside / "secret").stat().st_nlink == 1 and not (root / "h").exists()
+    after = (outside / "secret").stat()
+    assert (after.st_uid, after.st_mode, after.st_mtime) == (before.st_uid, before.st_mode, before.st_mtime)
+    tarball, root = hostile(tmp_path, ("evil", f"link:{outside}"), ("evil/secret", "image"), ("h", "hard:evil/secret"))
+    unpack_saved_image(tarball, root)
+    assert (root / "h").read_text() == "image" and (outside / "secret").read_text() == "host\n"
+    assert (root / "h").stat().st_ino == (root / str(outside)[1:] / "secret").stat().st_ino
+
+
+def test_a_folder_replaced_by_a_symlink_leads_nothing_out(tmp_path):
+    """A folder of the image replaced by a symlink to a host folder (by a whiteout, in the same layer or a later
+    one): members under it land inside the root, and the folder modes set last reach no host folder."""
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub").chmod(0o700)
+    (outside / "file").write_text("host\n")
+    (outside / "file").chmod(0o600)
+    base = layer(("d", "dir"), ("d/sub", "dir"), ("d/file", "lower"))
+    top = layer(("d/x", "x"), ("d", f"link:{outside}"), ("d/y", "y"), ("d/file", "upper"))
+    root = tmp_path / "root"
+    unpack_saved_image(saved(tmp_path / "img.tar", base, top), root)
+    assert sorted(p.name for p in outside.iterdir()) == ["file", "sub"]
+    assert (outside / "file").read_text() == "host\n" and (outside / "file").stat().st_mode & 0o777 == 0o600
+    assert (outside / "sub").stat().st_mode & 0o777 == 0o700  # d/sub's 0o755 was not set on it
+    inside = root / str(outside)[1:]
+    assert (inside / "y").read_text() == "y" and (inside / "file").read_text() == "upper"
+    assert (root / "d").is_symlink() and not (root / str(outside)[1:] / "x").exists()
+    # a later layer's whiteout and symlink in its place
+    root2 = tmp_path / "root2"
+    unpack_saved_image(saved(tmp_path / "img2.tar", base, layer(("d", f"link:{outside}"))), root2)
+    assert (outside / "sub").stat().st_mode & 0o777 == 0o700 and (root2 / "d").is_symlink()
