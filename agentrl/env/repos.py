@@ -90,7 +90,9 @@ def excluded(path: str) -> str | None:
 
 def repo_path(path: str) -> str:
     """A path the agent gave, relative to the repository (`/work/repo/x`, `./x` and `x` alike); ValueError when it
-    leaves the repository."""
+    leaves the repository or holds a NUL byte."""
+    if "\0" in path:  # no name of a file can hold one (open() refuses it)
+        raise ValueError(f"{path!r} holds a NUL byte, which no path can; give the path without it")
     if path.startswith(f"{WORK}/{REPO}/") or path == f"{WORK}/{REPO}":
         path = path[len(f"{WORK}/{REPO}/") :]
     elif path.startswith("/"):
@@ -298,14 +300,14 @@ async def run_pytest(
         return PytestRun(outcomes, None)
     try:
         said = (await sandbox.read_file(verdict)).decode(errors="replace")
-    except OSError:
+    except (OSError, ValueError):  # none, or one the sandbox refused (the run's code made a FIFO, ...)
         said = None
     # No verdict (pytest's session never ended: an exit on import) voids the run too: nothing it reported counts.
     if (tampered := tamper.integrity_verdict(said, token)) is not None:
         return PytestRun(outcomes, tampered)
     try:
         xml = (await sandbox.read_file(f"{report}.xml")).decode(errors="replace")
-    except OSError:  # no report: pytest never got to write it
+    except (OSError, ValueError):  # no report (pytest never got to write it), or one refused: a FIFO, too big
         return PytestRun(outcomes, None)
     try:
         for node, outcome in parse_junit(xml, dict.fromkeys(files, "")).items():

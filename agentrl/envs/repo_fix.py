@@ -227,6 +227,7 @@ class RepoFixEnv(ToolEnv):
         Args:
             command: The command, e.g. `grep -rn "def parse" .`
         """
+        no_nul(command, "the command")
         sandbox = await self.sandbox()
         run = await self.timed(sandbox.run(bash_argv(command), timeout_s=self.cfg.bash_timeout_s))
         return run_output(run)
@@ -271,7 +272,7 @@ class RepoFixEnv(ToolEnv):
                 hint += f". The closest text, {span}:\n{lines}"
             raise ToolError(f"no edit made: {why} in {rel}; {hint}")
         updated = text.replace(old, new, 1)
-        await self.timed((await self.sandbox()).write_file(f"{REPO}/{rel}", updated))
+        await self._write(rel, updated, f"no edit made: cannot write {rel}")
         at = text[: text.index(old)].count("\n")
         shown = updated.splitlines()[max(at - 2, 0) : at + new.count("\n") + 3]
         return f"Edited {rel}. Lines {max(at - 2, 0) + 1}-{max(at - 2, 0) + len(shown)} now read:\n" + "\n".join(shown)
@@ -290,14 +291,11 @@ class RepoFixEnv(ToolEnv):
             await self.timed(sandbox.read_file(f"{REPO}/{rel}"))
         except FileNotFoundError:
             pass
-        except OSError as e:
-            raise ToolError(f"cannot create {rel}: {e.strerror or e}") from None
+        except (OSError, ValueError) as e:  # refused by the sandbox: a FIFO, too big, ...
+            raise ToolError(f"cannot create {rel}: {refusal(e)}") from None
         else:
             raise ToolError(f"{rel} exists; change it with edit")
-        try:
-            await self.timed(sandbox.write_file(f"{REPO}/{rel}", content))
-        except OSError as e:
-            raise ToolError(f"cannot create {rel}: {e.strerror or e}") from None
+        await self._write(rel, content, f"cannot create {rel}")
         return f"Created {rel} ({len(content.splitlines())} lines)."
 
     @tool
@@ -309,6 +307,7 @@ class RepoFixEnv(ToolEnv):
         """
         targets = [t for t in self.instance.repo if is_test_path(t) and t.endswith(".py") and "/test_" in f"/{t}"]
         if selector:
+            no_nul(selector, "the selector")
             file, sep, rest = selector.partition("::")
             rel = self._path(file)
             if not is_test_path(rel):
@@ -339,8 +338,8 @@ class RepoFixEnv(ToolEnv):
     async def _read(self, rel: str) -> str:
         try:
             data = await self.timed((await self.sandbox()).read_file(f"{REPO}/{rel}"))
-        except (OSError, ValueError) as e:
-            reason = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or e
+        except (OSError, ValueError) as e:  # refused by the sandbox: missing, a FIFO, too big, ...
+            reason = "no such file" if isinstance(e, FileNotFoundError) else refusal(e)
             if isinstance(e, FileNotFoundError):
                 near = near_file(rel, self.instance.repo)
                 reason += f"; did you mean {near}?" if near else ""
@@ -349,6 +348,12 @@ class RepoFixEnv(ToolEnv):
             return data.decode()
         except UnicodeDecodeError:
             raise ToolError(f"{rel} is not a UTF-8 text file") from None
+
+    async def _write(self, rel: str, text: str, failed: str) -> None:
+        try:
+            await self.timed((await self.sandbox()).write_file(f"{REPO}/{rel}", text))
+        except (OSError, ValueError) as e:  # refused by the sandbox: a FIFO, a full disk, ...
+            raise ToolError(f"{failed}: {refusal(e)}") from None
 
     async def _grade(self, *, autosubmitted: bool) -> ToolOutput:
         """Take the diff, grade it in a fresh sandbox, end the episode."""
@@ -487,6 +492,18 @@ def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] |
         runs.setdefault("\n".join(lines[i : i + k]), i + 1)
     best = difflib.get_close_matches(old, list(runs), n=1, cutoff=cutoff)
     return (runs[best[0]], best[0]) if best else None
+
+
+def refusal(e: OSError | ValueError) -> str:
+    """Why the sandbox refused a file request, in its own words (an OSError's without its "[Errno N]")."""
+    return (e.strerror if isinstance(e, OSError) else None) or str(e)
+
+
+def no_nul(text: str, what: str) -> None:
+    """ToolError if `text`, bound for a program's command line, holds a NUL byte: no argument can (the sandbox would
+    refuse the call)."""
+    if "\0" in text:
+        raise ToolError(f"{what} holds a NUL byte, which no command line can; give it without one")
 
 
 def near_file(path: str, repo: Collection[str]) -> str | None:

@@ -11,7 +11,7 @@ per request, JSON in and out:
     DELETE /session        -> stops the persistent interpreter
     POST   /recycle        -> {"ok": bool, "removed": n, "reason": str}: as new, or why not
     PUT    /files?path=P   body = raw bytes, written as the sandbox user
-    GET    /files?path=P   -> raw bytes
+    GET    /files?path=P   -> raw bytes; both for a regular file only (see open_regular)
 
 A result is {"status", "exit_code", "signal", "stdout", "stderr", "truncated",
 "wall_s", "cpu_s", "swept", "session_reset"} with status one of ok, error,
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import gc
 import math
 import os
@@ -165,6 +166,10 @@ class Executor:
         argv = req.get("argv")
         if argv is not None and not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
             raise BadRequest("'argv' must be a non-empty list of strings")
+        # exec() and chdir() refuse a NUL byte (a ValueError, which would answer 500: the sandbox taken for failed)
+        env = req["env"]
+        if any("\0" in str(s) for s in [*(argv or ()), req["cwd"], *env, *env.values()]):
+            raise BadRequest("argv, cwd and env cannot hold a NUL byte: no program can be given one")
         oom_before = oom_kills()
         t0 = time.monotonic()
         if "code" in req:
@@ -345,14 +350,15 @@ class Executor:
         full = self.resolve(path)
         with self.file_io():
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
+            # Truncated only once known to be a regular file: O_TRUNC would act on what the path is before the check.
+            with os.fdopen(open_regular(full, os.O_WRONLY | os.O_CREAT), "wb") as f:
+                f.truncate()
                 f.write(data)
         return len(data)
 
     def read_file(self, path: str) -> bytes:
         full = self.resolve(path)
-        with self.file_io(), open(full, "rb") as f:
+        with self.file_io(), os.fdopen(open_regular(full, os.O_RDONLY), "rb") as f:
             data = f.read(MAX_FILE_READ + 1)
         if len(data) > MAX_FILE_READ:
             raise BadRequest(f"{path} is larger than {MAX_FILE_READ} bytes")
@@ -360,7 +366,7 @@ class Executor:
 
     @contextlib.contextmanager
     def file_io(self):
-        """File I/O with the sandbox user's rights and ownership; OSError -> FileError."""
+        """File I/O with the sandbox user's rights and ownership; OSError -> FileError, ValueError -> BadRequest."""
         if self.user is not None:
             os.setegid(self.user[1])
             os.seteuid(self.user[0])
@@ -368,17 +374,54 @@ class Executor:
             yield
         except OSError as e:
             raise FileError(e) from e
+        except ValueError as e:  # a path open() refuses outright: an embedded NUL byte
+            raise BadRequest(f"bad path: {e}") from e
         finally:
             if self.user is not None:
                 os.seteuid(0)
                 os.setegid(0)
 
 
+# What a path may be instead of a regular file, each named in the refusal.
+FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO"}
+FILE_KINDS |= {stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def open_regular(full: str, flags: int) -> int:
+    """An fd of the regular file at `full`, or OSError saying what else it is.
+
+    The executor serves one request at a time, so an open() that blocks stalls the sandbox for good, and the host
+    takes that for an infrastructure failure: a program must not be able to make one. So the last component is
+    never followed (a link could lead to a FIFO or a device), and the open never waits (O_NONBLOCK: a FIFO with no
+    other end, a device); whatever is not a regular file is then refused, before anything is read or written.
+    """
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(full, flags, 0o644)
+    except OSError as e:
+        # ELOOP: a link (O_NOFOLLOW); ENXIO: a FIFO with no reader, or a socket; EISDIR: a directory, for writing.
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        mode = os.lstat(full).st_mode
+        if stat.S_ISREG(mode):
+            raise
+    else:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            return fd  # O_NONBLOCK left on: a regular file's reads and writes ignore it
+        os.close(fd)
+    kind = FILE_KINDS.get(stat.S_IFMT(mode), "something else")
+    code = {stat.S_IFDIR: errno.EISDIR, stat.S_IFLNK: errno.ELOOP}.get(stat.S_IFMT(mode), errno.EINVAL)
+    raise OSError(code, f"{full} is {kind}, not a regular file (only regular files are read or written)")
+
+
 class FileError(Exception):
     """A file request failed because of the files (missing, disk full, ...): the caller's concern."""
 
     def __init__(self, error: OSError):
-        super().__init__(str(error))
+        # Without str(error)'s "[Errno N] ": the host puts the errno back (OSError(errno, this)), and said it twice.
+        where = f": {error.filename!r}" if error.filename is not None else ""
+        super().__init__(f"{error.strerror or error}{where}")
         self.errno = error.errno
 
 

@@ -178,6 +178,36 @@ async def test_a_turn_s_state_is_the_repository_s(reused):
     await env.aclose()
 
 
+@pytest.mark.parametrize("reused", ["bwrap"], indirect=True)
+async def test_a_file_the_sandbox_refuses_and_a_nul_byte_are_the_agent_s_errors(reused):
+    """A FIFO (an open() of it would wait for a writer for good), a link, a NUL byte in a path or a command line: each
+    tool says why it cannot, as an error the agent reads, and the sandbox serves on (none is an infra_error)."""
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    await env.areset(options={"task_id": TASK})
+
+    async def step(action: str) -> str:
+        obs, _, term, trunc, info = await env.astep(action)
+        assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
+        return obs[0]["content"]
+
+    await step(call("bash", command="mkfifo pipe.py && ln -s inifile/values.py link.py"))
+    fifo = "/work/repo/pipe.py is a FIFO, not a regular file"
+    assert f"Error: cannot read pipe.py: {fifo}" in await step(call("view", path="pipe.py"))
+    assert f"Error: cannot read pipe.py: {fifo}" in await step(call("edit", path="pipe.py", old="a", new="b"))
+    assert f"Error: cannot create pipe.py: {fifo}" in await step(call("create", path="pipe.py", content="x"))
+    assert "/work/repo/link.py is a symbolic link" in await step(call("view", path="link.py"))
+    for action in [
+        call("view", path="inifile/values.py\0"),
+        call("edit", path="inifile/values.py\0", old="a", new="b"),
+        call("create", path="new\0.py", content=""),
+        call("bash", command="echo \0"),
+        call("run_tests", selector="tests/test_config.py::test_getint\0"),
+    ]:
+        assert "holds a NUL byte" in await step(action)
+    assert "stdout:\nserving" in await step(call("bash", command="echo serving"))
+    await env.aclose()
+
+
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 @ON_DOCKER
 async def test_the_tools_and_the_shell_state(reused):
@@ -301,6 +331,12 @@ HOSTILE = {
         call("create", path="evil-1.0.dist-info/METADATA", content="Name: evil\nVersion: 1.0\n"),
     ],
     "exits_on_import": [call("bash", command="echo 'import os; os._exit(0)' >> inifile/__init__.py")],
+    "leaves_what_would_block_a_read": [
+        call("bash", command="mkfifo inifile/fifo.py && ln -s fifo.py inifile/link.py"),
+        call("view", path="inifile/fifo.py"),
+        call("create", path="inifile/link.py", content="x = 1\n"),
+        call("view", path="inifile/values.py\0"),
+    ],
     "tampers_with_the_hidden_tests": [],  # the real fix, plus code that would rewrite the hidden tests when graded
 }
 

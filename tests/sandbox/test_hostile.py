@@ -170,6 +170,53 @@ async def test_hostile_program_is_contained(pool, backend, name):
         assert (r.status, r.stdout) == (Status.OK, "next\n")
 
 
+# What a program can leave where the host will then read or write a file (a grader's answer.py, an agent's edit).
+LEAVE_NON_FILES = (
+    "import os, socket\n"
+    "os.mkfifo('/work/fifo')\n"
+    "os.symlink('/work/fifo', '/work/to_fifo')\n"
+    "open('/work/real', 'w').write('kept')\n"
+    "os.symlink('/work/real', '/work/to_real')\n"
+    "os.mkdir('/work/dir')\n"
+    "os.symlink('/dev', '/work/dev')\n"
+    "socket.socket(socket.AF_UNIX).bind('/work/sock')\n"
+)
+NON_FILES = {
+    "fifo": "a FIFO",
+    "to_fifo": "a symbolic link",
+    "to_real": "a symbolic link",
+    "dir": "a directory",
+    "dev/zero": "a character device",  # through a link to a folder: only the last component is not followed
+    "sock": "a socket",
+}
+
+
+async def test_file_requests_refuse_what_is_not_a_regular_file_and_a_nul(pool):
+    """The executor serves one request at a time, so an open() that waited (a FIFO with no writer) would stall it and
+    the host would call the sandbox failed: each is refused at once, as an error of the caller's, as is a NUL byte
+    (which open() and exec() refuse); nothing is touched and the sandbox serves on."""
+    async with pool.sandbox() as sb:
+        r = await sb.run_python(LEAVE_NON_FILES)
+        assert r.ok, r.stderr
+        for path, kind in NON_FILES.items():
+            for request in (sb.read_file, lambda p: sb.write_file(p, "x")):
+                with pytest.raises(OSError, match=f"/work/{path} is {kind}, not a regular file"):
+                    await request(path)
+        for request in (sb.read_file, lambda p: sb.write_file(p, "x")):
+            with pytest.raises(ValueError, match="embedded null byte"):
+                await request("a\0b")
+        for kw in (
+            {"argv": ["echo", "a\0b"]},
+            {"argv": ["echo"], "cwd": "a\0"},
+            {"argv": ["echo"], "env": {"A": "\0"}},
+        ):
+            with pytest.raises(ValueError, match="cannot hold a NUL byte"):
+                await sb.run(**kw)
+        assert await sb.read_file("real") == b"kept"
+        r = await sb.run(["cat", "real"])
+        assert (r.status, r.stdout) == (Status.OK, "kept")
+
+
 async def test_programs_run_unprivileged_in_a_locked_sandbox(pool, backend):
     if backend == "bwrap-userns":
         pytest.skip("root-only: programs run as the executor's uid in a user namespace of one uid")

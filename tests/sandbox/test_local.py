@@ -97,10 +97,13 @@ async def test_env_and_cwd(sb):
 async def test_files_roundtrip_and_escape(sb):
     await sb.write_file("a/b.bin", b"\x00\x01")
     assert await sb.read_file("a/b.bin") == b"\x00\x01"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"^\[Errno 2\] No such file or directory: '/"):  # errno said once
         await sb.read_file("missing.txt")
     with pytest.raises(ValueError, match="outside the work dir"):
         await sb.read_file("../../etc/passwd")
+    with pytest.raises(ValueError, match="embedded null byte"):  # the caller's mistake, not a failed sandbox
+        await sb.read_file("a\0b")
+    assert await sb.read_file("a/b.bin") == b"\x00\x01"
 
 
 async def test_session_keeps_state_and_echoes(sb):
