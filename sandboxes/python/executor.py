@@ -34,7 +34,9 @@ memory kept of earlier calls (see Zygote).
 Every call ends with a sweep: all descendants of the executor except the
 persistent interpreter are SIGKILLed until none is left. The executor is a
 child subreaper, so a grandchild that setsid()-ed and double-forked away is
-still its descendant and dies with the call.
+still its descendant and dies with the call. The persistent interpreter is
+stopped (SIGSTOP) between its cells, so that nothing a cell started runs on
+through later requests.
 
 In local mode (LocalSandbox: no --user) the same program runs on the host as
 the calling user. That is NOT isolation; it only applies limits.
@@ -222,11 +224,14 @@ class Executor:
         if self.session is None or not self.session.alive():
             reset = self.session is not None
             self.session = Session.start(self, req)
+        self.session.thaw()
         r = self.session.run_cell(req)
         if r.pop("died"):
             self.session.stop()
             self.session = None
             reset = True
+        else:
+            self.session.freeze()
         r["swept"] = self.sweep()
         if self.session is not None:
             self.session.cap.drain(blocking=False)
@@ -611,6 +616,18 @@ class Session:
 
     def alive(self) -> bool:
         return self.exit_status is None and self.proc.poll() is None
+
+    def freeze(self) -> None:
+        """Stopped between its cells: a thread a cell started must not run on through later requests (the host
+        writing tests, a program grading the work), which every other process of the sandbox cannot (the sweep)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            # stopped before the next request is read (or gone: an exit is not consumed here, the sweep reaps it)
+            os.waitid(os.P_PID, self.proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+
+    def thaw(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def run_cell(self, req: dict) -> dict:
         import json  # (after start-up: see LATER)

@@ -217,6 +217,35 @@ async def test_file_requests_refuse_what_is_not_a_regular_file_and_a_nul(pool):
         assert (r.status, r.stdout) == (Status.OK, "kept")
 
 
+WATCHER = r"""
+import glob, os, threading, time
+def watch():  # what a cell could leave behind to tamper with what comes later: the host's files, the grading
+    while True:
+        for p in glob.glob("/work/*.hidden"):
+            os.rename(p, p + ".stolen")
+        with open("/work/ticks", "a") as f:
+            f.write(".")
+        time.sleep(0.02)
+threading.Thread(target=watch, daemon=True).start()
+time.sleep(0.1)
+"""
+
+
+async def test_a_cell_s_threads_run_only_in_cells(pool):
+    """Every process a call starts dies with it (the sweep), but for the persistent interpreter: a thread a cell
+    started would run on through the requests that follow (the host writing hidden tests, a program grading). The
+    interpreter is stopped between its cells."""
+    async with pool.sandbox() as sb:
+        assert (await sb.run_cell(WATCHER)).ok
+        ticks = len(await sb.read_file("ticks"))
+        await sb.write_file("tests.hidden", "assert f(2) == 4")
+        r = await sb.run_python("import os, time; time.sleep(0.3); print(sorted(os.listdir('.')))")
+        assert r.stdout == "['tests.hidden', 'ticks']\n" and len(await sb.read_file("ticks")) == ticks, r
+        later = await sb.run_cell("import time; time.sleep(0.2); print(sorted(os.listdir('.')))")
+        assert later.stdout == "['tests.hidden.stolen', 'ticks']\n"  # its next cell: it runs again
+        await sb.reset_session()
+
+
 async def test_programs_run_unprivileged_in_a_locked_sandbox(pool, backend):
     if backend == "bwrap-userns":
         pytest.skip("root-only: programs run as the executor's uid in a user namespace of one uid")
