@@ -268,7 +268,7 @@ def hostile(tmp_path: Path, *members: tuple[str, str]) -> tuple[Path, Path]:
 
 
 def test_a_hard_link_to_a_symlink_turns_no_folder_into_a_way_out(tmp_path):
-    """The reviewer's sequence: a folder made a hard link to a symlink to a host folder (after a member made the
+    """A folder made a hard link to a symlink to a host folder (after a member made the
     folder's place known), and a file written under it. Refused, naming the member, and nothing lands outside."""
     outside = tmp_path / "outside"
     outside.mkdir()
