@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import ClassVar
 
@@ -63,12 +64,24 @@ class LoraAdapter(WeightSync):
 class SharedModule(WeightSync):
     in_place = True
 
-    def updating(self) -> AbstractContextManager[None]:
+    def __init__(self, learner: Learner, engine: InferenceEngine) -> None:
+        super().__init__(learner, engine)
+        self._moved = False  # an update moved the engine's version since the last push
+
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[None]:
         # no decode step reads the weights while the optimizer writes them, and the first after it is the new version's
-        return self.engine.paused(new_version=True)
+        with self.engine.paused(new_version=True):
+            yield
+        self._moved = True
 
     async def push(self) -> int:
-        return self.engine.version  # moved as the update ended
+        """The version the update moved the engine to; with no update since the last push (a resume: the module
+        holds the checkpoint's weights, the engine starts a version behind), the move is now."""
+        if self._moved:
+            self._moved = False
+            return self.engine.version
+        return await self.engine.update_weights()
 
 
 def weight_sync(learner: Learner, engine: InferenceEngine) -> WeightSync:
