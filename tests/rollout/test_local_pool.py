@@ -60,7 +60,9 @@ async def test_a_killed_worker_is_replaced_its_episodes_retried_and_its_sandboxe
         assert "42" in ran[0][0]["content"] and trees(bwrap_runtime, victim.pid)
 
         iteration = asyncio.create_task(ctl.run_iteration())
-        await until(lambda: any(engine._rows))  # the iteration's episodes are generating
+        # an episode of the iteration on the victim is generating: its next env step is the victim's (an episode that
+        # ended before the kill, under a slow machine's timing, would leave nothing for the kill to fail)
+        await until(lambda: any(ep.generating and ep.worker is victim for ep in ctl._live()))
         os.kill(victim.pid, signal.SIGKILL)
         batch = await asyncio.wait_for(iteration, 300)
 
