@@ -37,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
@@ -59,6 +60,11 @@ from agentrl.engine.protocol import (
 FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
 
 
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+"""the Host a keyless server answers: a web page a browser of this machine opens may send requests to 127.0.0.1
+under a name of its own that resolves there (DNS rebinding), and only the name tells them apart"""
+
+
 def create_app(
     engine: InferenceEngine,
     *,
@@ -71,7 +77,8 @@ def create_app(
 
     tokenizer: only for the `text` fields of replies (generation never decodes).
     vocab_size: refuse prompt ids outside the vocabulary with a 400 (before the model sees them).
-    api_key: every endpoint but GET /health needs `Authorization: Bearer KEY` (401 otherwise).
+    api_key: every endpoint but GET /health needs `Authorization: Bearer KEY` (401 otherwise); without one, only
+    requests to a loopback name are answered (400 otherwise: `LOOPBACK_HOSTS`).
 
     `await app.state.stop()` before shutting the server down: new requests get 503 and running
     ones are aborted, so their replies go out at once with the tokens made so far. Other routes
@@ -91,6 +98,8 @@ def create_app(
     app.state.stop = stop
     if api_key is not None:
         require_key(app, lambda _: api_key, open_paths={"/health"})
+    else:  # served on loopback alone: by this machine's names too, or a DNS name rebound to 127.0.0.1 reaches it
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)
 
     refuse_invalid(app)
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agentrl.view.data import MAX_PAGE, Filters, Folder
 
@@ -23,6 +24,9 @@ STATIC = Path(__file__).parent / "static"
 def create_app(folder: str | Path) -> FastAPI:
     data = Folder(Path(folder))
     app = FastAPI(title=f"agentrl view {folder}", docs_url=None, redoc_url=None)
+    # on loopback, without a key: a web page this machine's browser opens could reach it under a name of its own
+    # that resolves to 127.0.0.1 (DNS rebinding) and read the run; only the Host it names tells the two apart
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=["localhost", "127.0.0.1", "[::1]"])
 
     @app.get("/")
     def page() -> FileResponse:

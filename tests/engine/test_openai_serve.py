@@ -375,3 +375,15 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
     assert set(after.versions) == {1}
     torch.testing.assert_close(torch.tensor(after.logprobs), rescored(after.token_ids), atol=1e-4, rtol=0)
     assert (rescored(before.token_ids) - torch.tensor(before.logprobs)).abs().max() > 1e-2
+
+
+async def test_a_keyless_server_answers_loopback_names_alone(url):
+    """Without a key `agentrl serve` listens on loopback alone, but a web page this machine's browser opens could
+    still reach it under a DNS name of its own that resolves to 127.0.0.1 (rebinding), and upload weights: only
+    the Host it names tells the two apart."""
+    port = httpx.URL(url).port
+    async with httpx.AsyncClient() as c:
+        for host in ("127.0.0.1", "localhost"):
+            assert (await c.get(f"{url}/v1/models", headers={"Host": f"{host}:{port}"})).status_code == 200
+        rebound = await c.post(f"{url}/agentrl/weights", headers={"Host": f"attacker.example:{port}"}, content=b"x")
+        assert (rebound.status_code, rebound.text) == (400, "Invalid host header")

@@ -17,7 +17,7 @@ import json, sys
 import agentrl.cli
 from fastapi.testclient import TestClient
 from agentrl.view.server import create_app
-client = TestClient(create_app(sys.argv[1]))
+client = TestClient(create_app(sys.argv[1]), base_url="http://127.0.0.1")
 for path in ("/", "/api/overview", "/api/metrics", "/api/facets", "/api/trajectories", "/api/trajectory/e0",
              "/api/group/g0"):
     assert client.get(path).status_code == 200, path

@@ -144,12 +144,21 @@ def test_the_list_counts_sequences_and_filters_on_several(run):
     assert counts == {"multi": 3, "peer": 1, "far": 1, "old": 1}
     assert [r["episode_id"] for r in folder.trajectories(Filters(multi=True))["items"]] == ["multi"]
     assert {r["episode_id"] for r in folder.trajectories(Filters(multi=False))["items"]} == {"peer", "far", "old"}
-    client = TestClient(create_app(run.path))
+    client = TestClient(create_app(run.path), base_url="http://127.0.0.1")
     page = client.get("/api/trajectories", params={"multi": "true"}).json()
     assert page["matching"] == 1 and page["items"][0]["sequences"] == 3
     assert client.get("/api/trajectories", params={"multi": "false", "iteration": 1}).json()["matching"] == 1
     shown = client.get("/api/trajectory/multi").json()
     assert [(s["start"], s["reason"]) for s in shown["sequences"]] == [(0, None), (10, "rerender"), (20, "fold")]
+
+
+def test_the_viewer_answers_loopback_names_alone(run):
+    """`agentrl view` has no key: a web page this machine's browser opens could reach it under a DNS name that
+    resolves to 127.0.0.1 (rebinding) and read the run, unless the Host it names is refused."""
+    app = create_app(run.path)
+    assert TestClient(app, base_url="http://localhost:8765").get("/api/overview").status_code == 200
+    rebound = TestClient(app, base_url="http://attacker.example:8765").get("/api/overview")
+    assert (rebound.status_code, rebound.text) == (400, "Invalid host header")
 
 
 def test_step_groups_count_the_turns_of_a_state_among_the_groups_saved_trajectories(run):
