@@ -53,6 +53,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -85,6 +86,8 @@ log = logging.getLogger(__name__)
 TREE_PREFIX = "bwrap-"
 SOCKET_IN_SANDBOX = "/run/agentrl"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# not --unshare-all: it would map one uid as root too, and nobody could not be switched to
+NAMESPACES = tuple(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = (65534, 65534)
 # What a host-rooted sandbox gets of the host: the system's programs and libraries, read-only.
@@ -392,16 +395,22 @@ def no_userns_filter() -> bytes | None:
     return b"".join(struct.pack("=HBBI", *op) for op in code)
 
 
-def _seccomp_fd() -> int | None:
-    """A file descriptor bubblewrap reads `no_userns_filter` from (each sandbox its own: bubblewrap reads it to the
-    end), or None where there is none."""
-    program = no_userns_filter()
+@contextlib.contextmanager
+def _no_userns(privileged: bool) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """For a bubblewrap run as root: its arguments that load `no_userns_filter`, and the file descriptor they name,
+    to pass to it (read by bubblewrap at its start, closed here after the block); unprivileged: none
+    (--disable-userns, with its user namespace, does the same)."""
+    program = no_userns_filter() if privileged else None
     if program is None:
-        return None
-    fd = os.memfd_create("agentrl-seccomp")
-    os.write(fd, program)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+        yield [], ()
+        return
+    fd = os.memfd_create("agentrl-seccomp")  # each bubblewrap its own: it reads the program to the end
+    try:
+        os.write(fd, program)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield ["--seccomp", str(fd)], (fd,)
+    finally:
+        os.close(fd)
 
 
 # -- the sandbox -------------------------------------------------------------------------------
@@ -514,25 +523,15 @@ def _executor_bytecode(bwrap: str, privileged: bool, rootfs: Path | None) -> Pat
     if version is not None and (folder / f"executor.cpython-{version[0]}{version[1]}.pyc").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
-    argv += ["--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", PATH]
+    argv = [bwrap, *NAMESPACES, "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", PATH]
     argv += ["--cap-drop", "ALL"] if os.geteuid() == 0 else []
     argv += [] if privileged else ["--unshare-user", "--disable-userns"]
     argv += [*_root_args(rootfs), "--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/agentrl"]
     argv += ["--ro-bind", str(source), "/agentrl/executor.py", "--bind", str(folder), "/agentrl/__pycache__"]
-    seccomp = _seccomp_fd() if privileged else None
-    argv += [] if seccomp is None else ["--seccomp", str(seccomp)]
-    try:
+    with _no_userns(privileged) as (seccomp, fds):
         done = subprocess.run(
-            [*argv, "--", "python3", "-c", COMPILE],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            pass_fds=() if seccomp is None else (seccomp,),
+            [*argv, *seccomp, "--", "python3", "-c", COMPILE], capture_output=True, text=True, timeout=60, pass_fds=fds
         )
-    finally:
-        if seccomp is not None:
-            os.close(seccomp)
     if done.returncode != 0:
         log.warning("bwrap: could not compile the executor (it starts from source): %s", done.stderr.strip()[-500:])
         return None
@@ -569,27 +568,22 @@ class BwrapSandbox(ExecutorSandbox):
                 cgroup = await asyncio.to_thread(Cgroup.create, h, name, cfg)
             owner = {**reaper.owner_labels(), "cgroup": cgroup.record() if cgroup else None}
             (tree / "owner.json").write_text(json.dumps(owner))
-            seccomp = _seccomp_fd() if h.privileged else None  # unprivileged: --disable-userns
-            argv = cls._argv(h, cfg, rootfs, bytecode, tree, cgroup, seccomp)
             # sh puts itself in the cgroup, then becomes bwrap: everything the sandbox starts is in it from the
             # first instruction (a preexec_fn would be unsafe in a threaded process)
             enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
-            try:
-                with (tree / "stderr").open("wb") as stderr:  # a file, not a pipe nobody reads once it runs
-                    proc, ready = await start_executor(
-                        "/bin/sh",
-                        "-c",
-                        f'{enter}exec "$@"',
-                        "sh",
-                        *argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=stderr,
-                        stderr=stderr,
-                        pass_fds=() if seccomp is None else (seccomp,),
-                    )
-            finally:
-                if seccomp is not None:
-                    os.close(seccomp)
+            # stderr: a file, not a pipe nobody reads once it runs
+            with _no_userns(h.privileged) as (seccomp, fds), (tree / "stderr").open("wb") as stderr:
+                proc, ready = await start_executor(
+                    "/bin/sh",
+                    "-c",
+                    f'{enter}exec "$@"',
+                    "sh",
+                    *cls._argv(h, cfg, rootfs, bytecode, tree, cgroup, seccomp),
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                    pass_fds=fds,
+                )
         except BaseException:
             await asyncio.to_thread(_remove_tree, tree, cgroup)
             raise
@@ -617,11 +611,9 @@ class BwrapSandbox(ExecutorSandbox):
         bytecode: Path | None,
         tree: Path,
         cgroup: Cgroup | None,
-        seccomp: int | None = None,
+        seccomp: list[str],
     ) -> list[str]:
-        # not --unshare-all: it would map one uid as root too, and nobody could not be switched to
-        argv = [h.bwrap, *(f"--unshare-{ns}" for ns in ("ipc", "pid", "net", "uts", "cgroup-try"))]
-        argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
+        argv = [h.bwrap, *NAMESPACES, "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
         if not h.privileged:
             argv += ["--unshare-user", "--disable-userns"]
         argv += _root_args(rootfs)
@@ -649,8 +641,7 @@ class BwrapSandbox(ExecutorSandbox):
             argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
         argv += ["--remount-ro", "/", "--chdir", "/work"]
         argv += ["--setenv", "PATH", PATH, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
-        if seccomp is not None:
-            argv += ["--seccomp", str(seccomp)]
+        argv += seccomp  # no new user namespace (`_no_userns`)
         if h.privileged:
             argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         elif os.geteuid() == 0:  # root asked for a user namespace: none of root's capabilities in it either
