@@ -638,7 +638,7 @@ def finite(x: Any) -> Any:
     return x
 
 
-def drive(name: str, ctx: Ctx, log) -> dict[str, Any]:
+def drive(name: str, ctx: Ctx) -> dict[str, Any]:
     """Run one check in its own process, within its time limit: its entry of the report."""
     result = ctx.workdir / f"{name}.result.json"
     result.unlink(missing_ok=True)
@@ -755,7 +755,7 @@ def main() -> int:
                 checks.append(skipped(name, f"{left:.0f} s left of --budget {args.budget:g}: not started"))
             else:
                 limit = ctx.limit(name) if left is None else min(ctx.limit(name), left)
-                checks.append(drive(name, dataclasses.replace(ctx, time_limit=limit), log))
+                checks.append(drive(name, dataclasses.replace(ctx, time_limit=limit)))
             report(complete=False)
     finally:
         if args.workdir is None:
