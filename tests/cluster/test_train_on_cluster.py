@@ -18,7 +18,10 @@ from agentrl.runs import read_jsonl
 from agentrl.sandbox.reaper import LABEL, PID_LABEL, owner_alive
 
 MODEL = Path(__file__).parents[1] / "data" / "run_v0" / "model"  # a tiny Qwen3-MoE with the project tokenizer
-TIMEOUT_S = 3.0  # cluster.learner.collective_timeout_s: shorter than the ranks wait between calls here
+# cluster.learner.collective_timeout_s: far above how far apart two ranks may reach one collective while a node is
+# lost (3 s was not, once, in CI), and shorter than the ranks wait before the first update (the image shipped to two
+# empty daemons, the engines started: 23 s on the dev VM)
+TIMEOUT_S = 10.0
 RUN = [
     "model.path=model",
     "out=run",
