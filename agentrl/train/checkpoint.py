@@ -46,6 +46,8 @@ def save(path: str | Path, trainer: Trained, state: dict[str, Any]) -> None:
         {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         path / f"rng_{trainer.rank}.pt",
     )
+    if dist.is_initialized():  # every rank's RNG file is written before state.json says the checkpoint is whole
+        dist.barrier()
     if trainer.rank == 0:
         tmp = path / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=1))
