@@ -126,7 +126,7 @@ class ChatFormat:
             ids += turn
             mask += [weight] * len(turn)
             j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
-            if j > i + 1:
+            if j > i + 1 or j < len(messages):  # an empty delta still opens the next assistant turn
                 delta = self.observation_ids(messages[i + 1 : j], last_token=self.turn_end_id)
                 ids += delta
                 mask += [0] * len(delta)

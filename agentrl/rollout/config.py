@@ -102,7 +102,8 @@ class RolloutConfig(EnvWorkersConfig):
     thinking: Thinking = "keep"
     """keep: a turn's reasoning stays in the context of the turns after it (each prompt is the record extended);
     strip: the context of each turn is the chat template's own rendering of the conversation, as when the model is
-    served (earlier thoughts dropped by templates that drop them): a turn after a thought starts a new sequence"""
+    served (earlier thoughts dropped by templates that drop them): while a thought is in view, each turn's context
+    is rendered, and a rendering that does not extend the record starts a new sequence"""
     context: ContextConfig = Field(default_factory=ContextConfig)
     """context folding (`ContextConfig`)"""
 

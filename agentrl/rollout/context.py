@@ -4,9 +4,10 @@ Today's rule, and the default: the next prompt is the current sequence extended 
 (`ChatFormat.observation_ids`), never a re-rendering. Two settings make a turn's context something else, and
 then the turn starts a new sequence (`Trajectory.start_sequence`) whose prompt is the conversation rendered:
 
-- `rollout.thinking: strip`: after a turn that thought, the context is the chat template's own rendering of the
-  conversation, as when the model is served (Qwen3-style templates drop earlier turns' reasoning). Where that
-  rendering is the record extended token for token (a template that keeps the thought), the turn appends.
+- `rollout.thinking: strip`: once a turn thought, the context is the chat template's own rendering of the
+  conversation, as when the model is served (Qwen3-style templates drop earlier turns' reasoning, those after the
+  last user message only later). Where that rendering is the record extended token for token (a template that
+  keeps the thought), the turn appends.
 - context folding (`rollout.context`): when the next prompt would leave less than a whole turn under
   `context.max_tokens` (`fold_at`),
   - truncate: the opening messages (system prompt and task) and the last turns that fit, rendered;
@@ -96,7 +97,8 @@ class ContextLayout:
         """The env answered the last turn (`conv.turns[-1]`, the assistant's message) with `observation`."""
         conv.turns[-1] += observation
         context = traj.context_ids
-        if self.cfg.thinking == "strip" and has_thought(conv.turns[-1][0]["content"]):
+        # a thought the context still shows (the template kept it after a tool message) may be dropped now
+        if self.cfg.thinking == "strip" and any(has_thought(turn[0]["content"]) for turn in conv.turns[conv.first :]):
             ids = self.render(conv)
             extends = len(ids) > len(context) and ids[: len(context)] == context
             plan = Plan(ids[len(context) :]) if extends else Plan(ids, SequenceReason.RERENDER)
@@ -105,7 +107,8 @@ class ContextLayout:
         if self.fold_at is not None and len(plan.ids) + (0 if plan.sequence else len(context)) > self.fold_at:
             plan = self._summary_request(traj, conv) if self.fold.policy == "summarize" else self._truncate(conv)
         if plan.sequence is not None:  # the episode grew by the observation (as shown), not by what is repeated
-            plan.new = len(self.chat.observation_ids(conv.turns[-1][1:], last_token=self.chat.turn_end_id))
+            # the delta closes a turn cut by length: its end-of-turn token is new too
+            plan.new = len(self.chat.observation_ids(conv.turns[-1][1:], last_token=context[-1]))
         return plan
 
     def after_summary(self, conv: Conversation, finish_reason: str) -> Plan:

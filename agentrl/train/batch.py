@@ -114,6 +114,8 @@ def build_batch(groups: list[Group], algo: AlgoConfig) -> tuple[TrainBatch, Batc
         group_of += [k] * len(members)
     if not trajs:
         raise ValueError("no trainable trajectory in the batch (every episode failed or was dropped)")
+    if not any(t.num_generated for t in trajs):  # no turn to index per-turn advantages by, nothing to train
+        raise ValueError("no trainable trajectory generated a token (every episode ended before its first turn)")
     settings = {(t.sampling.temperature, t.sampling.top_k, t.sampling.top_p) for t in trajs}
     if len(settings) > 1:
         raise ValueError(f"one batch must share one sampling distribution; found {sorted(settings)}")

@@ -97,3 +97,20 @@ def test_stop_tokens_and_decode():
     assert eot in chat.stop_token_ids
     ids = chat.encode("<tool_call>{}</tool_call>")
     assert chat.decode([*ids, eot]) == "<tool_call>{}</tool_call>"
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_consecutive_assistant_messages_each_open_their_own_turn(template):
+    """Two assistant messages in a row: the second opens an assistant turn of its own, as the template renders it
+    (and a rollout or `agentrl serve` lays it out), not glued to the first one's end-of-turn token."""
+    chat = ChatFormat(load_tokenizer(template))
+    messages = [
+        {"role": "user", "content": "Add 1 and 2."},
+        {"role": "assistant", "content": "Let me see."},
+        {"role": "assistant", "content": "3"},
+        {"role": "user", "content": "ok"},
+    ]
+    ids, mask = chat.conversation_ids(messages)
+    assert chat.tokenizer.decode(ids) == chat.render(messages, generation_prompt=True)
+    trained = [i for i, m in zip(ids, mask, strict=True) if m]
+    assert trained == [*chat.encode("Let me see."), chat.turn_end_id, *chat.encode("3"), chat.turn_end_id]

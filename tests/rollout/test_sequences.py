@@ -197,3 +197,57 @@ def test_folding_settings_are_checked_at_load():
         RolloutConfig(sampling=SamplingParams(max_tokens=16), context={"max_tokens": 300, "policy": "summarize"})
     with pytest.raises(ValueError, match=r"Extra inputs"):
         RolloutConfig(context={"max_token": 300})
+
+
+@pytest.mark.parametrize("advantage", ["outcome", "turn", "gigpo"])
+def test_a_batch_of_episodes_that_ended_before_their_first_turn_has_nothing_to_learn(advantage):
+    """An opening longer than `max_episode_tokens` (or the context) ends its episode, finished, before any turn: a
+    batch of only such episodes is refused as nothing to learn from (the driver skips the update), never an index
+    error that ends the run."""
+    empty = []
+    for e in ("a", "b"):
+        t = Trajectory(episode_id=e, group_id="g", task_id="g", sampling=SamplingParams())
+        t.append_prompt([1, 2, 3, 4])
+        t.status, t.truncated, t.truncation = Status.FINISHED, True, "episode_tokens"
+        empty.append(t)
+    with pytest.raises(ValueError, match="generated a token"):
+        build_batch([Group("g", "g", empty)], AlgoConfig(advantage=advantage))
+    # beside an episode that took a turn, they stay in the batch (rows with nothing to train)
+    batch, info = build_batch(
+        [Group("g", "g", [*empty, record("c", "g", [(2, 1.0)])])], AlgoConfig(advantage=advantage)
+    )
+    assert info.trajectories == 3 and batch.loss_mask.sum(-1).tolist() == [0, 0, 2]
+
+
+def test_strip_drops_a_thought_the_template_kept_once_a_user_message_follows():
+    """Qwen3's template keeps the thoughts of turns after the last user message (a tool's reply does not count): a
+    thought shown after a tool message must go from the context when the env next speaks as the user, even after a
+    turn that did not think."""
+    t, conv = conversation(0)
+    lay = ContextLayout(CHAT, RolloutConfig(sampling=SamplingParams(max_tokens=16), thinking="strip"), 4096)
+    for says, obs in [("<think>plan</think>call", "tool"), ("call", "tool"), ("done", "user")]:
+        t.append_generation(gen([*CHAT.encode(says), CHAT.turn_end_id]))
+        conv.turns.append([{"role": "assistant", "content": says}])
+        plan = lay.after_turn(t, conv, [{"role": obs, "content": "5"}])
+        if plan.sequence is None:
+            t.append_observation(plan.ids)
+        else:
+            t.start_sequence(plan.ids, plan.sequence, new=plan.new)
+        assert t.context_ids == CHAT.prompt_ids(conv.context())  # the context is the template's own rendering
+    assert "plan" not in CHAT.tokenizer.decode(t.context_ids)
+
+
+def test_a_sequence_after_a_turn_cut_by_length_counts_the_token_that_closes_it():
+    """A turn cut by length is closed by the delta's end-of-turn token, new to the episode: `episode_tokens` counts
+    it in a re-rendered sequence as it would in the record extended."""
+    t, conv = conversation(0)
+    says = "<think>plan</think>5 is"
+    t.append_generation(gen(CHAT.encode(says), finish="length"))
+    conv.turns.append([{"role": "assistant", "content": says}])
+    obs = [{"role": "user", "content": "go on"}]
+    extended = len(t.token_ids) + len(CHAT.observation_ids(obs, last_token=t.token_ids[-1]))
+    cfg = RolloutConfig(sampling=SamplingParams(max_tokens=16), thinking="strip")
+    plan = ContextLayout(CHAT, cfg, 4096).after_turn(t, conv, obs)
+    assert plan.sequence is SequenceReason.RERENDER
+    t.start_sequence(plan.ids, plan.sequence, new=plan.new)
+    assert t.episode_tokens == extended
