@@ -461,13 +461,13 @@ class RolloutController:
         while not self._stopping.is_set():
             used = traj.turns[-1].end - traj.turns[-1].start if traj.turn_open else 0
             turn_tokens = self.cfg.context.summary_max_tokens if ep.summarizing else self.cfg.sampling.max_tokens
-            budget = min(
-                turn_tokens - used,
-                layout.limit - traj.context_length,
-                self.cfg.max_episode_tokens - traj.episode_tokens,
-            )
+            room = {  # the truncation that names each bound (the episode's first: it names a tie)
+                "episode_tokens": self.cfg.max_episode_tokens - traj.episode_tokens,
+                "context": layout.limit - traj.context_length,
+            }
+            budget = min(turn_tokens - used, *room.values())
             if budget < 1 or (ep.summarizing and budget < turn_tokens - used):  # no room for a whole summary
-                return await self._finish(ep, truncation="episode_tokens" if used == 0 else "context")
+                return await self._finish(ep, truncation=min(room, key=room.__getitem__))
             seed = zlib.crc32(f"{ep.seed}/{len(traj.token_ids)}".encode())
             params = self.cfg.sampling.model_copy(
                 update={"max_tokens": budget, "stop_token_ids": self.chat.stop_token_ids, "seed": seed}
@@ -500,8 +500,8 @@ class RolloutController:
                 return self._fail(ep, FailureClass.AGENT, plan.failure)
             if plan.end is not None:
                 return await self._finish(ep, truncation=plan.end)
-            if not self._apply(ep, plan):  # an over-long context never reaches the model
-                return await self._finish(ep, truncation="episode_tokens")
+            if (full := self._apply(ep, plan)) is not None:  # an over-long context never reaches the model
+                return await self._finish(ep, truncation=full)
         # stopping: parked at a turn boundary, its env (and sandbox) kept on the worker
 
     def _opened(self, ep: _Episode, obs: list[Message], info: dict[str, Any]) -> None:
@@ -530,20 +530,23 @@ class RolloutController:
         ep.traj.turns[-1].info = {"summary": True}
         return self.layout.after_summary(ep.conv, gen.finish_reason)
 
-    def _apply(self, ep: _Episode, plan: Plan) -> bool:
-        """The plan's ids appended or starting a sequence; False (nothing done) when the next turn would have no
-        room: past the sequence's bound (the engine's context, `context.max_tokens`) or the episode's."""
+    def _apply(self, ep: _Episode, plan: Plan) -> str | None:
+        """The plan's ids appended or starting a sequence (None); or, nothing done, the truncation that ends the
+        episode when the next turn would have no room: past the episode's bound ("episode_tokens") or the
+        sequence's ("context": the engine's context, `context.max_tokens`)."""
         traj, new = ep.traj, plan.sequence is not None
         context = len(plan.ids) + (0 if new else traj.context_length)
         grown = traj.episode_tokens + (plan.new if new else len(plan.ids))
-        if context + 1 > self.layout.limit or grown + 1 > self.cfg.max_episode_tokens:
-            return False
+        if grown + 1 > self.cfg.max_episode_tokens:
+            return "episode_tokens"
+        if context + 1 > self.layout.limit:
+            return "context"
         if new:
             traj.start_sequence(plan.ids, plan.sequence, plan.info, new=plan.new)
         else:
             traj.append_observation(plan.ids)
         ep.summarizing = plan.summarize
-        return True
+        return None
 
     def _state_key(self, obs: list[Message], info: dict[str, Any]) -> str | None:
         """The env's name for the state (`names_states`; None if it gave none) or a hash of the observation."""

@@ -216,17 +216,21 @@ async def test_token_exact_over_real_tool_calls(ray_local, tool_caller):
         assert "tests_total" in traj.turns[-1].info, "the submission was graded"
 
 
-async def test_budgets_truncate_before_the_model(ray_local):
-    engine = RecordingEngine(tiny_model("qwen3_moe", seed=0))
-    cfg = config(max_episode_tokens=900, env_kwargs={"max_turns": 8})
+@pytest.mark.parametrize("bound", ["episode_tokens", "context"])
+async def test_budgets_truncate_before_the_model(ray_local, bound):
+    """The episode's budget (`max_episode_tokens`) or the engine's context, whichever is smaller, cuts the episode
+    before the model sees too much, and names itself as the truncation."""
+    episode, context = (900, None) if bound == "episode_tokens" else (2000, 900)
+    engine = RecordingEngine(tiny_model("qwen3_moe", seed=0), max_context=context)
+    cfg = config(max_episode_tokens=episode, env_kwargs={"max_turns": 8})
     async with engine, RolloutController(cfg, engine, chat()) as ctl:
         batch = await ctl.run_iteration()
     for traj in batch.trajectories:
         assert traj.status is Status.FINISHED and len(traj.token_ids) <= 900
-        assert traj.truncation in ("episode_tokens", "env")
+        assert traj.truncation in (bound, "env")
         for prompt, gen in engine.calls[traj.episode_id]:
             assert len(prompt) + len(gen.token_ids) <= 900
-    assert any(t.truncation == "episode_tokens" for t in batch.trajectories)
+    assert any(t.truncation == bound for t in batch.trajectories)
 
 
 async def test_partial_rollouts_park_and_resume_under_the_new_version(ray_local):
