@@ -743,7 +743,9 @@ def main() -> int:
             "checks": checks,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(finite(out), indent=2) + "\n")
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(json.dumps(finite(out), indent=2) + "\n")
+        tmp.replace(args.out)  # whole: a reader (or a killed call) never sees half of it
         return out
 
     try:

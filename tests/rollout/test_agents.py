@@ -57,7 +57,8 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
     behaviours = ["expert", "claims", "raises", "silent", "sleeps", "rewrites"]
     tasks = task_ids("repo_fix", {"tasks": "repos"}, len(behaviours))
     agent_programs.BEHAVIOUR.update(zip(tasks, behaviours, strict=True))
-    cfg = config("scripted_on_repo_fix", len(tasks), agent_timeout_s=5)
+    # the agents that end take under 1 s here, six at once; "sleeps" waits 60 s
+    cfg = config("scripted_on_repo_fix", len(tasks), agent_timeout_s=10)
     async with RolloutController(cfg, engine, chat, sandbox=SandboxConfig(backend="bwrap")) as ctl:
         batch = await ctl.run_iteration(tasks)
         keys = [s.key for s in ctl.gateway.sessions.values()]
@@ -72,7 +73,7 @@ async def test_agents_on_repo_fix_are_graded_by_the_env_and_their_failures_never
     for name, says in [
         ("raises", "RuntimeError: the agent's own bug"),
         ("silent", "never called the model"),
-        ("sleeps", "ran past rollout.agent_timeout_s=5"),
+        ("sleeps", "ran past rollout.agent_timeout_s=10"),
     ]:
         t = by[name]
         assert t.status is Status.FAILED and t.failure is FailureClass.AGENT and says in t.error, (name, t.error)

@@ -25,7 +25,11 @@ TIMEOUT_S = 2.0  # the limit for the programs that only end at it
 # The limit for the others, so that their status never races a loaded CPU: a memory bomb needs
 # about 0.5 CPU-s of page faults to reach the OOM killer, which 2 s did not give it under 2 test workers.
 ROOM_S = 30.0
-SLACK_S = 3.0  # kill + sweep + transport; a fork bomb starves the executor in its own cgroup
+SLACK_S = 3.0  # kill + sweep + transport
+# A fork bomb's processes share the executor's CPU in its cgroup: the executor's wake-up and kill get ~1/257 of it
+# (calls of up to 4.2 s of a 2 s limit measured under load). Still under the host's own 10 s of transport slack, so
+# the executor's kill is what ended the call.
+FORK_BOMB_SLACK_S = 8.0
 MARK = f"agentrl-hostile-{uuid.uuid4().hex[:8]}"  # argv marker to look for on the host
 
 # Count the processes besides the probe and the three a sandbox runs between calls: its init (docker's, or
@@ -144,7 +148,7 @@ async def test_hostile_program_is_contained(pool, backend, name):
         limit = TIMEOUT_S if expected is Status.TIMEOUT else ROOM_S
         r = await sb.run_python(code, timeout_s=limit)
         assert r.status is expected, (r.status, r.stderr[-500:])
-        assert r.call_s < limit + SLACK_S
+        assert r.call_s < limit + (FORK_BOMB_SLACK_S if name == "fork_bomb" else SLACK_S)
         if name == "gigabyte_of_output":
             assert r.truncated and len(r.stdout) == sb.limits.max_output_bytes
         if name == "non_utf8_output":

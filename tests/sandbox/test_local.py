@@ -45,8 +45,9 @@ async def test_wall_timeout_kills(sb):
 async def test_cpu_limit(sb):
     sb.limits = sb.limits.model_copy(update={"cpu_s": 1, "timeout_s": 10})
     r = await sb.run_python("while True: pass")
-    assert r.status is Status.TIMEOUT and r.signal == 24  # SIGXCPU
-    assert r.wall_s < 5
+    # SIGXCPU: the CPU limit ended it, not the wall clock's (no bound on wall_s: a loaded host gives the loop a
+    # fraction of a core, and a local sandbox has no cgroup of its own)
+    assert r.status is Status.TIMEOUT and r.signal == 24
 
 
 async def test_output_cap(sb):
