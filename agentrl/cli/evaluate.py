@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agentrl.engine import EngineConfig
     from agentrl.eval.bench import BenchResult
     from agentrl.eval.chat import ChatEndpoint
+    from agentrl.eval.completions import Completion
     from agentrl.eval.config import EvalCommandConfig
 
 
@@ -107,12 +108,21 @@ def eval_(
         fail("give either --model (an agent to run) or --completions (a samples file to score)")
     if completions is not None and "env_workers" in cfg.model_fields_set:
         fail("env_workers does nothing with --completions: their programs run in this process's sandboxes; drop it")
+    # what a typo gets wrong is said in one line here, before any model loads or sandbox starts
+    if why := _env_problem(cfg):
+        fail(why)
+    if not chat and completions is None:
+        from agentrl.cli.train import check_model
+
+        if problems := check_model(model):
+            fail(f"--{problems[0]}")
+    samples_rows = _read_samples(completions, cfg.k) if completions is not None else []
     if why := cfg.sandbox.unavailable():
         fail(f"sandbox.backend={cfg.sandbox.backend}: {why}")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     if completions is not None:
-        summary, rows = _score_file(cfg, completions)
+        summary, rows = _score_file(cfg, completions, samples_rows)
     elif chat:
         summary, rows = _run_chat(cfg, endpoint)
     else:
@@ -123,6 +133,35 @@ def eval_(
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         browse = "" if chat else f"; to browse them: agentrl view {out_dir}"  # a chat run keeps no transcripts
         out.print(f"results: {out_dir / 'results.jsonl'}, summary: {out_dir / 'summary.json'}{browse}")
+
+
+def _env_problem(cfg: EvalCommandConfig) -> str | None:
+    """Why the benchmark's env cannot be made with these settings (an unknown env, a bad env setting), or None."""
+    from agentrl.eval.bench import bench_split
+    from agentrl.rollout.workers import make_env
+
+    try:
+        make_env(cfg.env, bench_split(cfg)[1]).close()
+    except Exception as e:  # the env's own message names the fix
+        return f"--env {cfg.env}: {type(e).__name__}: {e}"
+    return None
+
+
+def _read_samples(path: Path, ks: list[int]) -> list[Completion]:
+    """The samples file's rows; one that cannot be read, holds none, or has fewer than k samples of every problem
+    (each pass@k would be NaN) is refused in one line."""
+    from agentrl.eval.completions import read_completions
+
+    try:
+        rows = read_completions(path)
+    except (OSError, ValueError) as e:
+        fail(e)
+    if not rows:
+        fail(f"{path} holds no completions: JSONL rows with task_id and completion")
+    most = max(Counter(r.task_id for r in rows).values())
+    if short := [k for k in ks if k > most]:
+        fail(f"pass@{short[0]} needs {short[0]} samples of a problem, and {path} has at most {most} of any: lower --k")
+    return rows
 
 
 def _run_chat(cfg: EvalCommandConfig, endpoint: ChatEndpoint) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -171,15 +210,17 @@ def _run_agent(
     return summary, [p.model_dump() for p in result.per_problem]
 
 
-def _score_file(cfg: EvalCommandConfig, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _score_file(
+    cfg: EvalCommandConfig, path: Path, rows: list[Completion]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import time
 
-    from agentrl.eval.completions import read_completions, score_completions
+    from agentrl.eval.bench import bench_split
+    from agentrl.eval.completions import score_completions
     from agentrl.eval.passk import pass_at_ks
     from agentrl.rollout.workers import make_env
 
-    env = make_env(cfg.env, {**cfg.env_kwargs, **({"split": cfg.split} if cfg.split else {})})
-    rows = read_completions(path)
+    env = make_env(cfg.env, bench_split(cfg)[1])  # the problems an agent's run of this benchmark would be given
     t0 = time.perf_counter()
     try:
         verdicts = asyncio.run(

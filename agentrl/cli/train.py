@@ -265,7 +265,10 @@ def _check_env(cfg: RunConfig) -> list[str]:
         agentrl.make(name, **cfg.rollout.env_kwargs).close()
     except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
         return [f"rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}"]
-    return []
+    from agentrl.eval.heldout import split_leak
+
+    leak = split_leak(cfg.rollout.env, cfg.rollout.env_kwargs) if cfg.eval.tasks else None
+    return [f"eval.tasks: {leak}"] if leak else []
 
 
 def _check_engine(cfg: RunConfig) -> list[str]:

@@ -14,7 +14,9 @@ report (`os._exit`, `os.abort`, killing its own process, `atexit` with an exit),
 (`os.fork`), the JUnit report, the integrity plugin itself, and code decoded and run at run time. Comments do not
 count; strings count where a name in a string reaches the thing (`import_module("_pytest.reports")`), not where it
 merely names it (`"os._exit"` in a table). pytest's own source files (`_pytest/`, `pytest/`) are not scanned: in
-pytest's own repository the code under test is the grader, and no scan can help there.
+pytest's own repository the code under test is the grader, and no scan can help there. A folder of those names is
+pytest's own only where the diff changes a file already in it: one the diff creates is scanned as any other (a hack
+kept there and put on `sys.path` by the package was never read).
 
 What it cannot see: names built from strings (`getattr(__import__('_p' + 'ytest'), ...)`, `importlib.import_module`
 of a computed name), aliases (`import builtins as b; b.len = ...`), code kept in a non-Python file or fetched at run
@@ -39,8 +41,8 @@ TOKEN_ENV = "AGENTRL_INTEGRITY_TOKEN"
 FILE_ENV = "AGENTRL_INTEGRITY_FILE"
 
 _PYTHON = (".py", ".pyi", ".pyw", ".pyx", ".pxd", ".pxi")
-_PYTESTS_OWN = re.compile(r"^(?:src/)?(?:_pytest/|pytest/|pytest\.py$)")
-"""pytest's own source files: references to its internals are its own code there"""
+_PYTESTS_OWN = re.compile(r"^((?:src/)?(?:_pytest/|pytest/|pytest\.py$))")
+"""pytest's own source files (group 1: their folder): references to its internals are its own code there"""
 
 _HOOKS = (
     "runtest|report|collect|pycollect|make|configure|unconfigure|session|terminal|cmdline|load_initial|plugin"
@@ -149,16 +151,18 @@ def tampering(patch: str) -> str | None:
     """Why the diff looks like tampering with the test machinery (the file, what was found and the line of the diff),
     or None. Only the added lines of Python files count, less pytest's own source files (the module docstring says
     what this catches and what it cannot)."""
+    lines = list(_new_side(patch))
+    pytests = {m[1] for path, created, *_ in lines if not created and (m := _PYTESTS_OWN.match(path))}
     seen: dict[str, set[tuple[int, int]]] = {}  # path -> the (file rule, pattern) pairs matched so far
     previous = ""  # the line before, in the new file
-    for path, n, line, added in new_lines(patch):
+    for path, _, n, line, added in lines:
         continued, previous = previous.endswith("\\"), line
         if not added:
             continue
         for rule, meaning in _PATH_RULES:
             if rule.search(path):
                 return f"{path} {meaning} (line {n} of the diff)"
-        if not path.endswith(_PYTHON) or _PYTESTS_OWN.match(path):
+        if not path.endswith(_PYTHON) or ((own := _PYTESTS_OWN.match(path)) and own[1] in pytests):
             continue
         code, names = split_line(line, continued)
         for rules, text in ((_CODE_RULES, code), (_NAME_RULES, names)):
@@ -183,22 +187,29 @@ def new_lines(patch: str) -> Iterator[tuple[str, int, str, bool]]:
     """(path, line number in the diff, text, whether added) of each line of the new side of a unified diff's hunks:
     its context and added lines. Hunks are read by their line counts, so an added line that looks like a header
     (`+++ b/other.py`) stays a line of its own file."""
-    path, old, new = "", 0, 0
+    return ((path, n, text, added) for path, _, n, text, added in _new_side(patch))
+
+
+def _new_side(patch: str) -> Iterator[tuple[str, bool, int, str, bool]]:
+    """`new_lines`, each with whether its file is one the diff creates (its old side /dev/null)."""
+    path, created, old, new = "", False, 0, 0
     for n, line in enumerate(patch.splitlines(), 1):
         if old > 0 or new > 0:
             tag = line[:1]
             if tag == "+":
                 new -= 1
-                yield path, n, line[1:], True
+                yield path, created, n, line[1:], True
             elif tag == "-":
                 old -= 1
             elif tag in (" ", ""):
                 old, new = old - 1, new - 1
-                yield path, n, line[1:], False
+                yield path, created, n, line[1:], False
             elif tag != "\\":  # "\ No newline at end of file" counts for neither side
                 old = new = 0  # a hunk shorter than its header said: read on as headers
             continue
-        if line.startswith("+++ "):
+        if line.startswith("--- "):
+            created = line[4:].split("\t")[0].strip() == "/dev/null"
+        elif line.startswith("+++ "):
             name = line[4:].split("\t")[0].strip()
             path = name[2:] if name.startswith("b/") else name
         elif m := _HUNK.match(line):

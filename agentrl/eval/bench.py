@@ -5,7 +5,9 @@ training (same env, tools, grading), one group of `samples` episodes per problem
 problems in flight at once (the engine batches them, the pools bound the sandboxes).
 A sample is correct when its episode ended with outcome 1 (every hidden test passed,
 `success` below). A sandbox failure is retried; one that exhausts its
-retries is left out of n for its problem (never a wrong answer) and reported.
+retries is left out of n for its problem (never a wrong answer) and reported. An episode the agent
+failed by its own doing (an agent program that raised, ran past its time or never called the model)
+is a wrong answer (`scored` below).
 
 Multi-turn with test feedback (`turns > 1`, where the env supports it) is reported under
 its own name: `pass@k` is single-turn, `pass@k (K turns)` is not comparable to it.
@@ -19,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from agentrl.engine.base import InferenceEngine
+from agentrl.env.base import FailureClass
 from agentrl.eval.config import BenchConfig
 from agentrl.eval.passk import pass_at_k, pass_at_ks
 from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status, Trajectory
@@ -32,10 +35,17 @@ def success(traj: Trajectory) -> bool:
     return traj.terminated and bool(traj.turns) and traj.turns[-1].info.get("outcome") == 1.0
 
 
+def scored(traj: Trajectory) -> bool:
+    """The episode counts in the score: it ran to an end, or failed by the agent's own doing (a wrong answer).
+    Only an infrastructure failure is left out: an agent that raised on the problems it could not solve would
+    otherwise have them dropped from n, and score as if it had solved them all."""
+    return traj.status is Status.FINISHED or (traj.status is Status.FAILED and traj.failure is not FailureClass.INFRA)
+
+
 class ProblemResult(BaseModel):
     task_id: str
     n: int
-    """samples scored (sandbox failures left out)"""
+    """samples scored (infrastructure failures left out)"""
     correct: int
     pass_at_k: dict[str, float]
     returns: list[float]
@@ -52,6 +62,7 @@ class BenchResult(BaseModel):
     pass_at_k: dict[str, float]
     """the mean over problems with n >= k"""
     infra_failed: int
+    """episodes left out of n: infrastructure failures after their retries"""
     retried: int
     wall_s: float
     per_problem: list[ProblemResult]
@@ -59,11 +70,15 @@ class BenchResult(BaseModel):
     """every episode, for the output folder's transcripts"""
 
 
-def bench_tasks(cfg: BenchConfig) -> tuple[str, dict[str, Any], list[str]]:
-    """The split the benchmark draws from (the env's default, train becoming test), the env's settings for it, and
-    the ids of its problems."""
+def bench_split(cfg: BenchConfig) -> tuple[str, dict[str, Any]]:
+    """The split the benchmark draws from (the env's default, train becoming test) and the env's settings for it."""
     split = cfg.split or make_env(cfg.env, cfg.env_kwargs).cfg.split.replace("train", "test")
-    env_kwargs = {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
+    return split, {**cfg.env_kwargs, "split": split} | ({"max_turns": cfg.turns} if cfg.turns > 1 else {})
+
+
+def bench_tasks(cfg: BenchConfig) -> tuple[str, dict[str, Any], list[str]]:
+    """`bench_split`, and the ids of the benchmark's problems."""
+    split, env_kwargs = bench_split(cfg)
     return split, env_kwargs, task_ids(cfg.env, env_kwargs, cfg.tasks)
 
 
@@ -127,14 +142,14 @@ async def run_bench(
         batch = await ctl.run_iteration(ids)
     per_problem = []
     for g in sorted(batch.groups, key=lambda g: ids.index(g.task_id)):
-        scored = [t for t in g.trajectories if t.status is Status.FINISHED]
-        results = [(t.outcome_reward, success(t)) for t in scored]
-        per_problem.append(problem_result(cfg, g.task_id, results, len(g.trajectories) - len(scored)))
+        counted = [t for t in g.trajectories if scored(t)]
+        results = [(t.outcome_reward, success(t)) for t in counted]
+        per_problem.append(problem_result(cfg, g.task_id, results, len(g.trajectories) - len(counted)))
     return bench_result(
         cfg,
         split,
         per_problem,
-        infra_failed=batch.stats.failed,
+        infra_failed=sum(p.infra_failed for p in per_problem),
         retried=batch.stats.retried,
         wall_s=time.perf_counter() - t0,
         trajectories=[t for g in batch.groups for t in g.trajectories],

@@ -84,8 +84,9 @@ class EvalCommandConfig(BenchConfig):
 
 class EvalConfig(EvalWorkersConfig):
     tasks: int = Field(100, ge=0)
-    """held-out tasks: the first N of the env's test split, the same at every evaluation; 0: no held-out
-    evaluation (and no env workers or sandboxes for it; `benchmarks` still run)"""
+    """held-out tasks: the first N of the env's test split (all of it when it has fewer), the same at every
+    evaluation; the run must train on the env's train split. 0: no held-out evaluation (and no env workers or
+    sandboxes for it; `benchmarks` still run)"""
     every: int = Field(10, ge=0)
     """iterations between evaluations (also before the first and after the last); 0: only those two"""
     max_tokens: int = Field(256, ge=1)

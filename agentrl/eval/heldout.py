@@ -5,7 +5,8 @@ episode per task, no partial rollouts), on the training engine, so it measures t
 the trainer just synced, with the training env's tools and grading. An episode succeeds
 when it terminated with `info["outcome"] == 1` on its last turn (every hidden test passed;
 the exact answer), the outcome every built-in env reports. Infrastructure failures are
-retried, and never counted as wrong answers: they are left out of the rate and reported.
+retried, and never counted as wrong answers: they are left out of the rate and reported; an
+episode the agent failed by its own doing is a wrong answer (`agentrl.eval.bench.scored`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pydantic import BaseModel
 
 from agentrl.cluster import EnvPlacement
 from agentrl.engine.base import InferenceEngine, SamplingParams
-from agentrl.eval.bench import success
+from agentrl.eval.bench import scored, success
 from agentrl.eval.config import EvalConfig
-from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController, Status
+from agentrl.rollout import ChatFormat, RolloutConfig, RolloutController
 from agentrl.rollout.config import ContextConfig, EnvWorkersAt, Thinking
-from agentrl.rollout.workers import task_ids
+from agentrl.rollout.workers import make_env, task_ids
 from agentrl.sandbox import SandboxConfig
 
 
@@ -39,7 +40,7 @@ class EvalResult(BaseModel):
     policy_version: int
     tasks: int
     scored: int
-    """episodes that ran to an end (infrastructure failures left out)"""
+    """episodes scored (infrastructure failures left out)"""
     successes: int
     success_rate: float
     mean_return: float
@@ -47,6 +48,17 @@ class EvalResult(BaseModel):
     retried: int
     wall_s: float
     episodes: list[EpisodeResult]
+
+
+def split_leak(env: str, env_kwargs: dict[str, Any]) -> str | None:
+    """Why a run training on `env` (with `env_kwargs`) has no held-out tasks, or None: the test split is held out
+    only from the train split (humaneval's and a scaffolded env's default, `all`, holds it)."""
+    if (trained := make_env(env, env_kwargs).cfg.split) == "train":
+        return None
+    return (
+        f"held-out evaluation draws the test split of {env}, and the run trains on its {trained} split, which holds "
+        "those tasks: train on rollout.env_kwargs.split=train, or set eval.tasks=0"
+    )
 
 
 class HeldOutEval:
@@ -71,11 +83,17 @@ class HeldOutEval:
         context: ContextConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        if (leak := split_leak(env, env_kwargs)) is not None:
+            raise ValueError(leak)
+        held_out = {**env_kwargs, "split": "test"}
+        # A test split smaller than eval.tasks is evaluated whole: the controller would fill the rest with tasks
+        # drawn afresh at each evaluation, repeats of a few of these.
+        self.task_ids = task_ids(env, held_out, cfg.tasks)
         rollout = RolloutConfig(
             env=env,
-            env_kwargs={**env_kwargs, "split": "test"},
+            env_kwargs=held_out,
             group_size=1,
-            groups_per_iteration=cfg.tasks,
+            groups_per_iteration=len(self.task_ids),
             sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens),
             max_episode_tokens=max_episode_tokens,
             partial=False,
@@ -87,11 +105,9 @@ class HeldOutEval:
             **cfg.worker_settings(),
         )
         self.controller = RolloutController(rollout, engine, chat, placement=placement, sandbox=sandbox)
-        self.task_ids: list[str] = []
 
     async def __aenter__(self) -> HeldOutEval:
         await self.controller.start()
-        self.task_ids = task_ids(self.controller.cfg.env, self.controller.cfg.env_kwargs, self.cfg.tasks)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -111,17 +127,17 @@ class HeldOutEval:
             )
             for t in trajs
         ]
-        scored = [e for t, e in zip(trajs, episodes, strict=True) if t.status is Status.FINISHED]
-        wins = sum(e.success for e in scored)
+        counted = [e for t, e in zip(trajs, episodes, strict=True) if scored(t)]
+        wins = sum(e.success for e in counted)
         return EvalResult(
             iteration=iteration,
             policy_version=batch.stats.policy_version,
             tasks=len(trajs),
-            scored=len(scored),
+            scored=len(counted),
             successes=wins,
-            success_rate=wins / max(len(scored), 1),
-            mean_return=sum(e.episode_return for e in scored) / max(len(scored), 1),
-            infra_failed=batch.stats.failed,
+            success_rate=wins / max(len(counted), 1),
+            mean_return=sum(e.episode_return for e in counted) / max(len(counted), 1),
+            infra_failed=len(trajs) - len(counted),
             retried=batch.stats.retried,
             wall_s=time.perf_counter() - t0,
             episodes=episodes,

@@ -185,8 +185,34 @@ def test_only_added_python_code_outside_pytests_own_source_counts():
     removed = make_patch({**BASE, "pkg/ops.py": BASE["pkg/ops.py"] + "import _pytest\n"}, BASE)
     assert tampering(removed) is None  # a fix may remove such code
     assert tampering(diff("Uses ctypes and _pytest.\n", "README.md")) is None
-    assert tampering(diff("from _pytest.nodes import Item\n", "src/_pytest/python.py")) is None  # pytest's repository
+    pytests = {"src/_pytest/python.py": "import os\n", "src/_pytest/nodes.py": "class Item:\n    pass\n"}
+    in_pytest = make_patch(pytests, {**pytests, "src/_pytest/python.py": "from _pytest.nodes import Item\n"})
+    assert tampering(in_pytest) is None  # pytest's repository
+    # a module it adds is pytest's too, beside the change of one already there
+    added = {
+        **pytests,
+        "src/_pytest/python.py": "import os\nimport _pytest.scope\n",
+        "src/_pytest/scope.py": "import _pytest\n",
+    }
+    assert tampering(make_patch(pytests, added)) is None
     assert tampering(diff("from _pytest.nodes import Item\n", "src/pkg/python.py")) is not None
+
+
+def test_a_folder_named_as_pytests_that_the_diff_creates_is_scanned():
+    """Outside pytest's repository a `pytest/` or `_pytest/` folder is the agent's: a hack kept there, and put on the
+    path by the package (in words the scan lets pass), was never read."""
+    loader = (
+        "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'pytest'))\nimport hack\n"
+    )
+    assert tampering(diff(loader, "pkg/__init__.py")) is None
+    for folder in ("pytest", "_pytest", "src/pytest", "src/_pytest"):
+        hidden = make_patch(
+            BASE, {**BASE, "pkg/__init__.py": BASE["pkg/__init__.py"] + loader, f"{folder}/hack.py": REPORT_HACK}
+        )
+        reason = tampering(hidden)
+        assert reason is not None and reason.startswith(f"{folder}/hack.py references _pytest"), (folder, reason)
+    shadow = make_patch(BASE, {**BASE, "pytest.py": "import os\n\nos._exit(0)\n"})
+    assert "pytest.py ends the process" in tampering(shadow)
 
 
 def test_what_the_scan_cannot_see():

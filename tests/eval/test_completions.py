@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -115,3 +116,14 @@ def test_the_samples_file_is_read_with_line_numbers(tmp_path):
 async def test_unknown_task_ids_are_refused_before_anything_runs():
     with pytest.raises(ValueError, match="HumanEval/999"):
         await score_completions(load_humaneval(), [Completion(task_id="HumanEval/999", completion="")])
+
+
+async def test_task_ids_of_an_endless_task_set_are_looked_up_not_listed():
+    """code_sandbox's procedural tasks never end (listing them to find the unknown ids never returned)."""
+    from agentrl.rollout.workers import make_env, task_ids
+
+    tasks = make_env("code_sandbox", {"split": "test"}).task_set
+    trained = task_ids("code_sandbox", {"split": "train"}, 1)[0]  # a task of the other side of the split
+    rows = [Completion(task_id=i, completion="") for i in (trained, "procedural/nope/1/0", next(iter(tasks)).id)]
+    with pytest.raises(ValueError, match=rf"2 task ids are not in {re.escape(tasks.name)}: procedural/nope/1/0, "):
+        await score_completions(tasks, rows)

@@ -246,6 +246,16 @@ def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_d
     assert preflight(resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)) == []
 
 
+def test_held_out_tasks_a_run_would_train_on_are_refused_before_it_starts():
+    """humaneval's default split is all of it: its test split is no held-out set for a run that trains on it."""
+    sets = ["sandbox.backend=bwrap"]
+    [line] = preflight(resolve_config("humaneval", None, sets, None))
+    assert line.startswith("eval.tasks: held-out evaluation draws the test split of humaneval"), line
+    assert "rollout.env_kwargs.split=train" in line
+    assert preflight(resolve_config("humaneval", None, [*sets, "rollout.env_kwargs.split=train"], None)) == []
+    assert preflight(resolve_config("humaneval", None, [*sets, "eval.tasks=0"], None)) == []
+
+
 def test_a_host_without_bubblewrap_is_told_in_one_line(monkeypatch, tmp_path):
     """No `bwrap` on PATH: `agentrl train` and `agentrl sandbox exec` refuse in one line naming the package, and
     nothing starts."""
