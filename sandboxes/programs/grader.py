@@ -24,7 +24,9 @@ to build the package's objects, so it runs in the worker (`run_checks`), and wha
 is the plain value of each checked expression; this grader, which alone holds the values
 the original package gave, judges them (`judge_values`). The package can change what the
 worker reports, as it can change anything in that process, but to pass a test it must
-report the expected values, which it can learn only by computing them.
+report the expected values, which it can learn only by computing them: except a truth
+check's (a bare `assert X`), always True. A package that rewrites the worker's reports
+passes those; only a test's value checks hold it to computing the answer.
 """
 
 from __future__ import annotations
