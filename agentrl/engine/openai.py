@@ -196,7 +196,14 @@ class OpenAIEngine(InferenceEngine):
         self.policy = policy or EngineModel()
         self._max_context = max_context
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s), headers=headers)
+        # A request holds its connection while it streams; httpx's default pool (100 connections) would hold back
+        # the 101st request, and an abort (a POST of its own) until some request ends by itself.
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s),
+            headers=headers,
+            limits=httpx.Limits(max_connections=None),
+        )
         self._version = version
         self._dialect: ServerDialect | None = None  # chosen when it connects
         self._connecting = asyncio.Lock()

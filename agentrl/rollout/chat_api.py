@@ -141,15 +141,12 @@ def message_key(m: ChatMessage) -> str:
 
 @dataclass(frozen=True)
 class Reply:
-    """One assistant message a server wrote: the token ids it generated, and what it said."""
+    """One assistant message a server wrote: the token ids it generated, and what it said (`key`: the `message_key` of
+    a message that is this reply unchanged, the same content and calls, ids aside: a client may drop them)."""
 
     ids: list[int]
     key: str
     call_ids: tuple[str, ...]
-
-    def matches(self, m: ChatMessage) -> bool:
-        """`m` is this reply, unchanged: the same content and calls (ids aside: a client may drop them)."""
-        return m.role == "assistant" and message_key(m) == self.key
 
 
 class ReplyBook:
@@ -162,13 +159,16 @@ class ReplyBook:
         self._by_call: dict[str, Reply] = {}
 
     def add(self, reply: Reply) -> None:
+        if (same := self._by_key.pop(reply.key, None)) is not None:
+            self._forget(same)  # the same words again (greedy replies): the newest stands for both, the old goes
         self._by_key[reply.key] = reply
-        self._by_key.move_to_end(reply.key)
         self._by_call.update(dict.fromkeys(reply.call_ids, reply))
         while len(self._by_key) > self.capacity:
-            _, old = self._by_key.popitem(last=False)
-            for cid in old.call_ids:
-                self._by_call.pop(cid, None)
+            self._forget(self._by_key.popitem(last=False)[1])
+
+    def _forget(self, reply: Reply) -> None:
+        for cid in reply.call_ids:
+            self._by_call.pop(cid, None)
 
     def find(self, m: ChatMessage) -> Reply | None:
         """The reply `m` is, unchanged: looked up by its first call's id, else by its content."""
@@ -194,7 +194,7 @@ class ChatLayout:
         find: Callable[[int, ChatMessage], Reply | None],
     ) -> list[int]:
         """The request's prompt (see the module doc). `find(k, m)`: the reply `m` is, as the k-th assistant message
-        of the conversation after its opening (a session finds by position, `agentrl serve` by its book)."""
+        of the conversation after its opening (a session finds in the order it replied, `agentrl serve` by its book)."""
         plain = [self._plain(m) for m in messages]
         found = ((i, find(0, m)) for i, m in enumerate(messages) if m.role == "assistant")
         first, reply = next(((i, r) for i, r in found if r is not None), (None, None))
@@ -327,7 +327,6 @@ class ChatCompletions:
 
         def finish(gen: Generation) -> ChatCompletion:
             completion, reply = self.completion(gen, req, prompt, cid, created)
-            self.book.add(reply)
             on_reply(gen, completion, reply)
             return completion
 
@@ -413,7 +412,10 @@ class ChatCompletions:
                 return error(e.status, str(e), e.param, code=e.code)
             except ContextTooLong as e:
                 return error(400, str(e), "messages", code="context_length_exceeded")
-            return await self.respond(app, req, request, prompt, params)
+            # the book is this route's alone: a gateway finds replies in their session, and would only fill it
+            return await self.respond(
+                app, req, request, prompt, params, on_reply=lambda _gen, _completion, reply: self.book.add(reply)
+            )
 
 
 def answer(completion: ChatCompletion, req: ChatCompletionRequest) -> Response:
@@ -425,13 +427,16 @@ def answer(completion: ChatCompletion, req: ChatCompletionRequest) -> Response:
 
 def stream_events(completion: ChatCompletion, req: ChatCompletionRequest, *, first: bool) -> list[str]:
     """A completion as server-sent events: (with `first`, the role chunk), the content, the tool calls, the finish
-    reason (with `usage` when `stream_options.include_usage`), then [DONE]. Token-level fields ride on the content
-    chunk."""
+    reason, (when `stream_options.include_usage`, `usage` in a chunk without choices, as OpenAI sends it), then
+    [DONE]. Token-level fields ride on the content chunk."""
     choice = completion.choices[0]
 
-    def chunk(c: ChatChunkChoice, **kw: Any) -> str:
+    def chunk(c: ChatChunkChoice | None, **kw: Any) -> str:
+        choices = [] if c is None else [c]
         return _sse(
-            ChatCompletionChunk(id=completion.id, created=completion.created, model=completion.model, choices=[c], **kw)
+            ChatCompletionChunk(
+                id=completion.id, created=completion.created, model=completion.model, choices=choices, **kw
+            )
         )
 
     events = [chunk(ChatChunkChoice(delta=ChatDelta(role="assistant", content="")))] if first else []
@@ -450,8 +455,9 @@ def stream_events(completion: ChatCompletion, req: ChatCompletionRequest, *, fir
     for i, call in enumerate(choice.message.tool_calls or []):
         delta = ChatDelta(tool_calls=[ChatDeltaToolCall(index=i, id=call.id, type="function", function=call.function)])
         events.append(chunk(ChatChunkChoice(delta=delta)))
-    usage = completion.usage if req.stream_options and req.stream_options.include_usage else None
-    events.append(chunk(ChatChunkChoice(delta=ChatDelta(), finish_reason=choice.finish_reason), usage=usage))
+    events.append(chunk(ChatChunkChoice(delta=ChatDelta(), finish_reason=choice.finish_reason)))
+    if req.stream_options and req.stream_options.include_usage:
+        events.append(chunk(None, usage=completion.usage))
     events.append("data: [DONE]\n\n")
     return events
 

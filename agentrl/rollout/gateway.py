@@ -6,10 +6,11 @@ through it (`POST …/chat/completions`, `GET …/models`), and every call recor
 its prompt ids, the completion ids, the engine's logprobs and the policy version per token.
 
 - **Token-exact turns.** The gateway knows what it returned. A request is laid out as `agentrl serve` lays one
-  out (`agentrl.rollout.chat_api`), finding the k-th assistant message of its history among the session's own
-  replies by position (unchanged: same content and calls): the recorded completion ids are reused, never
-  re-encoded. When that layout extends the trajectory (its prefix is the trajectory, and something follows),
-  the new messages' tokens are appended as an observation and the reply as the next turn.
+  out (`agentrl.rollout.chat_api`), finding the assistant messages of its history among the session's own
+  replies in the order they were returned (unchanged: same content and calls): the recorded completion ids are
+  reused, never re-encoded, also in a history that was rewritten and then goes on. When that layout extends the
+  trajectory (its prefix is the trajectory, and something follows), the new messages' tokens are appended as an
+  observation and the reply as the next turn.
 - **Rewritten histories.** When the agent dropped, edited or summarised its history, the call is served (laid
   out the same way, from what it holds) and starts a new token sequence of the episode
   (`Trajectory.start_sequence`, reason `rewritten`): its prompt is context, its reply a turn trained there, and
@@ -37,7 +38,7 @@ import hashlib
 import re
 import secrets
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -45,11 +46,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
-from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from agentrl.engine.protocol import ChatCompletion, ChatCompletionRequest, ChatMessage, ModelCard, ModelList
 from agentrl.engine.server import error, listen, refuse_invalid, require_key
 from agentrl.env.agents import MODEL
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer
+from agentrl.rollout.chat_api import ChatCompletions, ChatRequestError, Reply, answer, message_key
 from agentrl.rollout.trajectory import SequenceReason, Trajectory
 
 _SESSION_PATH = re.compile(r"^/sessions/([^/]+)/v1/")
@@ -81,9 +82,26 @@ class Session:
     rewrites: int = 0
     """calls whose history was not the trajectory's current sequence extended: each started a sequence"""
 
-    def find(self, k: int, m: object) -> Reply | None:
-        """The k-th reply of this session, if `m` is it unchanged."""
-        return self.replies[k] if k < len(self.replies) and self.replies[k].matches(m) else None
+    def finder(self) -> Callable[[int, ChatMessage], Reply | None]:
+        """`ChatLayout.prompt_ids`'s `find` for one request: the reply an assistant message is, unchanged, searched
+        among this session's replies from the one after the message before it (the first: from the first reply). A
+        history holds its replies in the order they were returned, though not always from the first or one after
+        the other: one summarised or cut, or one going on from a re-asked turn, skips some (the k-th message looked
+        for at the k-th reply alone would be re-encoded, and its episode start a sequence at every later call)."""
+        after = 0
+
+        def find(k: int, m: ChatMessage) -> Reply | None:
+            nonlocal after
+            if m.role != "assistant":
+                return None
+            key, start = message_key(m), 0 if k == 0 else after
+            i = next((i for i in range(start, len(self.replies)) if self.replies[i].key == key), None)
+            if i is None:
+                return None
+            after = i + 1
+            return self.replies[i]
+
+        return find
 
 
 class Gateway:
@@ -185,6 +203,8 @@ class Gateway:
                 return error(404, f"session {sid} is closed", code="not_found")
             token = request.headers.get("idempotency-key") or hashlib.sha256(await request.body()).hexdigest()
             async with session.lock:
+                if sid not in self.sessions:  # closed while it waited for the call before it
+                    return error(404, f"session {sid} is closed", code="not_found")
                 return await self._call(app, session, req, request, token)
 
         return app
@@ -198,7 +218,7 @@ class Gateway:
         traj = s.trajectory
         try:
             self.chat.check(req)
-            prompt = self.chat.layout.prompt_ids(req.messages, self.chat.tools(req), s.find)
+            prompt = self.chat.layout.prompt_ids(req.messages, self.chat.tools(req), s.finder())
             context = traj.context_ids
             n = len(context)
             # what the prompt shares with the context is repeated, the rest is new to the episode

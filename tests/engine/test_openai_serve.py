@@ -146,6 +146,31 @@ async def test_abort_before_the_server_has_it_closes_the_stream(remote, local):
     assert_same(await remote.generate(PROMPTS[0], GREEDY), await local.generate(PROMPTS[0], GREEDY))
 
 
+async def test_more_requests_than_a_connection_pool_stream_at_once_and_abort_at_once(remote):
+    """A request holds its connection while it streams: 110 of them all reach the server, and an abort (a POST of
+    its own) goes at once (behind httpx's default pool of 100 it waited for a request to end by itself: 7 min)."""
+    await remote.connect()
+    params = SamplingParams(temperature=1.0, max_tokens=remote.max_context - 8)
+    rids = [f"pool-{i}" for i in range(110)]
+    tasks = [asyncio.create_task(remote.generate([1, 2, 3], params, request_id=r)) for r in rids]
+
+    def streaming() -> int:
+        return sum(st.started.is_set() for st in remote._inflight.values())
+
+    try:
+        for _ in range(600):
+            if streaming() == len(rids):
+                break
+            await asyncio.sleep(0.05)
+        assert streaming() == len(rids), "a request waited for a connection"
+        await asyncio.wait_for(remote.abort(rids[0]), 10)
+        assert (await asyncio.wait_for(tasks[0], 10)).finish_reason == "aborted"
+    finally:  # the callers give up: their streams close, and the server drops the requests
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_client_disconnect_aborts_the_engine_request(url, stream):
     """Once the client is gone the engine drops the request: its id is free again within seconds

@@ -10,8 +10,11 @@ import pytest
 from cli import agentrl, serving
 from transformers import AutoTokenizer
 
+from agentrl.engine.protocol import ChatMessage
+from agentrl.env.tools import ToolCall
 from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat
+from agentrl.rollout.chat_api import Reply, ReplyBook, reply_key
 
 KEY = "test-key-123"
 TOOLS = [
@@ -126,7 +129,11 @@ def test_a_stream_carries_the_same_reply(client):
         model="default", messages=OPENING, tools=TOOLS, stream=True, stream_options={"include_usage": True}, **GREEDY
     )
     content, calls, finish, usage, token_ids = "", {}, None, None, []
-    for chunk in stream:
+    chunks = list(stream)
+    # OpenAI's shape, which clients rely on: the usage comes last, in a chunk without choices, and in no other
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert all(c.usage is None and c.choices for c in chunks[:-1])
+    for chunk in chunks:
         usage = chunk.usage or usage
         for choice in chunk.choices:
             content += choice.delta.content or ""
@@ -215,3 +222,18 @@ async def test_the_openai_engine_sends_the_key_its_setting_names(url, monkeypatc
     with pytest.raises(RequestRejected, match="401"):
         async with build_engine(cfg, EngineModel()) as engine:
             await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3))
+
+
+def test_the_reply_book_forgets_what_it_holds_no_more():
+    """A reply said again (greedy decoding) replaces the one before it, by content and by its calls' ids: a reply
+    past the book's capacity is found by nothing, and the book holds at most `capacity` replies."""
+    book = ReplyBook(capacity=1)
+    key = reply_key("run it", [ToolCall(name="run_python", arguments={})])
+    for i in range(3):
+        book.add(Reply([i], key, (f"call_{i}",)))
+    calls = [{"id": "call_0", "type": "function", "function": {"name": "run_python", "arguments": "{}"}}]
+    said = ChatMessage(role="assistant", content="run it", tool_calls=calls)
+    assert book.find(said).ids == [2]  # the same words: the newest reply's tokens
+    book.add(Reply([9], reply_key("other", []), ()))
+    assert book.find(said) is None
+    assert book.find(ChatMessage(role="assistant", content="other")).ids == [9]

@@ -13,6 +13,7 @@ from test_chat_serve import OPENING, TOOLS
 from transformers import AutoTokenizer
 
 from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
+from agentrl.engine.protocol import ChatMessage
 from agentrl.models.default import resolve_path
 from agentrl.rollout import ChatFormat, Segment, Trajectory
 from agentrl.rollout.gateway import Gateway
@@ -183,8 +184,68 @@ async def test_the_call_after_a_client_timeout_is_served(engine, chat):
         async with openai.AsyncOpenAI(
             base_url=access.base_url, api_key=access.api_key, max_retries=0, timeout=0.2
         ) as impatient:
-            with pytest.raises(openai.APITimeoutError):
+            # no engine step runs meanwhile: a short reply (the policy may stop at once) cannot beat the timeout
+            with engine.paused(), pytest.raises(openai.APITimeoutError):
                 await impatient.chat.completions.create(model="policy", messages=messages)
         async with client(access) as c:
             r = await c.chat.completions.create(model="policy", messages=[*messages, *messages], max_tokens=4)
         assert r.choices[0].message is not None
+
+
+async def summarise_and_go_on(access) -> tuple:
+    """An agent that summarises its history after the first call, then appends to the summary as usual."""
+    async with client(access) as c:
+        await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
+        summary = [{"role": "system", "content": "Summary: the agent tried once."}, OPENING[1]]
+        second = await c.chat.completions.create(
+            model="policy", messages=summary, tools=TOOLS, extra_body={"return_token_ids": True}
+        )
+        message = second.choices[0].message
+        results = [{"role": "tool", "tool_call_id": t.id, "content": "out"} for t in message.tool_calls or []]
+        history = [*summary, message, *(results or [{"role": "user", "content": "Use a tool."}])]
+        third = await c.chat.completions.create(
+            model="policy", messages=history, tools=TOOLS, extra_body={"return_token_ids": True}
+        )
+    return second, third
+
+
+async def test_a_history_that_goes_on_after_a_rewrite_stays_token_exact(gateway):
+    """After a rewrite the agent's first assistant message is the session's second reply: it is found there (not
+    re-encoded, which gives other ids for the same text about one time in four here), and the next call extends the
+    rewritten sequence."""
+    trajectories = [new_trajectory(i) for i in range(16)]
+    accesses = [gateway.open(t, seed=i) for i, t in enumerate(trajectories)]
+    calls = await asyncio.gather(*(summarise_and_go_on(a) for a in accesses))
+    for traj, access, (second, third) in zip(trajectories, accesses, calls, strict=True):
+        session = gateway.sessions[access.session_id]
+        assert (session.rewrites, len(traj.sequences), len(traj.turns)) == (1, 1, 3)
+        reply, prompt = second.choices[0].model_extra["token_ids"], third.model_extra["prompt_token_ids"]
+        assert traj.generated_ids(1) == reply and prompt[: traj.turns[1].end - traj.context_start] == (
+            second.model_extra["prompt_token_ids"] + reply
+        )
+        assert traj.context_ids == prompt + third.choices[0].model_extra["token_ids"]
+
+
+async def test_a_call_waiting_for_its_turn_when_the_session_closes_is_refused(gateway):
+    """A call queued behind one in flight (the session's lock held) when the episode ends gets 404 and is never
+    generated: nobody records it, and the engine's time goes to live episodes."""
+    traj = new_trajectory()
+    access = gateway.open(traj)
+    session = gateway.sessions[access.session_id]
+    async with client(access) as c:
+        async with session.lock:  # the call before it, in flight
+            queued = asyncio.ensure_future(c.chat.completions.create(model="policy", messages=OPENING))
+            while not session.lock._waiters:
+                await asyncio.sleep(0.01)
+            await gateway.close_session(access.session_id)
+        with pytest.raises(openai.NotFoundError, match="is closed"):
+            await queued
+    assert session.calls == 0 and not traj.token_ids
+
+
+async def test_session_calls_stay_out_of_the_serve_routes_reply_book(gateway):
+    """The gateway finds replies in their session; `ChatCompletions.book` (agentrl serve's) would only grow."""
+    access = gateway.open(new_trajectory())
+    async with client(access) as c:
+        r = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
+    assert gateway.chat.book.find(ChatMessage.model_validate(r.choices[0].message.model_dump())) is None
