@@ -193,8 +193,9 @@ class _Reply:
             return
         for i, text in enumerate(self._text_deltas(gen.token_ids)):
             yield _sse(self._wrap([self._choice(gen, slice(i, i + 1), text)]))
-        usage = self._usage(gen) if self.req.stream_options and self.req.stream_options.include_usage else None
-        yield _sse(self._wrap([self._choice(None, finish=FINISH[gen.finish_reason])], usage))
+        yield _sse(self._wrap([self._choice(None, finish=FINISH[gen.finish_reason])]))
+        if self.req.stream_options and self.req.stream_options.include_usage:  # a last chunk of its own, as OpenAI's
+            yield _sse(self._wrap([], self._usage(gen)))
         yield "data: [DONE]\n\n"
 
     def _choice(

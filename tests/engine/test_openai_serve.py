@@ -216,14 +216,15 @@ async def test_reply_shape_and_stream_chunks(url):
         async with client.stream("POST", "/v1/completions", json=stream_body) as resp:
             events = [line.removeprefix("data: ") async for line in resp.aiter_lines() if line]
     assert events[-1] == "[DONE]"
-    chunks = [json.loads(e)["choices"][0] for e in events[1:-2]]
+    chunks = [json.loads(e)["choices"][0] for e in events[1:-3]]
     assert [c["token_ids"] for c in chunks] == [[t] for t in choice["token_ids"]]
     # the stream's prompt KV comes from the prefix cache (the reply's): equal up to float rounding
     streamed = [c["logprobs"]["token_logprobs"][0] for c in chunks]
     assert streamed == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-5)
     assert all(c["policy_versions"] == c["policy_kv_versions"] == [0] and c["finish_reason"] is None for c in chunks)
-    last = json.loads(events[-2])
-    assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 5
+    finish, usage = json.loads(events[-3]), json.loads(events[-2])
+    assert finish["choices"][0]["finish_reason"] == "length" and finish.get("usage") is None
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5  # its own chunk, as OpenAI sends it
 
 
 @pytest.mark.parametrize(
