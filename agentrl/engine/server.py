@@ -288,7 +288,9 @@ def refuse_invalid(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        return error(400, _describe(exc.errors()), param=".".join(str(x) for x in first["loc"][1:]) or None)
+        # a body that is no JSON names no field (its loc holds the byte offset of the fault)
+        param = None if first["type"] == "json_invalid" else ".".join(str(x) for x in first["loc"][1:]) or None
+        return error(400, _describe(exc.errors()), param=param)
 
 
 def require_key(app: FastAPI, key_for: Callable[[str], str | None], *, open_paths: Collection[str] = ()) -> None:
