@@ -78,3 +78,15 @@ class Forgetful(CodeSandboxEnv):
 
 
 agentrl.register("forgetful", Forgetful, max_turns=3)
+
+
+class NanReward(CodeSandboxEnv):
+    """An env whose reward comes out NaN (an env's bug: a score divided by zero tests)."""
+
+    async def _step(self, action: str):
+        result = await super()._step(action)
+        result.reward_breakdown["score"] = float("nan")
+        return result
+
+
+agentrl.register("nan_reward", NanReward, max_turns=1)

@@ -491,6 +491,8 @@ class RolloutController:
                 turn.reward, turn.info, turn.state_key = reward, info, ep.state_key
                 if info.get("failure") == FailureClass.INFRA:
                     raise _InfraFailure(info.get("error", "the environment reported an infrastructure failure"))
+                if not math.isfinite(reward):  # an env's bug: it would turn its whole group's advantages to NaN
+                    raise _InfraFailure(f"env {self.cfg.env} returned a reward of {reward!r}")
                 if terminated or truncated:
                     return await self._finish(ep, terminated=terminated, truncation="env" if truncated else None)
                 plan = self._answered(ep, obs, info)

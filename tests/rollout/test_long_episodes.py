@@ -177,6 +177,18 @@ async def test_an_env_that_names_no_state_fails_its_episodes_counted(bwrap_runti
         assert t.failure is FailureClass.AGENT and "gave no info['state_key']" in t.error and len(t.turns) == 1
 
 
+async def test_a_non_finite_reward_fails_its_episode_as_the_env_s_never_the_batch(bwrap_runtime, monkeypatch):
+    """An env whose reward is NaN (tests/agent_programs.py's `nan_reward`): each episode fails as an infrastructure
+    failure, counted, never scored (a NaN in a group would make every advantage of the group NaN)."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # the env workers import agent_programs
+    cfg = config(env="agent_programs:nan_reward", env_kwargs={}, on_infra_failure="mask")
+    async with HFEngine(thinking_policy()) as engine, RolloutController(cfg, engine, CHAT, sandbox=BWRAP) as ctl:
+        batch = await ctl.run_iteration()
+    assert batch.stats.failed == 2 and not any(t.trainable for t in batch.trajectories)
+    for t in batch.trajectories:
+        assert t.failure is FailureClass.INFRA and "returned a reward of nan" in t.error, t.error
+
+
 @pytest.mark.slow
 def test_repo_fix_with_40_turns_under_a_context_limit_trains(tmp_path, bwrap_runtime):
     save_thinking_policy(tmp_path / "model")
