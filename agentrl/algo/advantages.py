@@ -4,7 +4,9 @@ levels at once ("gigpo": an episode term plus a term per anchor state).
 Shapes: N trajectories, K turns (padded), T tokens. `groups` (N,) holds each trajectory's
 group index (the G samples of one task share it). Only trainable trajectories go in:
 failed or dropped ones are left out before, so they neither get an advantage nor move
-their group's baseline.
+their group's baseline. Rewards must be finite on real entries (padding turns may hold anything):
+one NaN or inf would make every advantage of its group NaN, and the update's weights with them,
+so it is refused.
 
 A group whose values are all equal carries no signal: every member gets A = 0 and the group
 is reported in `degenerate`, so the trainer can count it or drop it (dynamic sampling).
@@ -23,6 +25,14 @@ class Advantages:
     """(N,) per trajectory ("outcome") or (N, K) per turn ("turn", 0 on padding turns)"""
     degenerate: torch.Tensor
     """(N,) bool: the trajectory's group had all-equal values, so its advantages are 0"""
+
+
+def _check_finite(name: str, x: torch.Tensor, real: torch.Tensor) -> None:
+    """Refuse a NaN or inf among the real entries of x, naming the first one's index."""
+    bad = real.bool() & ~torch.isfinite(x)
+    if bad.any():
+        at = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{name} must be finite, got {x[at].item()} at {at}: it would make its group's advantages NaN")
 
 
 def _normalise_by_id(
@@ -63,13 +73,15 @@ def outcome_advantages(
 
     rewards (N,): each trajectory's outcome reward R_i.
     """
-    values, degenerate = _group_normalise(rewards, groups, torch.ones_like(rewards, dtype=torch.bool), scale, eps)
+    real = torch.ones_like(rewards, dtype=torch.bool)
+    _check_finite("rewards", rewards, real)
+    values, degenerate = _group_normalise(rewards, groups, real, scale, eps)
     return Advantages(values, degenerate)
 
 
 def returns_to_go(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """G_{i,k} = Σ_{k' ≥ k} γ^{k'−k} r_{i,k'} over the trajectory's real turns; (N, K) -> (N, K)."""
-    r = turn_rewards * turn_mask
+    r = torch.where(turn_mask.bool(), turn_rewards, 0)  # not r · mask: inf · 0 on a padding turn is NaN
     out = torch.zeros_like(r)
     running = torch.zeros_like(r[:, 0])
     for k in reversed(range(r.shape[1])):
@@ -101,6 +113,7 @@ def turn_advantages(
     per trajectory this is exactly `outcome_advantages`.
     """
     mask = turn_mask.bool()
+    _check_finite("turn_rewards", turn_rewards, mask)
     values, degenerate = _group_normalise(
         returns_to_go(turn_rewards, turn_mask.to(turn_rewards.dtype), gamma), groups, mask, scale, eps
     )
@@ -175,12 +188,17 @@ def gigpo_advantages(
             raise ValueError(f"{name} must hold integer ids, got dtype {t.dtype}")
 
     mask = turn_mask.bool()
+    _check_finite("turn_rewards", turn_rewards, mask)
     m = mask.to(turn_rewards.dtype)
     groups = groups.long()
 
     # episode level: one value per trajectory, broadcast to its real turns
     episode, _ = _group_normalise(
-        (turn_rewards * m).sum(1), groups, torch.ones(N, dtype=torch.bool, device=groups.device), scale, eps
+        torch.where(mask, turn_rewards, 0).sum(1),
+        groups,
+        torch.ones(N, dtype=torch.bool, device=groups.device),
+        scale,
+        eps,
     )
 
     # step level: a dense id per (episode group, anchor state) pair of the real turns

@@ -10,7 +10,8 @@ is scored in RL on exactly the token sequences it was trained on.
 Loss: L = − Σ_b Σ_t m_{b,t} lp_θ(t) / Σ_b Σ_t m_{b,t} over a step's conversations (every
 assistant token weighs the same; a step's conversations are split over the ranks and the
 token count is the global one), plus the router's load-balancing loss for MoE models.
-AdamW, linear warmup then cosine decay to `min_lr_ratio · lr`, gradients clipped.
+AdamW, linear warmup then cosine decay to `min_lr_ratio · lr` (a warmup as long as the run is refused: lr would
+never be reached), gradients clipped. The `lr` logged at a step is the one that step used.
 
 Resuming: with `save_every`, each step-N save also writes `out/resume-N`, a `torch.distributed.checkpoint` of the
 model, optimizer, schedule and RNG with the data order still to come; `resume` continues from the latest one, so
@@ -59,6 +60,7 @@ class SFTConfig(_Strict):
     """conversations per optimizer step, over all ranks"""
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
+    """optimizer steps of linear warmup from lr / (warmup_steps + 1); fewer than the run's steps"""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """the cosine schedule ends at this fraction of lr"""
     weight_decay: float = Field(0.0, ge=0)
@@ -106,6 +108,26 @@ class Example:
     mask: list[int]
 
 
+def _check_assistant_messages(messages: list) -> None:
+    """What `ChatFormat.conversation_ids` would not lay out as written, refused naming the message: it takes an
+    assistant message's text content alone (any other key, tool calls included, would be dropped), and an empty one
+    to train on would teach the model to end its turn at once."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"message {i}: not an object with a string 'role'")
+        if m["role"] != "assistant":
+            continue
+        if extra := sorted(set(m) - {"role", "content", "weight"}):
+            raise ValueError(
+                f"message {i}: an assistant message is laid out from its content alone, and its {extra} would be "
+                "dropped (tool calls go into its content, as the template renders them)"
+            )
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i}: an assistant message's content is a string, not {m.get('content')!r}")
+        if not m["content"].strip() and m.get("weight", 1) != 0:
+            raise ValueError(f"message {i}: an empty assistant message is nothing to train on (give it weight 0)")
+
+
 def load_conversations(path: str | Path, chat: ChatFormat, max_length: int) -> tuple[list[Example], int]:
     """Every conversation of a chat JSONL, tokenised; and how many were too long. Errors name the line."""
     examples, too_long = [], 0
@@ -115,6 +137,9 @@ def load_conversations(path: str | Path, chat: ChatFormat, max_length: int) -> t
                 continue
             try:
                 row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+                    raise ValueError('not an object with a "messages" list')
+                _check_assistant_messages(row["messages"])
                 ids, mask = chat.conversation_ids(row["messages"], tools=row.get("tools"))
                 if not any(mask):
                     raise ValueError("every assistant message has weight 0: nothing to train on")
@@ -154,6 +179,14 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
     n_eval = int(len(examples) * cfg.eval_fraction)
     held_out, examples = examples[:n_eval], examples[n_eval:]
     steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(examples) / cfg.batch_size))
+    if cfg.warmup_steps >= steps:  # the learning rate would never reach lr, nor decay
+        of = (
+            "" if cfg.steps else f" ({len(examples)} conversations x epochs={cfg.epochs} / batch_size={cfg.batch_size})"
+        )
+        raise ValueError(
+            f"warmup_steps={cfg.warmup_steps} is not shorter than the run's {steps} optimizer steps{of}: the learning "
+            "rate would never reach lr; lower warmup_steps"
+        )
 
     policy = load_policy(cfg.model)
     scorer = Scorer(policy)
@@ -228,13 +261,14 @@ def sft(cfg: SFTConfig, log: Callable[[dict], None] = print) -> dict[str, float]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]  # this step's: after schedule.step() it is the next one's
         optimizer.step()
         schedule.step()
         n_tokens = sum(sum(e.mask) for e in batch)
         metrics = {
             "step": step + 1,
             "loss": _all_sum(nll, device) / n_tokens,
-            "lr": schedule.get_last_lr()[0],
+            "lr": lr,
             "grad_norm": float(grad_norm),
         }
         if held_out and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):

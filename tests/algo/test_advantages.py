@@ -71,3 +71,20 @@ def test_only_a_group_of_equal_returns_is_degenerate(scale):
         torch.tensor([[1.0, 0], [1.0, 0], [1.0, 0]]), torch.tensor([[1, 0]] * 3), one_group, scale=scale
     )
     assert flat.degenerate.all() and (flat.values == 0).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_reward_is_refused_and_padding_turns_may_hold_anything(bad):
+    """One NaN or inf reward would make its whole group's advantages NaN, and the update with them."""
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"rewards must be finite, got (nan|inf) at \(1,\)"):
+        outcome_advantages(torch.tensor([1.0, bad, 0.0, 1.0, 0.0]), groups)
+    r = torch.tensor([[0.0, 1.0], [0.0, bad], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"turn_rewards must be finite, got (nan|inf) at \(1, 1\)"):
+        turn_advantages(r, torch.ones(5, 2), groups)
+    # on a padding turn it is no reward at all
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    junk = torch.tensor([[1.0, 0.0, bad], [0.5, bad, bad]])
+    torch.testing.assert_close(returns_to_go(junk, mask, gamma=0.5), torch.tensor([[1.0, 0, 0], [0.5, 0, 0]]))
+    adv = turn_advantages(junk, mask, torch.tensor([0, 0]))
+    assert torch.isfinite(adv.values).all() and not adv.degenerate.any()

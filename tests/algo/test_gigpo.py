@@ -181,3 +181,14 @@ def test_bad_inputs_are_named(field, bad, match):
     args[field] = bad
     with pytest.raises(ValueError, match=match):
         gigpo_advantages(**args)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_reward_is_refused_and_padding_turns_may_hold_anything(bad):
+    keys, groups = torch.zeros(2, 2, dtype=torch.long), torch.tensor([0, 0])
+    with pytest.raises(ValueError, match=r"turn_rewards must be finite, got (nan|inf) at \(0, 1\)"):
+        gigpo_advantages(torch.tensor([[0.0, bad], [1.0, 0.0]]), torch.ones(2, 2), keys, groups)
+    # junk on b's padding turn: R = (1, 0) as without it
+    adv = gigpo_advantages(torch.tensor([[0.0, 1.0], [0.0, bad]]), torch.tensor([[1, 1], [1, 0]]), keys, groups)
+    torch.testing.assert_close(adv.episode, outcome_advantages(torch.tensor([1.0, 0.0]), groups).values)
+    assert torch.isfinite(adv.values).all()

@@ -177,3 +177,63 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not any(p.name.startswith("resume-") for p in (tmp_path / "cut").iterdir())  # a finished run needs none
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]},
+            r"\['tool_calls'\] would be dropped",
+        ),
+        ({"role": "assistant", "content": " \n"}, "empty assistant message"),
+        ({"role": "assistant", "content": ["<answer>1</answer>"]}, "content is a string"),
+        ({"content": "<answer>1</answer>"}, "not an object with a string 'role'"),
+    ],
+)
+def test_an_assistant_message_laid_out_otherwise_than_written_is_refused_naming_its_line(tmp_path, message, error):
+    """conversation_ids lays out an assistant message's text content alone: tool calls in another key, an empty
+    target (the model taught to end its turn at once) or content in parts would be trained on silently otherwise."""
+    chat = ChatFormat(load_tokenizer("qwen3"))
+    write_jsonl(tmp_path / "d.jsonl", {"messages": CONVERSATION}, {"messages": [*CONVERSATION[:2], message]})
+    with pytest.raises(ValueError, match=rf"d\.jsonl:2: .*message 2: .*{error}"):
+        load_conversations(tmp_path / "d.jsonl", chat, max_length=4096)
+    # an empty message of weight 0 is context, not a target
+    write_jsonl(
+        tmp_path / "ok.jsonl",
+        {"messages": [*CONVERSATION[:2], {"role": "assistant", "content": "", "weight": 0}, *CONVERSATION[3:]]},
+    )
+    assert len(load_conversations(tmp_path / "ok.jsonl", chat, max_length=4096)[0]) == 1
+
+
+def _sft_settings(tmp_path) -> dict:
+    from agentrl.models.tiny import save_tiny
+
+    save_tiny(tmp_path / "init", seed=0)
+    data = write_jsonl(tmp_path / "d.jsonl", *({"messages": CONVERSATION[:3]} for _ in range(4)))
+    return {"data": str(data), "model": {"path": str(tmp_path / "init")}, "batch_size": 2, "eval_fraction": 0}
+
+
+def test_the_logged_learning_rate_is_the_one_each_step_used(tmp_path):
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from agentrl.train.sft import SFTConfig, sft
+
+    settings = _sft_settings(tmp_path) | {"out": str(tmp_path / "out"), "steps": 4, "warmup_steps": 2}
+    used: list[float] = []
+    hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    try:
+        logged: list[dict] = []
+        sft(SFTConfig.model_validate(settings), logged.append)
+    finally:
+        hook.remove()
+    assert [m["lr"] for m in logged] == used and used[:3] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])
+
+
+def test_a_warmup_as_long_as_the_run_is_refused(tmp_path):
+    """lr would never be reached, nor decay to min_lr_ratio: 2 epochs of 4 conversations, 2 a step, are 4 steps."""
+    from agentrl.train.sft import SFTConfig, sft
+
+    settings = _sft_settings(tmp_path) | {"out": str(tmp_path / "out"), "epochs": 2, "warmup_steps": 4}
+    with pytest.raises(ValueError, match=r"warmup_steps=4 is not shorter than the run's 4 optimizer steps \(4 conv"):
+        sft(SFTConfig.model_validate(settings))
