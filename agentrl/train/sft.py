@@ -131,7 +131,7 @@ def _check_assistant_messages(messages: list) -> None:
 def load_conversations(path: str | Path, chat: ChatFormat, max_length: int) -> tuple[list[Example], int]:
     """Every conversation of a chat JSONL, tokenised; and how many were too long. Errors name the line."""
     examples, too_long = [], 0
-    with open(path) as f:
+    with open(path, "rb") as f:  # JSON is UTF-8 whatever the locale; a bad byte is named with its line below
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

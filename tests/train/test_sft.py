@@ -117,6 +117,10 @@ def test_sft_names_the_bad_line(tmp_path):
     bad.write_text(json.dumps({"messages": CONVERSATION}) + "\n" + json.dumps({"messages": CONVERSATION[:2]}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a chat conversation"):
         load_conversations(bad, ChatFormat(load_tokenizer("qwen3")), 4096)
+    latin1 = json.dumps({"messages": CONVERSATION}, ensure_ascii=False).replace("Print", "Prïnt").encode("latin-1")
+    bad.write_bytes(json.dumps({"messages": CONVERSATION}).encode() + b"\n" + latin1 + b"\n")  # not UTF-8
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a chat conversation \(UnicodeDecodeError"):
+        load_conversations(bad, ChatFormat(load_tokenizer("qwen3")), 4096)
 
 
 class Interrupted(Exception):
