@@ -20,7 +20,7 @@ from typing import ClassVar, Self
 
 import numpy as np
 
-from agentrl.tasks.base import Split, Task, TaskSet, _check_fraction, in_test_split
+from agentrl.tasks.base import Split, Task, TaskSet, check_split, in_test_split
 
 N_RANGE = 2**31
 """`sample` draws task numbers n below this"""
@@ -70,8 +70,8 @@ class GeneratedTaskSet(TaskSet):
     @classmethod
     def _parse(cls, task_id: str) -> tuple[str, int, int]:
         """(family, level, n) of a task id; KeyError when it is not one of this set's ids."""
-        # n without leading zeros: one task, one id.
-        m = re.fullmatch(rf"{re.escape(cls.name)}/(\w+)/(\d+)/(0|[1-9]\d*)", task_id)
+        # ASCII digits without leading zeros: one task, one id (`\d` alone takes "1٣" for 13).
+        m = re.fullmatch(rf"{re.escape(cls.name)}/(\w+)/(0|[1-9]\d*)/(0|[1-9]\d*)", task_id, re.ASCII)
         if m is None or m[1] not in cls.FAMILIES or int(m[2]) not in cls.LEVELS:
             raise KeyError(task_id)
         return m[1], int(m[2]), int(m[3])
@@ -118,10 +118,18 @@ class GeneratedTaskSet(TaskSet):
         return task
 
     def split(self, split: Split, *, seed: int = 0, test_fraction: float = 0.2) -> Self:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        _check_fraction(test_fraction)
+        check_split(split, test_fraction)
+        sides = (*self._sides, (split, seed, test_fraction))
+        # per seed, a task keeps every side when its hash is at or above each train side's fraction and below each
+        # test side's: sides that leave no such hash keep no task (and `sample` would draw forever)
+        train = max((f for sp, sd, f in sides if sd == seed and sp == "train"), default=0.0)
+        test = min((f for sp, sd, f in sides if sd == seed and sp == "test"), default=1.0)
+        if train >= test:
+            raise ValueError(
+                f"task set {self.name!r}: its {split} side at seed {seed} (test fraction {test_fraction}) holds no "
+                "task, as an earlier split at that seed kept only the other side: split with another seed"
+            )
         part = copy.copy(self)
-        part._sides = (*self._sides, (split, seed, test_fraction))
+        part._sides = sides
         part.name = f"{self.name}[{split}]"
         return part

@@ -182,6 +182,14 @@ def _check_fraction(test_fraction: float) -> None:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
 
 
+def check_split(split: str, test_fraction: float) -> None:
+    """ValueError unless `split` names a side and `test_fraction` is in (0, 1): anything but "test" (say "all")
+    would otherwise quietly pick the train side."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    _check_fraction(test_fraction)
+
+
 class TaskSet(abc.ABC):
     """An iterable of tasks.
 
@@ -249,7 +257,7 @@ class ListTaskSet(TaskSet):
         return self._by_id[task_id]
 
     def split(self, split: Split, *, seed: int = 0, test_fraction: float = 0.2) -> ListTaskSet:
-        _check_fraction(test_fraction)
+        check_split(split, test_fraction)
         # Split on content, not id: a task duplicated under two ids lands on one side only.
         want_test = split == "test"
         part = [t for t in self.tasks if in_test_split(t.content_hash(), seed, test_fraction) == want_test]

@@ -321,14 +321,19 @@ def _to_tasks(records: Iterable[tuple[str, Any]], shape: Shape | None, source: s
     """Convert `(where, record)` pairs, and say their shape; every error names its `where` (file:line or row),
     or `source` when there are no records."""
     tasks = []
+    first: dict[str, str] = {}  # task id -> where it was
     for where, record in records:
         try:
             shape = shape or _detect_shape(record)  # once, from the first record
-            tasks.append(_CONVERTERS[shape](record))
+            task = _CONVERTERS[shape](record)
         except ValidationError as e:
             raise ValueError(f"{where}: {_describe(e)}") from e
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
+        if task.id in first:
+            raise ValueError(f"{where}: duplicate task id {task.id!r} (first at {first[task.id]})")
+        first[task.id] = where
+        tasks.append(task)
     if not tasks:
         raise ValueError(f"{source}: no records")
     return shape, tasks

@@ -91,4 +91,6 @@ def _options(spec: str, arg: str, types: dict[str, type]) -> dict[str, list]:
             out[key] = [types[key](v.strip()) for v in values.split(",") if v.strip()]
         except ValueError:
             raise ValueError(f"task set {spec!r}: {key} takes {types[key].__name__}s, got {values!r}") from None
+        if not out[key]:  # `by=`: else an IndexError, or (`families=`) quietly every family
+            raise ValueError(f"task set {spec!r}: {key}= names no value")
     return out

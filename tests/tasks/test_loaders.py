@@ -166,6 +166,8 @@ def test_lcb_release_window_keeps_only_problems_released_in_it(tmp_path):
         load_tasks(f"lcb:{path};since=2025-01-01")
     with pytest.raises(ValueError, match="since takes iso_dates"):
         load_tasks(f"lcb:{path};since=2024-13-01")
+    with pytest.raises(ValueError, match="since= names no value"):
+        load_tasks(f"lcb:{path};since=")
     undated = _write_jsonl(tmp_path / "undated.jsonl", [{k: v for k, v in a.items() if k != "contest_date"}])
     with pytest.raises(ValueError, match="1 have no contest_date"):
         load_tasks(f"lcb:{undated};since=2024-01-01")
@@ -269,6 +271,21 @@ def test_bad_line_names_file_and_line(tmp_path, bad_line, problem):
         load_jsonl(path, shape="mbpp")
     assert str(info.value).startswith(f"{path}:3: ")  # blank lines count
     assert problem in str(info.value)
+
+
+def test_a_duplicate_task_id_names_both_lines(tmp_path):
+    first, *_ = _records(MBPP)
+    path = _write_jsonl(tmp_path / "dup.jsonl", [*_records(MBPP), first | {"task_id": str(first["task_id"])}])
+    with pytest.raises(ValueError, match=rf"^{path}:4: duplicate task id 'mbpp/2' \(first at {path}:1\)$"):
+        load_jsonl(path)
+
+
+def test_split_names_a_side():
+    """`all` is the env's word for no split; a task set's `split` takes a side only, as the generated sets do."""
+    tasks = load_jsonl(MBPP)
+    for bad in ("all", "Test"):
+        with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+            tasks.split(bad)
 
 
 def test_wrong_explicit_shape_names_missing_fields():

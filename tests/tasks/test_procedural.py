@@ -165,6 +165,8 @@ def test_restricted_families_and_levels():
         "procedural/nope/1/0",
         "arithmetic/product/1/0",
         "procedural/strings/1/0/",
+        "procedural/strings/01/0",  # one task, one id: no leading zero in the level either
+        "procedural/strings/1/1\u0663",  # ASCII digits only (ARABIC-INDIC THREE would read as 13)
     ],
 )
 def test_get_rejects_ids_that_are_not_its_own(task_id: str):
@@ -185,6 +187,10 @@ def test_invalid_arguments_name_the_choices():
         ProceduralCodeTasks(n_hidden=15, n_public=6)
     with pytest.raises(ValueError, match="split"):
         CODE.split("validation")  # type: ignore[arg-type]
+    # sides at one seed that keep no task are refused, rather than sampled forever
+    with pytest.raises(ValueError, match="holds no task"):
+        CODE.split("test", seed=1).split("train", seed=1)
+    assert next(iter(CODE.split("test", seed=1).split("train", seed=2))).id  # another seed: a side of its own
 
 
 # ---- code tasks: shape, correctness, strictness ----

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import tarfile
 
@@ -50,6 +51,36 @@ def test_generated_repos_by_spec_split_and_serve_instances():
     for bad in (f"repos:{b}" for b in bad_specs):
         with pytest.raises(ValueError):
             load_tasks(bad)
+
+
+@pytest.mark.parametrize(
+    "spec", ["repos:templates=", "repos:by=", "repos:part=", "repos:spellings=", "repos:families="]
+)
+def test_an_option_without_a_value_is_refused(spec):
+    """Not an IndexError, nor (`families=`) quietly every family."""
+    with pytest.raises(ValueError, match=rf"task set '{spec}': \w+= names no value"):
+        load_tasks(spec)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_split_seed_splits_instances_and_leaves_the_held_out_templates_held_out(seed):
+    """`repos:templates=test` (configs/repo_fix.yaml's "never trained on") stays so whatever the env's split_seed."""
+    never_trained = {_template(i) for i in load_tasks("repos:templates=test").ids()}
+    whole = load_tasks("repos")
+    train, test = whole.split("train", seed=seed), whole.split("test", seed=seed)
+    assert not {_template(i) for i in train.ids()} & never_trained
+    assert not set(train.ids()) & set(test.ids()) and len(train) + len(test) == len(whole)
+    assert set(test.ids()) != set(whole.split("test").ids())  # the seed still splits the instances
+    assert load_tasks("repos:part=2/2").split("test", seed=seed).ids() == test.ids()  # parts share the held-out
+
+
+def test_a_split_of_a_split_stays_inside_it():
+    """`agentrl demos repo_fix --holdout`: the env's train side, split again by another seed, is a part of it."""
+    env_train = load_tasks("repos").split("train", seed=0)
+    held_out = set(load_tasks("repos").split("test", seed=0).ids())
+    for side in ("train", "test"):
+        inner = env_train.split(side, seed=1)
+        assert len(inner) and set(inner.ids()) <= set(env_train.ids()) and not set(inner.ids()) & held_out
 
 
 def _template(iid: str) -> str:
@@ -180,3 +211,45 @@ def test_a_bad_record_is_refused_with_its_line_and_reason(tmp_path, over, needle
     with pytest.raises(ValueError, match=needle) as e:
         load_tasks(f"swebench:{path}")
     assert str(e.value).startswith(f"{path}:2:")
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("null", "a record is a JSON object, not NoneType"),
+        ("[1, 2]", "a record is a JSON object, not list"),
+        ('"instance_id repo base_commit problem_statement patch test_patch FAIL_TO_PASS PASS_TO_PASS"', "not str"),
+    ],
+)
+def test_a_record_that_is_not_an_object_is_refused_with_its_line(tmp_path, line, needle):
+    commit = git_repo(tmp_path / "r", BUGGY)
+    path = write_jsonl(tmp_path / "d.jsonl", record("r", commit))
+    path.write_text(path.read_text() + line + "\n")
+    with pytest.raises(ValueError, match=needle) as e:
+        load_tasks(f"swebench:{path}")
+    assert str(e.value).startswith(f"{path}:2:")
+    path.write_text(json.dumps(record(5, commit)) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:1: repo, base_commit and image are strings"):
+        load_tasks(f"swebench:{path}")
+
+
+def test_a_problem_statement_with_unicode_line_separators_loads(tmp_path):
+    """JSON strings may hold U+2028, U+2029 and U+0085 raw (`ensure_ascii=False`); they do not end a line."""
+    commit = git_repo(tmp_path / "r", BUGGY)
+    statement = "clamp(12, 0, 10) gives 9\u2028not 10\u2029\x85 (naïve ✓)"
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(record("r", commit, problem_statement=statement), ensure_ascii=False) + "\n", "utf-8")
+    tasks = load_tasks(f"swebench:{path}")
+    assert tasks.instance("mathy__clamp-1").problem_statement == statement
+
+
+def test_split_names_a_side(tmp_path):
+    """`all` is the env's word for no split; a task set's `split` takes a side only, as every set does."""
+    commit = git_repo(tmp_path / "r", BUGGY)
+    loaded = load_tasks(f"swebench:{write_jsonl(tmp_path / 'd.jsonl', record('r', commit))}")
+    for tasks in (loaded, load_tasks("repos")):
+        for bad in ("all", "Test"):
+            with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+                tasks.split(bad)
+        with pytest.raises(ValueError, match="test_fraction"):
+            tasks.split("test", test_fraction=1.0)

@@ -56,22 +56,28 @@ def load_swebench(path: str | Path) -> LoadedRepos:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     instances = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                instances.append(instance_from_record(json.loads(line), path.parent))
-            except (ValueError, OSError) as e:
-                raise ValueError(f"{path}:{number}: {e}") from None
+    # A file's own lines: str.splitlines would also break at U+2028, U+2029 and U+0085, which JSON strings may hold.
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    instances.append(instance_from_record(json.loads(line), path.parent))
+                except (ValueError, OSError) as e:
+                    raise ValueError(f"{path}:{number}: {e}") from None
     return LoadedRepos(instances, name=f"swebench:{path.name}", description=f"repository instances from {path}")
 
 
 def instance_from_record(record: dict[str, Any], root: Path) -> RepoInstance:
+    if not isinstance(record, dict):
+        raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
     missing = [f for f in FIELDS if f not in record]
     if missing:
         raise ValueError(f"missing field(s) {missing}; a record has {list(FIELDS)} and optionally image")
+    image = record.get("image")
+    if not all(isinstance(v, str) for v in (record["repo"], record["base_commit"], "" if image is None else image)):
+        raise ValueError("repo, base_commit and image are strings")
     repo = root / record["repo"]
     files = read_tree(repo, record["base_commit"])
-    image = record.get("image")
     if image is not None and not (root / image).is_file():
         raise ValueError(f"image {image}: no such file under {root}")
     fields = {f: record[f] for f in FIELDS if f != "repo"}

@@ -49,7 +49,8 @@ class RepoTasks:
     site: `by`).
 
     Finite: every id of every template is in exactly one cell, listed in template, then number, order.
-    `families` keeps the instances of those bug families only.
+    `families` keeps the instances of those bug families only. `template_seed` (default: `seed`) seeds the template
+    split alone, so that the instances can be split again while the held-out templates stay those of the spec.
     """
 
     name = "repos"
@@ -63,6 +64,7 @@ class RepoTasks:
         heldout: float = 0.2,
         by: Literal["instance", "site"] = "instance",
         families: Sequence[Family] | None = None,
+        template_seed: int | None = None,
     ):
         if by not in ("instance", "site"):
             raise ValueError(f"by must be instance or site, got {by!r}")
@@ -73,8 +75,9 @@ class RepoTasks:
         if unknown:
             raise ValueError(f"unknown bug families {unknown}; choose among {list(FAMILIES)}")
         self.seed, self.by, self.heldout, self.heldout_templates = seed, by, heldout, heldout_templates
+        self.template_seed = seed if template_seed is None else template_seed
         self.families = tuple(families) if families else FAMILIES
-        self._test_templates = _held_out(sorted(TEMPLATES), seed, heldout_templates)
+        self._test_templates = _held_out(sorted(TEMPLATES), self.template_seed, heldout_templates)
         # Held out per template, over all of its instances (or sites) before the family filter, so that choosing
         # families never moves an instance from one side to the other.
         if by == "site":

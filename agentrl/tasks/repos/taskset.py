@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from agentrl.tasks.base import RepoTests, Split, Task, TaskSet, in_test_split
+from agentrl.tasks.base import RepoTests, Split, Task, TaskSet, check_split, in_test_split
 from agentrl.tasks.repos.generate import generate, spelling
 from agentrl.tasks.repos.instance import RepoInstance
 from agentrl.tasks.repos.tasks import RepoTasks
@@ -81,7 +81,8 @@ class GeneratedRepos(RepoTaskSet):
     for SFT from one part and RL on another, so that RL samples instances the starting policy has not memorised,
     both evaluated on the same held-out instances. `spellings=k` lists each training instance with its spellings
     1 .. k-1 (`generate.spelling`): SFT data where a bug's paths and names differ from one demonstration to the
-    next, so that only reading them off the observations fits it. Held-out instances stay as they are."""
+    next, so that only reading them off the observations fits it. Held-out instances stay as they are.
+    `within`: only these ids (what a split keeps of the set it splits)."""
 
     name = "repos"
     description = "a planted bug in a small generated Python repository, graded by hidden pytest tests"
@@ -94,6 +95,7 @@ class GeneratedRepos(RepoTaskSet):
         split: Split | None = None,
         part: tuple[int, int] | None = None,
         spellings: int = 1,
+        within: frozenset[str] | None = None,
     ):
         if part is not None and not 1 <= part[0] <= part[1]:
             raise ValueError(f"part k of n needs 1 <= k <= n, got {part[0]}/{part[1]}")
@@ -109,6 +111,7 @@ class GeneratedRepos(RepoTaskSet):
                 for i in self.catalogue.ids(s, templates=templates)
                 if part is None or s == "test" or in_part(i, part)
                 for j in (spelling(i, k) for k in range(spellings if s == "train" else 1))
+                if within is None or j in within
             ]
         )
         if not self._ids:
@@ -124,12 +127,27 @@ class GeneratedRepos(RepoTaskSet):
         return _generated(task_id)
 
     def split(self, split: Split, *, seed: int = 0, test_fraction: float = 0.2) -> GeneratedRepos:
+        """The instances on one side of a split by `seed`. The seed splits instances, not templates: the held-out
+        templates stay this set's, so `repos:templates=test` is never trained on whatever the seed; and a split of a
+        split stays inside it."""
+        check_split(split, test_fraction)
         c = self.catalogue
         catalogue = RepoTasks(
-            seed=seed, heldout_templates=c.heldout_templates, heldout=test_fraction, by=c.by, families=c.families
+            seed=seed,
+            heldout_templates=c.heldout_templates,
+            heldout=test_fraction,
+            by=c.by,
+            families=c.families,
+            template_seed=c.template_seed,
         )
         return GeneratedRepos(
-            catalogue, templates=self.templates, split=split, part=self.part, spellings=self.spellings
+            catalogue,
+            templates=self.templates,
+            split=split,
+            part=self.part,
+            spellings=self.spellings,
+            # an unsplit set is its spec's, split anew by each seed (its part k too); a split is kept inside
+            within=self._known if self.side else None,
         )
 
 
@@ -156,6 +174,7 @@ class LoadedRepos(RepoTaskSet):
         return self._by_id[task_id]
 
     def split(self, split: Split, *, seed: int = 0, test_fraction: float = 0.2) -> LoadedRepos:
+        check_split(split, test_fraction)
         part = [
             i for i in self._by_id.values() if in_test_split(i.instance_id, seed, test_fraction) == (split == "test")
         ]
