@@ -237,6 +237,9 @@ class HFEngine(ThreadedEngine):
     def _new_request(
         self, request_id: str, prompt: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
     ) -> _Request:
+        if min(prompt) < 0 or max(prompt) >= self._vocab:  # the decode thread would fail on it, and on every request
+            bad = next(t for t in prompt if not 0 <= t < self._vocab)
+            raise ValueError(f"prompt token id {bad} is not in the model's vocabulary (0 to {self._vocab - 1})")
         seed = params.seed if params.seed is not None else next(self._seeds)
         return _Request(
             id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(), key=seed_key(seed)

@@ -359,6 +359,10 @@ async def test_overlong_requests_never_reach_the_model():
             await eng.generate(list(range(10, 60)), SamplingParams(max_tokens=20))
         with pytest.raises(ValueError, match="empty prompt"):
             await eng.generate([], SamplingParams())
+        vocab = model.config.vocab_size  # an id past it would fail the decode thread, and every request after
+        for bad in (vocab, -1):
+            with pytest.raises(ValueError, match=f"prompt token id {bad} is not in the model's vocabulary"):
+                await eng.generate([5, bad], SamplingParams(max_tokens=2))
         ok = await eng.generate(list(range(10, 60)), SamplingParams(max_tokens=14))
     assert len(ok.token_ids) == 14
 
