@@ -383,6 +383,8 @@ class Fleet(InferenceEngine):
             )
             errors: list[BaseException] = []
             for slot, result in zip(up, results, strict=True):
+                if not slot.up:  # a request found it dead meanwhile: its restart, waiting for this lock, installs them
+                    continue
                 if isinstance(result, ReplicaDown):  # its restart, waiting for this lock, installs the new weights
                     self._down(slot, slot.replica, result)
                 elif isinstance(result, BaseException):

@@ -188,17 +188,18 @@ class ActorReplica(Replica):
 
 
 class ClientReplica(Replica):
-    """A client of one server. The server holds its weights and its version: a server that restarted without
-    them is refused by the fleet (its version differs), so restart a server with the current weights."""
+    """A client of one server, which holds the weights. Started at a fleet's version, the client counts from it, one
+    version back per update the fleet shipped, and installs those updates when the server is at that count: always a
+    server that reports no version (vLLM: a new client must load the adapter its requests name), and agentrl serve
+    just that far behind. A server at another version is refused by the fleet: restart it with the current weights."""
 
-    def __init__(self, engine: InferenceEngine) -> None:
-        self.engine = engine
+    def __init__(self, cfg: EngineConfig, model: EngineModel) -> None:
+        self.cfg, self.model = cfg, model
+        self.engine: InferenceEngine | None = None  # built by `start`, at the version it is given
 
     @classmethod
     def create(cls, cfg: EngineConfig, model: EngineModel, *, slot: int, seed: int) -> ClientReplica:
-        from agentrl.engine.openai import OpenAIEngine
-
-        return cls(OpenAIEngine.from_config(server_configs(cfg)[slot], model))
+        return cls(server_configs(cfg)[slot], model)
 
     @staticmethod
     def ship(tensors: Tensors | None) -> Any:
@@ -213,7 +214,18 @@ class ClientReplica(Replica):
             raise ReplicaDown(str(e)) from e
 
     async def start(self, version: int, full: Any, lora: Any) -> ReplicaInfo:
+        from agentrl.engine.openai import OpenAIEngine
+
+        updates: list[dict[str, Tensors]] = [{"state_dict": full}] if full is not None else []
+        if lora is not None:
+            updates.append({"lora": lora})
+        # as an actor's engine: one version back per update; agentrl serve replaces it with its own
+        behind = version - len(updates)
+        self.engine = OpenAIEngine.from_config(self.cfg, self.model, version=behind)
         await self._call(self.engine.start())
+        if self.engine.version == behind:
+            for update in updates:
+                await self._call(self.engine.update_weights(**update))
         return ReplicaInfo(self.engine.capabilities, self.engine.max_context, self.engine.version, None)
 
     async def generate(self, prompt: list[int], params: SamplingParams, attempt: str) -> Generation:
@@ -226,7 +238,8 @@ class ClientReplica(Replica):
         return await self._call(self.engine.update_weights(full, lora=lora))
 
     async def close(self) -> None:
-        await self.engine.close()
+        if self.engine is not None:
+            await self.engine.close()
 
 
 def replica_class(cfg: EngineConfig) -> type[Replica]:

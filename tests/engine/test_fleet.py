@@ -5,15 +5,20 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import ray
 import torch
+import uvicorn
 from cli import serving
+from fastapi import FastAPI
 from peft import get_peft_model_state_dict
 from pydantic import ValidationError
 from test_hf import teacher_forced
+from vllm_standin import VLLMStandIn
 
 from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_unavailable
 from agentrl.engine.base import SamplingParams
@@ -221,6 +226,38 @@ async def test_a_killed_replica_is_retried_elsewhere_and_restarted(fleet):
     await assert_every_replica_matches(fleet, learner, FP32_ATOL)  # the new replica holds the current weights
 
 
+async def test_a_replica_that_dies_during_a_weight_update_stays_down_until_restarted(fleet):
+    """Replica 0 takes an update while replica 1, stopped, holds it up; replica 0 then dies and a request finds it
+    dead: once the update ends, replica 0 is still down (restarting), not counted up for having taken it, so no
+    request goes to it and it restarts once."""
+    learner = tiny_model(ARCH, seed=13)
+    stats = fleet.fleet_stats()
+    (p0, p1), version = (r.pid for r in stats.replicas), fleet.version
+    os.kill(p1, signal.SIGSTOP)
+    try:
+        update = asyncio.create_task(fleet.update_weights(learner.state_dict()))
+        # replica 0 (the idle fleet's first choice) has taken it once its tokens carry the new version
+        while (await fleet.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=1))).versions != [version + 1]:
+            await asyncio.sleep(0.1)
+        os.kill(p0, signal.SIGKILL)
+        found_dead = asyncio.create_task(fleet.generate(PROMPT, GREEDY))  # goes on to replica 1, stopped
+        while fleet.fleet_stats().replicas[0].version is not None:
+            await asyncio.sleep(0.05)
+    finally:
+        os.kill(p1, signal.SIGCONT)
+    assert await update == version + 1
+    await found_dead
+    assert fleet.fleet_stats().replicas[0].version is None, "the dead replica counts as up"
+    await fleet.generate(PROMPT, GREEDY)  # to replica 1: replica 0 is restarting
+    assert fleet.fleet_stats().retried == stats.retried + 1, "a request was sent to the dead replica"
+    deadline = time.monotonic() + 120
+    while (now := fleet.fleet_stats().replicas[0]).version is None:
+        assert time.monotonic() < deadline, "the replica was not restarted"
+        await asyncio.sleep(0.2)
+    assert now.restarts == stats.replicas[0].restarts + 1 and now.version == version + 1
+    await assert_every_replica_matches(fleet, learner, FP32_ATOL)
+
+
 @pytest.mark.slow
 async def test_lora_replicas_take_adapters_and_a_restart_gets_the_latest(ray_local, model_dir):
     """Replicas with the policy's adapters take LoRA updates; a replica that died comes back as the base
@@ -295,3 +332,69 @@ async def test_a_fleet_of_agentrl_servers_takes_weights_and_shares_requests(mode
             learner = tiny_model(ARCH, seed=5)
             assert await fleet.update_weights(learner.state_dict()) == 1
             await assert_every_replica_matches(fleet, learner, FP32_ATOL)
+
+
+@contextlib.asynccontextmanager
+async def serving_app(app: FastAPI, port: int = 0) -> AsyncIterator[str]:
+    """`app` as an HTTP server on `port` of 127.0.0.1 (0: a free one), in this event loop, for the block: its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    sock = socket.create_server(("127.0.0.1", port))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()  # it failed to start: raise why
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def standins(model_dir):
+    """Two stand-ins of `vllm serve` (tests/engine/vllm_standin.py) for the tiny model: servers that report no
+    policy version."""
+    servers = [VLLMStandIn(model_dir) for _ in range(2)]
+    yield servers
+    for server in servers:
+        await server.close()
+
+
+async def test_a_fleet_of_vllm_servers_keeps_the_version_it_starts_from(standins, model_dir, tmp_path):
+    """A resumed run's fleet of servers that report no version (vLLM) goes on from the run's version."""
+    async with serving_app(standins[0].app) as a, serving_app(standins[1].app) as b:
+        cfg = EngineConfig(kind="openai", base_urls=[a, b], server="vllm", weights_dir=str(tmp_path))
+        async with build_engine(cfg, EngineModel(str(model_dir)), version=3) as fleet:
+            assert fleet.version == 3
+            learner = tiny_model(ARCH, seed=5)
+            assert await fleet.update_weights(learner.state_dict()) == 4
+            await assert_every_replica_matches(fleet, learner, FP32_ATOL)
+
+
+@pytest.mark.slow  # 25 s: a request gives up on a stopped server after the client's retries (~15 s)
+async def test_a_vllm_server_back_after_an_outage_gets_the_current_adapter(standins, model_dir, tmp_path):
+    """A server that stops answering is left, and its client started again once it is back: it loads the
+    latest adapter under a new name, at the fleet's version (vLLM reports none), and samples the learner's."""
+    settings = LoraSettings(rank=4, alpha=8)
+    learner = with_lora(tiny_model(ARCH, seed=0), settings)
+    with torch.no_grad():
+        for name, p in learner.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+    outage = contextlib.AsyncExitStack()
+    a = await outage.enter_async_context(serving_app(standins[0].app))
+    async with outage, serving_app(standins[1].app) as b:
+        cfg = EngineConfig(kind="openai", base_urls=[a, b], server="vllm", weights_dir=str(tmp_path))
+        async with build_engine(cfg, EngineModel(str(model_dir), lora=settings)) as fleet:
+            assert await fleet.update_weights(lora=get_peft_model_state_dict(learner)) == 1
+            await outage.aclose()  # server 0 stops answering; it keeps its adapters
+            await fleet.generate(PROMPT, GREEDY)  # to server 0, the idle fleet's first choice: retried on 1
+            assert fleet.fleet_stats().retried == 1
+            async with serving_app(standins[0].app, int(a.rsplit(":", 1)[1])):  # back while its client restarts
+                deadline = time.monotonic() + 30
+                while fleet.fleet_stats().replicas[0].restarts == 0:
+                    assert time.monotonic() < deadline, "the replica was not restarted"
+                    await asyncio.sleep(0.2)
+                assert fleet.fleet_stats().replicas[0].version == 1
+                await assert_every_replica_matches(fleet, learner, FP32_ATOL)
