@@ -11,8 +11,9 @@ from __future__ import annotations
 import abc
 import json
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from agentrl.env.tools import ToolCall
 
@@ -42,6 +43,16 @@ class ParsedAction(BaseModel):
     calls: list[ToolCall]
     errors: list[str]
     """one message per call that could not be read, meant for the agent"""
+    written: list[ToolCall | str] = []
+    """the calls and errors in the order the message wrote them, so that results line up with calls (a chat
+    template shows tool results by position); left out: the errors, then the calls"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _in_order(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "written" not in data:
+            data = {**data, "written": [*data.get("errors", []), *data.get("calls", [])]}
+        return data
 
 
 class ToolCallParser(abc.ABC):
@@ -69,18 +80,14 @@ class HermesParser(ToolCallParser):
 
     def parse(self, text: str) -> ParsedAction:
         text = without_thoughts(text)
-        calls, errors = [], []
-        for body in self._call.findall(text):
-            call = _read_call(body.strip())
-            if isinstance(call, ToolCall):
-                calls.append(call)
-            else:
-                errors.append(call)
+        written = [_read_call(body.strip()) for body in self._call.findall(text)]
         rest = self._call.sub("", text)
-        if "<tool_call>" in rest:
-            errors.append("a <tool_call> was opened but never closed with </tool_call>")
+        if "<tool_call>" in rest:  # after every closed call: the non-greedy match took any earlier opening
+            written.append("a <tool_call> was opened but never closed with </tool_call>")
             rest = rest[: rest.index("<tool_call>")]
-        return ParsedAction(content=rest.strip(), calls=calls, errors=errors)
+        calls = [c for c in written if isinstance(c, ToolCall)]
+        errors = [e for e in written if isinstance(e, str)]
+        return ParsedAction(content=rest.strip(), calls=calls, errors=errors, written=written)
 
     def format(self, call: ToolCall) -> str:
         return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
@@ -89,20 +96,36 @@ class HermesParser(ToolCallParser):
 def _read_call(body: str) -> ToolCall | str:
     """A ToolCall, or a message saying what is wrong with the call's JSON."""
     try:
-        obj = json.loads(body)
+        obj = _loads(body)
     except json.JSONDecodeError as e:
         return f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): {body[:200]}"
+    except ValueError as e:
+        return f"the tool call's JSON cannot be read ({e}): {body[:200]}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return f'a tool call must be a JSON object with a string "name": {body[:200]}'
     args = obj.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return f'the "arguments" of {obj["name"]} are a string that is not a JSON object'
+            args = _loads(args)
+        except ValueError as e:
+            return f'the "arguments" of {obj["name"]} are a string that is not a JSON object ({e})'
     if not isinstance(args, dict):
         return f'the "arguments" of {obj["name"]} must be a JSON object, got {type(args).__name__}'
     return ToolCall(name=obj["name"], arguments=args)
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, where every way the model's text can fail it is a ValueError (json.loads also raises one for an
+    integer past Python's 4300 digits), and so is text that is no characters: JSON's `\\ud800` escape makes half a
+    surrogate pair, which no file or process can take (the sandbox's executor failed on it)."""
+    try:
+        value = json.loads(text)
+        json.dumps(value, ensure_ascii=False).encode()
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{e.object[e.start : e.end]!r} is half of a UTF-16 surrogate pair, not a character") from None
+    return value
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "qwen": HermesParser}

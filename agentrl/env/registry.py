@@ -115,13 +115,16 @@ def make(name: str, **kwargs: Any):
 
     The raw `TextEnv` keeps its async methods (Gymnasium's wrappers do not forward them)
     and enforces reset-before-step itself. An unknown name raises Gymnasium's error with
-    its "Did you mean" suggestion; an env that fails to import says which package it is from.
+    its "Did you mean" suggestion and the names of all; an env that fails to import says which package it is from.
     """
     eid = env_id(name)
     try:
         return gymnasium.make(eid, disable_env_checker=True, **kwargs).unwrapped
     except ImportError as e:
         raise ImportError(f"env {eid} (from {_sources.get(eid, 'unknown source')}) failed to import: {e}") from e
+    except gymnasium.error.NameNotFound as e:  # Gymnasium names the valid envs only when one is close
+        names = sorted(s.name for s in gymnasium.registry.values() if s.namespace == NAMESPACE)
+        raise gymnasium.error.NameNotFound(f"{e} The agentrl envs: {', '.join(names)}") from None
 
 
 def env_class(name: str) -> Any:

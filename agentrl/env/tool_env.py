@@ -71,17 +71,19 @@ class ToolEnv(TextEnv):
 
         def penalise(problem: str, call: ToolCall | None = None) -> None:
             problems.append(problem)
-            obs.append({"role": "tool", "content": f"Error: {problem}"})
+            obs.append({"role": "tool", "content": clip(f"Error: {problem}", limit)})
             reward["malformed"] = reward.get("malformed", 0.0) + self.cfg.malformed_penalty
             calls.append(_record(call, "malformed", problem, limit))
 
-        for error in parsed.errors:
-            penalise(error)
         terminated = False
         declared: FailureClass | None = None  # a tool's own verdict on the step (ToolOutput.failure)
-        for i, call in enumerate(parsed.calls):
-            tool = self.tools.get(call.name)
-            if i >= self.cfg.max_calls_per_turn:
+        i = 0  # calls read so far
+        for call in parsed.written:  # in the message's order: a chat template pairs results with calls by position
+            if isinstance(call, str):
+                penalise(call)
+                continue
+            tool, i = self.tools.get(call.name), i + 1
+            if i > self.cfg.max_calls_per_turn:
                 penalise(f"at most {self.cfg.max_calls_per_turn} tool calls per message; {call.name} was not run", call)
             elif tool is None:
                 penalise(f"there is no tool {call.name!r}; the tools are {sorted(self.tools)}", call)
@@ -92,7 +94,7 @@ class ToolEnv(TextEnv):
                     penalise(str(e), call)
                     continue
                 except ToolError as e:  # the tool explains a problem with valid input: a normal result
-                    obs.append({"role": "tool", "content": f"Error: {e}"})
+                    obs.append({"role": "tool", "content": clip(f"Error: {e}", limit)})
                     calls.append(_record(call, "error", str(e), limit))
                     continue
                 obs.append({"role": "tool", "content": clip(out.content, limit)})

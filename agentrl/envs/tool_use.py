@@ -6,6 +6,8 @@ import ast
 import math
 import operator
 import re
+import sys
+import time
 from fractions import Fraction
 
 from pydantic import Field
@@ -23,6 +25,11 @@ SYSTEM = """Answer the question exactly. You have {turns} turns and two tools:
 When you know the answer, reply with it in <answer></answer> tags and no tool call."""
 
 MAX_DIGITS = 20_000  # calculator results and operands beyond this are refused (a 10**10**9 would hang the host)
+# It runs on the env's event loop, beside every other episode of it: each step of a big expression is quick (under
+# MAX_DIGITS), so the whole is cut at a time limit; pow(a, b, m), one step, costs about bits(b)·bits(m)² and is bounded
+# by that (pow(3, 10**19999, 10**19999 + 7) ran past 90 s).
+CALCULATOR_S = 2.0
+MAX_POWMOD_WORK = 10**11  # ~0.2 s; the arithmetic tasks' 18-digit powmods take ~2·10**5
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -71,7 +78,12 @@ class ToolUseEnv(ToolEnv):
             expression: The expression, e.g. "123456789 * 987654321" or "pow(7, 128, 1000007)".
         """
         value = calculate(expression)
-        return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+        try:
+            return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+        except ValueError:  # Python's limit on int-to-str (4300 digits); an observation would be cut shorter anyway
+            raise ToolError(
+                f"the result has more than {sys.get_int_max_str_digits()} digits, too many to show"
+            ) from None
 
     async def _no_call(self, text: str) -> StepResult:
         found = _ANSWER.findall(text)
@@ -97,7 +109,7 @@ _BINARY = {
 def calculate(expression: str) -> Fraction:
     """Exact value of an arithmetic expression, walked on its AST (never eval: it is the agent's text)."""
     try:
-        return _eval(ast.parse(expression.strip(), mode="eval").body)
+        return _eval(ast.parse(expression.strip(), mode="eval").body, time.monotonic() + CALCULATOR_S)
     except SyntaxError as e:
         raise ToolError(f"not an expression: {e.msg}") from None
     except ZeroDivisionError:
@@ -107,18 +119,20 @@ def calculate(expression: str) -> Fraction:
         raise ToolError(f"cannot compute that: {type(e).__name__}: {e}"[:300]) from None
 
 
-def _eval(node: ast.AST) -> Fraction:
+def _eval(node: ast.AST, deadline: float) -> Fraction:
+    if time.monotonic() > deadline:
+        raise ToolError(f"the expression takes longer than {CALCULATOR_S} s to compute; use python")
     match node:
         case ast.Constant(value=bool()):
             raise ToolError("booleans are not numbers here")
         case ast.Constant(value=int() | float() as v):
             return _bounded(Fraction(str(v)) if isinstance(v, float) else Fraction(v))
         case ast.UnaryOp(op=ast.USub(), operand=x):
-            return -_eval(x)
+            return -_eval(x, deadline)
         case ast.UnaryOp(op=ast.UAdd(), operand=x):
-            return _eval(x)
+            return _eval(x, deadline)
         case ast.BinOp(op=ast.Pow(), left=a, right=b):
-            base, exp = _eval(a), _eval(b)
+            base, exp = _eval(a, deadline), _eval(b, deadline)
             if exp.denominator != 1:
                 raise ToolError("only whole-number exponents are exact")
             # the result's digits, |exp| · log10(base), compared without making a float of a huge exponent
@@ -126,18 +140,20 @@ def _eval(node: ast.AST) -> Fraction:
                 raise ToolError(f"the result would have more than {MAX_DIGITS} digits")
             return base**exp
         case ast.BinOp(op=op, left=a, right=b) if type(op) in _BINARY:
-            return _bounded(_BINARY[type(op)](_eval(a), _eval(b)))
+            return _bounded(_BINARY[type(op)](_eval(a, deadline), _eval(b, deadline)))
         case ast.Call(func=ast.Name(id=name), args=args, keywords=[]) if name in ("pow", "abs", "gcd"):
-            vals = [_eval(a) for a in args]
+            vals = [_eval(a, deadline) for a in args]
             if name == "abs" and len(vals) == 1:
                 return abs(vals[0])
             ints = [_integer(v, name) for v in vals]
             if name == "gcd" and len(ints) >= 1:
                 return Fraction(math.gcd(*ints))
             if name == "pow" and len(ints) == 3:
+                if abs(ints[1]).bit_length() * ints[2].bit_length() ** 2 > MAX_POWMOD_WORK:
+                    raise ToolError("pow(a, b, m) with b and m that large is beyond the calculator; use python")
                 return Fraction(pow(*ints))
             if name == "pow" and len(ints) == 2:
-                return _eval(ast.BinOp(op=ast.Pow(), left=args[0], right=args[1]))
+                return _eval(ast.BinOp(op=ast.Pow(), left=args[0], right=args[1]), deadline)
             raise ToolError(f"wrong number of arguments to {name}")
     raise ToolError(f"unsupported in the calculator: {ast.unparse(node)!r} (use python for anything beyond arithmetic)")
 

@@ -37,6 +37,12 @@ def test_hermes_parses_calls_and_keeps_the_rest():
         ('["add", 1]', 'string "name"'),
         ('{"name": "add", "arguments": [1, 2]}', "must be a JSON object"),
         ('{"name": "add", "arguments": "{bad"}', "not a JSON object"),
+        # json.loads raises more than JSONDecodeError on these; they failed the episode as the env's own error
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"name": "add", "arguments": {"a": ' + "1" * 5000 + "}}", "4300 digits"),
+        # half a surrogate pair is no character: the sandbox's executor failed on it (the episode infra_error)
+        ('{"name": "add", "arguments": {"a": "\\ud800"}}', "surrogate"),
+        ('{"name": "add", "arguments": "{\\"a\\": \\"\\\\udc00\\"}"}', "surrogate"),
     ],
 )
 def test_hermes_reports_malformed_calls(body, needle):
@@ -173,6 +179,7 @@ def test_tool_calls_run_in_order_and_a_terminal_call_stops_the_rest():
         (call("add", a="one", b=2), "bad arguments for add: a:"),
         (call("add", a=1), "b: Field required"),
         ("just text", "call a tool"),
+        ("<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>", "nested too deeply"),
     ],
 )
 def test_malformed_actions_become_observations_with_a_penalty(action, needle):
@@ -191,6 +198,24 @@ def test_a_tool_error_is_a_result_not_a_malformed_call():
     obs, r, *_, info = env.step(call("divide", a=1, b=0))
     assert obs == [{"role": "tool", "content": "Error: division by zero"}]
     assert r == 0.0 and info["failure"] is FailureClass.OK
+    env.close()
+
+
+def test_results_come_back_in_the_order_of_the_calls():
+    # A chat template shows tool results by position: a malformed call's error came first, before earlier results.
+    env = Adder()
+    env.reset(seed=0)
+    obs, r, *_ = env.step(call("add", a=2, b=3) + "<tool_call>{oops</tool_call>" + call("add", a=1, b=1))
+    assert [m["content"][:31] for m in obs] == ["5", "Error: the tool call is not val", "2"]
+    assert r == pytest.approx(-0.1)
+    env.close()
+
+
+def test_error_observations_are_cut_like_results():
+    env = Adder(max_observation_chars=200)
+    env.reset(seed=0)
+    obs, *_ = env.step(call("x" * 50_000))  # "there is no tool 'xxx…'" came back whole: 50,000 characters
+    assert len(obs[0]["content"]) < 300 and obs[0]["content"].startswith("Error: there is no tool 'xxx")
     env.close()
 
 
@@ -272,9 +297,11 @@ def test_register_and_make_through_gymnasium():
     assert {"code_sandbox", "tool_use", "humaneval"} <= listed.keys()
 
 
-def test_unknown_env_suggests_the_close_name():
+def test_unknown_env_suggests_the_close_name_and_names_them_all():
     with pytest.raises(gymnasium.error.NameNotFound, match="Did you mean: `code_sandbox`"):
         agentrl.make("code_sandbx")
+    with pytest.raises(gymnasium.error.NameNotFound, match=r"The agentrl envs: .*code_sandbox, humaneval, .*tool_use"):
+        agentrl.make("nope")  # no close name: Gymnasium's message named none
 
 
 def test_an_env_that_fails_to_import_is_named_and_the_others_still_list():
