@@ -117,15 +117,20 @@ def _read_call(body: str) -> ToolCall | str:
 def _loads(text: str) -> Any:
     """`json.loads`, where every way the model's text can fail it is a ValueError (json.loads also raises one for an
     integer past Python's 4300 digits), and so is text that is no characters: JSON's `\\ud800` escape makes half a
-    surrogate pair, which no file or process can take (the sandbox's executor failed on it)."""
+    surrogate pair, which no file or process can take (the sandbox's executor failed on it). NaN and Infinity are
+    not JSON (Python's json reads them): a call's arguments go back out as JSON, to an OpenAI client too."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json)
         json.dumps(value, ensure_ascii=False).encode()
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except UnicodeEncodeError as e:
         raise ValueError(f"{e.object[e.start : e.end]!r} is half of a UTF-16 surrogate pair, not a character") from None
     return value
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "qwen": HermesParser}

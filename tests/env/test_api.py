@@ -43,6 +43,9 @@ def test_hermes_parses_calls_and_keeps_the_rest():
         # half a surrogate pair is no character: the sandbox's executor failed on it (the episode infra_error)
         ('{"name": "add", "arguments": {"a": "\\ud800"}}', "surrogate"),
         ('{"name": "add", "arguments": "{\\"a\\": \\"\\\\udc00\\"}"}', "surrogate"),
+        # Python's json reads them; a call's arguments go back out as JSON (to an OpenAI client too)
+        ('{"name": "add", "arguments": {"a": NaN, "b": 1}}', "NaN is not a JSON value"),
+        ('{"name": "add", "arguments": {"a": -Infinity}}', "-Infinity is not a JSON value"),
     ],
 )
 def test_hermes_reports_malformed_calls(body, needle):
