@@ -56,6 +56,7 @@ async def build(
             resumed = True
             state = LoopState.model_validate(await learner.load(ckpt))
             display.message(f"resumed from {ckpt}: iteration {state.iteration}, policy version {state.policy_version}")
+        if resume:  # what was logged past the checkpoint (all of it, with none yet) is logged anew
             folder.truncate_logs(state.iteration)
         path = resolve_path(cfg.model.path)
         chat = ChatFormat(AutoTokenizer.from_pretrained(path))

@@ -105,6 +105,10 @@ class Driver:
         every = self.cfg.checkpoint.every
         return bool(every) and self.state.iteration % every == 0
 
+    def saved(self) -> bool:
+        """The run's latest finished checkpoint is of the current iteration (a resume's, or one saved since)."""
+        return self.folder.latest_checkpoint() == self.folder.checkpoint(self.state.iteration)
+
     # -- the steps of an iteration --------------------------------------------------------
 
     async def rollout(self, iteration: int) -> Rollout:
@@ -162,14 +166,22 @@ class Driver:
 
     async def evaluate(self, iteration: int, *, final: bool = False) -> None:
         """Held-out success (greedy, the env's test split) and `eval.benchmarks`, on the current weights."""
-        if self.stop.is_set() and not final:
+
+        def stopped() -> bool:  # the loop stops before the iteration, and a resume evaluates it again
+            return self.stop.is_set() and not final
+
+        if stopped():
             return
         if self.held_out is not None:
             work = self.held_out.run(iteration)
             result = await (work if final else self._stoppable(work, self.held_out.controller))
+            if stopped():
+                return  # cut short: the tasks it left parked would be missing from its score
             self.tracker.log_eval(result.model_dump(exclude={"episodes"}))
             self.display.evaluation(result)
         for b in self.cfg.eval.benchmarks:
+            if stopped():
+                return
             r = await run_bench(
                 b, self.engine, self.chat, sandbox=self.cfg.sandbox, env_workers=self.cfg.rollout.env_workers
             )
@@ -258,6 +270,9 @@ class Driver:
             return await task
         finally:
             watcher.cancel()
+            if not task.done():  # cancelled ourselves (a failure elsewhere, a second Ctrl-C): the iteration ends
+                task.cancel()  # here, before its controller closes, not driving episodes on a closed pool
+                await asyncio.gather(task, return_exceptions=True)
 
 
 def _rollout_metrics(iteration: int, batch: RolloutBatch) -> dict[str, Any]:

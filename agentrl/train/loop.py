@@ -41,9 +41,19 @@ async def train(
     display, stop = display or Display(), stop or asyncio.Event()
     async with build(cfg, folder, resume=resume, display=display, stop=stop, learner=learner) as run:
         state = run.state
+        resume_with = f"resume with: agentrl train --resume {folder.path}"
+        if state.iteration == cfg.iterations:  # a finished run resumed: its final evaluation, logged before its
+            await run.evaluate(state.iteration, final=True)  # checkpoint, went with the logs from it on
         for it in range(state.iteration, cfg.iterations):
             if it % cfg.eval.every == 0 if cfg.eval.every else it == 0:
                 await run.evaluate(it)  # held-out success (greedy) and benchmarks
+            # stopped since the last update (as it was logged or saved), while starting or while evaluating (cut short:
+            # not logged): the run ends at this iteration's checkpoint, which a resume evaluates and runs whole
+            if stop.is_set():
+                if not run.saved():
+                    await run.save()
+                display.message(f"stopped before iteration {it}; {resume_with}")
+                break
             t0 = time.perf_counter()
             rollout = await run.rollout(it)  # 1. episodes in sandboxes, and their advantages
             t1, update, sync_s = time.perf_counter(), {}, 0.0
@@ -58,7 +68,7 @@ async def train(
             if state.iteration == cfg.iterations or stopping or run.checkpoint_due():
                 await run.save()  # 5. checkpoint
             if stopping:
-                display.message(f"stopped after iteration {it}; resume with: agentrl train --resume {folder.path}")
+                display.message(f"stopped after iteration {it}; {resume_with}")
                 break
         if cfg.checkpoint.export_final and state.iteration == cfg.iterations:
             await run.export()

@@ -82,7 +82,11 @@ class Pipeline(Generic[T]):
             self._allowed = max(self._allowed, iteration + self.k)
             self._cv.notify_all()
         get = asyncio.ensure_future(self._queue.get())
-        await asyncio.wait({get, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({get, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            get.cancel()  # left waiting, it would take a rollout queued later
+            raise
         if not get.done():
             get.cancel()
             self._task.result()  # the producer's error
