@@ -74,6 +74,18 @@ def default_image() -> str:
     return image_tag()
 
 
+_closing: set[asyncio.Task] = set()  # closes of sandboxes whose start's caller was cancelled
+
+
+def _close_unclaimed(start: asyncio.Future) -> None:
+    """A start whose caller was cancelled has ended: close the sandbox it made, which nobody else will."""
+    if start.cancelled() or start.exception() is not None:
+        return
+    task = asyncio.ensure_future(start.result().close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
 class DockerSandbox(ExecutorSandbox):
     """One container. Create with `await DockerSandbox.create(cfg)`; usually via SandboxPool.
 
@@ -95,7 +107,14 @@ class DockerSandbox(ExecutorSandbox):
         cfg = cfg or DockerSandboxConfig()
         client = docker_client()
         reaper.install(client)
-        return await asyncio.to_thread(cls._create_blocking, client, cfg)
+        # The start is a thread, which goes on when its caller is cancelled (an episode past its time limit, making
+        # a sandbox to grade in): shielded, so that the container it makes is then removed, not left running.
+        start = asyncio.ensure_future(asyncio.to_thread(cls._create_blocking, client, cfg))
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            start.add_done_callback(_close_unclaimed)
+            raise
 
     @classmethod
     def _create_blocking(cls, client, cfg: DockerSandboxConfig) -> DockerSandbox:
@@ -109,7 +128,9 @@ class DockerSandbox(ExecutorSandbox):
         sockdir.chmod(0o777)
         labels = {**reaper.owner_labels(), reaper.SOCKDIR_LABEL: str(sockdir)}
         try:
-            container = client.containers.run(
+            # Made, then started: a start that fails (an OCI runtime error, a missing network) leaves a made
+            # container, which `containers.run` would not give back to be removed.
+            container = client.containers.create(
                 image,
                 name=f"agentrl-{token}",
                 detach=True,
@@ -137,9 +158,12 @@ class DockerSandbox(ExecutorSandbox):
             raise SandboxError(f"could not start a sandbox container from {image}: {e}") from e
         sandbox = cls(client, container, sockdir, cfg.limits)
         try:
+            container.start()
             sandbox._wait_for_socket(cfg.start_timeout_s)
-        except BaseException:
+        except BaseException as e:
             reaper.remove(client, container)
+            if isinstance(e, docker.errors.DockerException):
+                raise SandboxError(f"could not start a sandbox container from {image}: {e}") from e
             raise
         # Lock the dir: the sandbox user can no longer create or unlink anything in it.
         sockdir.chmod(0o755)

@@ -66,6 +66,7 @@ class SandboxPool:
         self.reuse = reuse
         self.patience_s = patience_s
         self._starved = 0  # waiters past patience_s
+        self._waiting = 0  # callers of acquire waiting for an idle sandbox
         self._last_back = time.monotonic()  # when a sandbox last became idle (started or recycled)
         self._uses: dict[Sandbox, int] = {}  # episodes each sandbox has served
         self.health_interval_s = health_interval_s
@@ -99,6 +100,7 @@ class SandboxPool:
             self._fill()  # also retries after starts failed
             async with self._changed:
                 starved = False
+                self._waiting += 1
                 try:
                     while not ready():
                         try:
@@ -118,6 +120,7 @@ class SandboxPool:
                                 self._spawn(self._start_one())
                 finally:
                     self._starved -= starved
+                    self._waiting -= 1
                 if self._closed:
                     raise SandboxError("pool is closed")
                 if not self._idle:
@@ -142,11 +145,23 @@ class SandboxPool:
             self._spawn(self._discard(sandbox))
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Give back a leased sandbox: recycled in the background while it may be reused, else closed."""
+        """Give back a leased sandbox: recycled in the background while it may be reused, else closed.
+
+        One not leased is left alone: given back twice, a second recycle would put it in `_idle` twice (two
+        episodes then share it), and a second discard would close it under the recycle. (One given back, leased
+        again, then given back by its first holder cannot be told from its new holder's: callers release once.)"""
+        if sandbox not in self._leased:
+            if not self._closed:  # close() closed the leased ones: their release comes after
+                log.warning(
+                    "sandbox %s given back but not leased (released twice?): left alone",
+                    getattr(sandbox, "name", sandbox),
+                )
+            return
         self._leased.discard(sandbox)
         self._uses[sandbox] = self._uses.get(sandbox, 0) + 1
         held = self._alive()  # this one aside
-        wanted = held < self.size or (self._starved > 0 and held < self.max_size)  # a waiter takes the surplus
+        # A waiter takes the surplus, past its patience or not: discarded, it would wait for a start instead.
+        wanted = held < self.size or (self._waiting > len(self._idle) and held < self.max_size)
         if self._uses[sandbox] <= self.reuse and wanted and not self._closed:
             self._starting += 1  # on its way back to idle, as a start is
             self._spawn(self._recycle(sandbox))

@@ -1,9 +1,11 @@
 """SandboxPool against real containers: warm hand-out, discard and refill, dead-container
-replacement, an external `docker kill` mid-call, and start failures that do not hang."""
+replacement, an external `docker kill` mid-call, start failures that do not hang or leak, and leases
+given back twice."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -13,10 +15,12 @@ from agentrl.sandbox import (
     CallLimits,
     DockerSandbox,
     DockerSandboxConfig,
+    LocalSandbox,
     SandboxConfig,
     SandboxError,
     SandboxPool,
     Status,
+    reaper,
 )
 
 CFG = DockerSandboxConfig(limits=CallLimits(timeout_s=30))
@@ -118,3 +122,78 @@ async def test_a_bwrap_sandbox_killed_mid_call_is_an_infrastructure_error(bwrap_
 def test_pool_size_must_be_positive():
     with pytest.raises(ValueError, match="pool size"):
         SandboxPool(factory, size=0)
+
+
+def containers_of_this_process(client) -> set[str]:
+    return {c.name for c in client.containers.list(all=True, filters={"label": f"{reaper.PID_LABEL}={os.getpid()}"})}
+
+
+@pytest.mark.docker
+async def test_a_container_that_fails_to_start_is_removed(sandbox_image, docker_client):
+    """Made but not started (here: a network that does not exist, as an OCI runtime error would): removed, not left
+    behind at every retry of the pool's."""
+    before = containers_of_this_process(docker_client)
+    with pytest.raises(SandboxError, match="could not start a sandbox container"):
+        await DockerSandbox.create(DockerSandboxConfig(network="container:agentrl-no-such-container"))
+    assert containers_of_this_process(docker_client) == before
+
+
+@pytest.mark.docker
+async def test_a_cancelled_start_leaves_no_container(sandbox_image, docker_client):
+    """The caller of a start is cancelled (an episode past its limit making a sandbox to grade in): the container the
+    start goes on making is removed once it is up, not left running until the process exits."""
+    before = containers_of_this_process(docker_client)
+    start = asyncio.create_task(DockerSandbox.create(CFG))
+    await asyncio.sleep(0)  # its thread has begun
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    made: set[str] = set()
+    deadline = time.monotonic() + 60
+    while not made or containers_of_this_process(docker_client) - before:
+        made |= containers_of_this_process(docker_client) - before
+        assert time.monotonic() < deadline, f"left running: {made}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_sandbox_given_back_twice_is_leased_once():
+    """A second release of one lease is left alone: two recycles would put the sandbox in the pool twice, and two
+    waiters would then share it."""
+    gate = asyncio.Event()
+    starts = 0
+
+    async def factory():  # real sandboxes; the starts after the first wait for the gate (a loaded machine)
+        nonlocal starts
+        starts += 1
+        if starts > 1:
+            await gate.wait()
+        return await LocalSandbox.create()
+
+    async with SandboxPool(factory, size=1, reuse=5, patience_s=0.1, max_size=4) as pool:
+        first = await pool.acquire()
+        waiter = asyncio.create_task(pool.acquire())
+        while not pool._starved:  # past its patience: a start is on its way for it
+            await asyncio.sleep(0.01)
+        await pool.release(first)
+        await pool.release(first)
+        gate.set()
+        a = await waiter
+        b = await asyncio.wait_for(pool.acquire(), 30)
+        assert a is not b and pool.stats["recycled"] == 1
+        await pool.release(a)
+        await pool.release(b)
+
+
+async def test_a_sandbox_given_back_goes_to_a_waiter():
+    """A clean sandbox comes back while an episode waits (not yet past its patience) for one: it is recycled for
+    it, not discarded to have the waiter start another."""
+    async with SandboxPool(LocalSandbox.create, size=1, reuse=5, patience_s=0.3) as pool:
+        a = await pool.acquire()
+        b = await pool.acquire()  # past its patience: started for it
+        waiter = asyncio.create_task(pool.acquire())
+        await asyncio.sleep(0.05)
+        await pool.release(a)
+        assert await asyncio.wait_for(waiter, 30) is a
+        assert (pool.stats["started"], pool.stats["discarded"]) == (2, 0)
+        await pool.release(a)
+        await pool.release(b)
