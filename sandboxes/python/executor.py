@@ -108,6 +108,12 @@ class Executor:
         self.session: Session | None = None
         self.spare: Spare | None = None
         self.zygote: Zygote | None = None
+        self.as_new = {place: place_state(place) for place in self.places()}  # what a recycle restores
+
+    def places(self) -> list[str]:
+        """The folders the sandbox user can write in: what a recycle empties."""
+        places = [self.workdir, self.tmpdir] + (["/dev/shm", "/dev/mqueue"] if self.user is not None else [])
+        return [p for p in places if os.path.isdir(p)]
 
     def _enter_call(self, req: dict, cpu_s: int | None) -> None:
         """In the new child: limits, then drop to the sandbox user for good."""
@@ -295,20 +301,21 @@ class Executor:
         Every process but the executor and its zygote dies (the session and the spare too). Then, as the
         sandbox user (who owns whatever programs wrote), everything is removed from the places
         that user can write: the work and tmp dirs and, in a container, /dev/shm, /dev/mqueue
-        and System V IPC objects. It is proven, not assumed: if any process of the sandbox user
-        is left, or any of those places is not empty, the answer is not ok and the host
-        discards the container instead of reusing it.
+        and System V IPC objects; each place itself gets back its mode and extended attributes
+        (a program may set its own folder's, any bytes). It is proven, not assumed: if any
+        process of the sandbox user is left, or any of those places is not empty or not as it
+        was, the answer is not ok and the host discards the container instead of reusing it.
         """
         self.stop_session()
         self.sweep(everything=True)  # the spare too: it is forked again after this request
-        places = [self.workdir, self.tmpdir] + (["/dev/shm", "/dev/mqueue"] if self.user is not None else [])
-        places = [p for p in places if os.path.isdir(p)]
+        places = self.places()
         removed = 0
         try:
             with self.file_io():
                 for place in places:
                     for entry in os.listdir(place):
                         removed += remove_tree(os.path.join(place, entry))
+                    restore_place(place, self.as_new[place])
                 if self.user is not None:
                     removed += remove_ipc()
         except (FileError, OSError, RecursionError) as e:
@@ -318,6 +325,9 @@ class Executor:
         left = [p for p in places if os.listdir(p)]
         if left:
             return {"ok": False, "removed": removed, "reason": f"not empty after cleaning: {left}"}
+        changed = [p for p in places if place_state(p) != self.as_new[p]]
+        if changed:
+            return {"ok": False, "removed": removed, "reason": f"mode or attributes not as new: {changed}"}
         if self.user is not None:
             if ipc_objects():
                 return {"ok": False, "removed": removed, "reason": "System V IPC objects remain"}
@@ -385,6 +395,25 @@ class Executor:
             if self.user is not None:
                 os.seteuid(0)
                 os.setegid(0)
+
+
+def place_state(path: str) -> tuple[int, tuple[str, ...]]:
+    """A folder's mode and the names of its extended attributes: what a program may set on the folder itself."""
+    try:
+        names = tuple(sorted(os.listxattr(path)))
+    except OSError:  # a file system without extended attributes
+        names = ()
+    return stat.S_IMODE(os.stat(path).st_mode), names
+
+
+def restore_place(path: str, state: tuple[int, tuple[str, ...]]) -> None:
+    """The folder's mode and extended attributes back to `state` (its contents are the caller's)."""
+    mode, names = state
+    for name in place_state(path)[1]:
+        if name not in names:
+            os.removexattr(path, name)
+    if stat.S_IMODE(os.stat(path).st_mode) != mode:
+        os.chmod(path, mode)
 
 
 # What a path may be instead of a regular file, each named in the refusal.

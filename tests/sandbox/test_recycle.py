@@ -45,6 +45,22 @@ async def test_a_recycled_sandbox_is_as_new(isolating_factory):
         assert pool.stats["recycled"] == 1 and pool.stats["started"] == 1
 
 
+async def test_the_work_dir_itself_is_left_as_new(isolating_factory):
+    """A recycle empties /work but keeps the place: what its last episode could set on it (mode, extended attributes:
+    any bytes) must not reach the next."""
+    mark = (
+        "import os\nfor f in (lambda: os.chmod('/work', 0o1777), lambda: os.setxattr('/work', 'user.note', b'hi')):\n"
+        "    try:\n        f()\n    except OSError:\n        pass\n"
+    )
+    look = "import os; print(oct(os.stat('/work').st_mode), os.listxattr('/work'))"
+    async with SandboxPool(isolating_factory, size=1, reuse=1) as pool:
+        async with pool.sandbox() as sb:
+            new = (await sb.run_python(look)).stdout
+            assert (await sb.run_python(mark)).ok
+        async with pool.sandbox() as again:
+            assert again is sb and (await again.run_python(look)).stdout == new
+
+
 async def test_what_cannot_be_proven_clean_is_discarded(isolating_factory):
     async with SandboxPool(isolating_factory, size=1, reuse=3) as pool:
         async with pool.sandbox() as sb:
