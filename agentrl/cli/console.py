@@ -7,6 +7,7 @@ wrapped, so a log keeps one line per iteration (and a table one line per row) wh
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -37,6 +38,13 @@ def fail(message: object, code: int = 2) -> NoReturn:
     """Say what is wrong and exit with `code` (2: the command was used wrongly)."""
     error(message)
     raise typer.Exit(code)
+
+
+def seconds(option: str, value: float) -> None:
+    """A time limit option, refused in one line unless a number of seconds > 0 (0 or less timed every program out
+    at once, and nan or inf failed in the sandbox, reported as a sandbox failure)."""
+    if not 0 < value < math.inf:
+        fail(f"{option} takes seconds > 0, got {value}")
 
 
 def sandbox_backend(backend: str) -> SandboxConfig:

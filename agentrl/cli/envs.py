@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from agentrl.cli.console import fail, out, sandbox_backend
+from agentrl.cli.console import fail, out, sandbox_backend, seconds
 
 app = typer.Typer(help="List, inspect and create environments.", no_args_is_help=True)
 
@@ -75,7 +75,7 @@ def new(
 @app.command("validate-repos")
 def validate_repos(
     tasks: Annotated[str, typer.Argument(help="A repository task set: swebench:PATH, or repos[:...].")],
-    limit: Annotated[int | None, typer.Option(help="Validate only the first N instances.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Validate only the first N instances.", min=1)] = None,
     concurrency: Annotated[int, typer.Option(help="Instances at once, each in its own sandbox.", min=1)] = 4,
     timeout: Annotated[float, typer.Option(help="Wall-clock limit of one pytest run, seconds.")] = 120.0,
     backend: Annotated[
@@ -96,6 +96,7 @@ def validate_repos(
     from agentrl.tasks.registry import load_tasks
     from agentrl.tasks.repos.taskset import RepoTaskSet
 
+    seconds("--timeout", timeout)
     config = sandbox_backend(backend)
     try:
         task_set = load_tasks(tasks)

@@ -12,7 +12,7 @@ from typing import Annotated
 import docker
 import typer
 
-from agentrl.cli.console import err, error, fail, sandbox_backend
+from agentrl.cli.console import err, error, fail, sandbox_backend, seconds
 from agentrl.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, bwrap, reaper
 from agentrl.sandbox import image as sandbox_image
 from agentrl.sandbox.docker_sandbox import docker_client
@@ -99,6 +99,7 @@ def exec_(
     Exit status: 0 if the program exited 0, 1 if it failed (any other status),
     3 if the sandbox itself failed.
     """
+    seconds("--timeout", timeout)
     cfg = sandbox_backend(backend)
     if backend == "docker":
         client = _client()

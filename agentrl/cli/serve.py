@@ -41,7 +41,9 @@ def serve(
     seed: Annotated[int, typer.Option(help="Weight seed of the --tiny model.")] = 0,
     engine: Annotated[str, typer.Option(help="Inference engine: hf, vllm (a GPU), or one a package registers.")] = "hf",
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).")] = 8000,
+    port: Annotated[
+        int, typer.Option(help="Port to listen on; 0 picks a free one (the printed URL has it).", min=0, max=65535)
+    ] = 8000,
     dtype: Annotated[str, typer.Option(help="Weight dtype: float32, bfloat16, float16 or auto.")] = "float32",
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded in one batch.")] = 64,
     decode_window: Annotated[
@@ -76,6 +78,12 @@ def serve(
     """
     if (model is None) == (tiny is None):
         fail("pass exactly one of --model DIR and --tiny ARCH")
+    if model is not None and seed:
+        fail("--seed is the weight seed of a --tiny model: it does nothing with --model; drop it")
+    if not lora_rank and (unused := _lora_options(lora_alpha, lora_targets, lora_experts)):
+        fail(
+            f"{' and '.join(unused)} shape the LoRA adapters: they do nothing without --lora-rank; set it, or drop them"
+        )
     api_key = (api_key or "").strip() or None  # an empty AGENTRL_API_KEY is no key
     if api_key is None and not _loopback(host):
         fail(
@@ -134,6 +142,16 @@ def serve(
             err.print(f"agentrl serve: {name} has no chat template: /v1/chat/completions is not served")
         asyncio.run(_serve(app, eng, name, host, port))
     err.print("agentrl serve: stopped")
+
+
+def _lora_options(alpha: float, targets: str, experts: bool) -> list[str]:
+    """The adapter options set to other than their defaults."""
+    changed = {
+        "--lora-alpha": alpha != _LORA.alpha,
+        "--lora-targets": targets != ",".join(_LORA.target_modules),
+        "--lora-experts": experts,
+    }
+    return [option for option, differs in changed.items() if differs]
 
 
 def _loopback(host: str) -> bool:

@@ -46,6 +46,8 @@ def resolve_config(env: str | None, config: Path | None, sets: list[str], resume
             raise ValueError("--resume continues a run with its own config: drop --env/--config (--set is allowed)")
         data = read_yaml(resume / "config.yaml")
         data["out"] = str(resume)
+        if "out" in parse_sets(sets):  # it would continue (or start over) in another folder
+            raise ValueError(f"--resume continues the run in {resume}: drop --set out=...")
     else:
         if env is None and config is None:
             raise ValueError("say which environment: --env NAME (or --config FILE)")
@@ -141,6 +143,9 @@ def _create_run_folder(cfg: RunConfig, resume: Path | None) -> bool:
 
     run = RunDir(cfg.out or Path("runs") / f"{cfg.rollout.env}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     cfg.out = str(run.path)
+    if run.path.exists() and not run.path.is_dir():
+        error(f"{run.path} is a file, not a run folder: set --set out=... to a folder")
+        return False
     if resume is None and run.path.exists() and any(run.path.iterdir()):
         error(f"{run.path} is not empty: continue it with --resume {run.path}, or set --set out=...")
         return False

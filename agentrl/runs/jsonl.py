@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     """One line, written whole and flushed: a killed writer leaves at most one torn last line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_lines(path, [json.dumps(row)])
+
+
+def append_lines(path: Path, lines: Sequence[str]) -> None:
+    """`lines` (each without its newline) appended in one write and flushed, after a torn last line if a killed
+    writer left one (glued to it, the first would be unreadable too)."""
+    data = "".join(line + "\n" for line in lines).encode()
+    with open(path, "a+b") as f:  # appends go to the end wherever the file was read
+        f.write(b"\n" + data if _ends_mid_line(f) else data)
         f.flush()
+
+
+def _ends_mid_line(f: BinaryIO) -> bool:
+    end = f.seek(0, os.SEEK_END)
+    if not end:
+        return False
+    f.seek(end - 1)
+    return f.read(1) != b"\n"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -44,7 +61,8 @@ class JsonlTail:
         self._lock = threading.Lock()  # the viewer answers requests from a thread pool
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self, file: tuple[int, int] | None = None) -> None:
+        self._file = file  # (device, inode) of what was read: a file replaced by another is read anew
         self._rows: list[dict[str, Any]] = []
         self._offset = 0
         self._line = 0
@@ -66,11 +84,14 @@ class JsonlTail:
 
     def _read_new(self) -> None:
         try:
-            size = self.path.stat().st_size
+            stat = self.path.stat()
         except FileNotFoundError:
             return
-        if size < self._offset:  # rewritten shorter
-            self._reset()
+        size, file = stat.st_size, (stat.st_dev, stat.st_ino)
+        # rewritten shorter, or replaced (a resume's `RunDir.truncate_logs`, whose file may have grown past the
+        # offset since: read from there, it would be the old rows and a torn piece of a new one)
+        if size < self._offset or file != self._file:
+            self._reset(file)
         if size == self._offset:
             return
         with open(self.path, "rb") as f:

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from agentrl.runs.jsonl import append_lines
+
 PROMPT = 0
 """the segment code of prompt tokens in a saved trajectory (then 1: generated, 2: observation)"""
 
@@ -89,12 +91,11 @@ def write_trajectories(
         view = trained.get(t.episode_id)
         row = {"iteration": iteration, **t.model_dump(mode="json"), "trained": view and view.model_dump()}
         line = (json.dumps(row) + "\n").encode()
-        index.append(json.dumps(summary(row) | {"file": name, "offset": offset, "length": len(line)}) + "\n")
+        index.append(json.dumps(summary(row) | {"file": name, "offset": offset, "length": len(line)}))
         lines.append(line)
         offset += len(line)
     (folder / name).write_bytes(b"".join(lines))
-    with open(folder / "index.jsonl", "a") as f:
-        f.writelines(index)
+    append_lines(folder / "index.jsonl", index)
     return len(index)
 
 

@@ -1,15 +1,19 @@
 """Folders written by an earlier agentrl (tests/data/run_v0, made at commit 2d4a9b5: see its README) still
 open in `agentrl view` and still resume with `agentrl train --resume`."""
 
+import errno
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cli import agentrl
+from pydantic import BaseModel
 
-from agentrl.runs import RunDir, read_jsonl
+from agentrl.runs import JsonlTail, RunDir, append_jsonl, read_jsonl, write_trajectories
 from agentrl.view import Filters, Folder
 
 FIXTURE = Path(__file__).parents[1] / "data" / "run_v0"
@@ -81,3 +85,73 @@ def test_an_old_run_resumes_and_trains_on(old):
     assert [e["iteration"] for e in read_jsonl(before.eval)] == [0, 2]
     folder = Folder(before.path)
     assert folder.trajectories(Filters(iteration=1))["total"] > 4
+
+
+def test_a_line_appended_after_a_torn_one_is_kept(tmp_path):
+    """A killed writer's torn last line: the next row (a resume without a checkpoint appends to it) starts on its
+    own line instead of being glued to the torn one and lost with it."""
+    path = tmp_path / "metrics.jsonl"
+    append_jsonl(path, {"iteration": 0})
+    with open(path, "a") as f:
+        f.write('{"iteration": 1, "rollout/rew')
+    append_jsonl(path, {"iteration": 0, "again": True})
+    assert read_jsonl(path) == [{"iteration": 0}, {"iteration": 0, "again": True}]
+    # the trajectory index too: its first new line was glued to the torn one, and that trajectory went unlisted
+    folder = tmp_path / "trajectories"
+    write_trajectories(folder, "iter-00000.jsonl", [_Saved(episode_id="a")], 0, {})
+    with open(folder / "index.jsonl", "a") as f:
+        f.write('{"iteration": 1, "episode_id": "b", "gr')
+    write_trajectories(folder, "iter-00001.jsonl", [_Saved(episode_id="c"), _Saved(episode_id="d")], 1, {})
+    assert [r["episode_id"] for r in read_jsonl(folder / "index.jsonl")] == ["a", "c", "d"]
+
+
+class _Saved(BaseModel):
+    """The fields of a rollout trajectory that a saved one's index line reads."""
+
+    episode_id: str
+    group_id: str = "g"
+    task_id: str = "t"
+    outcome_reward: float = 1.0
+    status: str = "done"
+    failure: str = "ok"
+    turns: list[dict] = []
+    versions: list[int] = [0]
+    token_ids: list[int] = [1]
+    truncated: bool = False
+    truncation: str | None = None
+    error: str | None = None
+
+
+def test_a_viewer_open_across_a_resume_reads_the_rewritten_logs(tmp_path):
+    """The resume rewrites metrics.jsonl without its later rows and the run appends anew: a tail that read the old
+    file went on from its old offset (the old row kept, a torn piece of the new one reported unreadable)."""
+    run = RunDir(tmp_path)
+    for i in range(3):
+        append_jsonl(run.metrics, {"iteration": i, "reward": 0.1})
+    tail = JsonlTail(run.metrics)
+    assert len(tail.rows()) == 3
+    run.truncate_logs(2)
+    append_jsonl(run.metrics, {"iteration": 2, "reward": 0.123456789})
+    append_jsonl(run.metrics, {"iteration": 3, "reward": 0.5})
+    assert [r["reward"] for r in tail.rows()] == [0.1, 0.1, 0.123456789, 0.5] and not tail.warnings
+
+
+def test_a_resume_cut_short_while_rewriting_the_logs_keeps_them(tmp_path):
+    """truncate_logs rewrote metrics.jsonl in place: a write cut short (here the file size limit, as a full disk)
+    left a part of the history, and the next resume read that."""
+    run = RunDir(tmp_path)
+    for i in range(200):
+        append_jsonl(run.metrics, {"iteration": i, "pad": "x" * 100})
+    code = (
+        "import resource, signal, sys\n"
+        "from agentrl.runs import RunDir\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    RunDir(sys.argv[1]).truncate_logs(150)\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == str(errno.EFBIG), r.stderr
+    assert len(read_jsonl(run.metrics)) == 200

@@ -3,11 +3,14 @@
 import itertools
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from cli import agentrl
+from typer.testing import CliRunner
 
+from agentrl.cli import app
 from agentrl.cli.train import configs_dir, preflight, resolve_config
 from agentrl.config import ConfigError, load, parse_sets
 from agentrl.train.config import lr_factor
@@ -246,6 +249,21 @@ def test_the_start_up_check_is_the_sandbox_backend_s_and_names_bwrap_without_a_d
     assert preflight(resolve_config("code_sandbox", None, ["sandbox.backend=bwrap"], None)) == []
 
 
+def test_a_resume_stays_in_its_folder_and_a_run_folder_is_a_folder(tmp_path, capsys):
+    """`--resume RUN --set out=OTHER` would continue (or start over, or overwrite another run's config) in OTHER; an
+    `out` that is a file is said in one line, not a traceback."""
+    from agentrl.cli.train import _create_run_folder
+
+    run = Path(__file__).parents[1] / "data" / "run_v0" / "run"
+    with pytest.raises(ValueError, match=r"--resume continues the run in .*: drop --set out"):
+        resolve_config(None, None, [f"out={tmp_path}"], run)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    cfg = resolve_config("code_sandbox", None, [f"out={afile}"], None)
+    assert not _create_run_folder(cfg, None) and afile.read_text() == "mine"
+    assert "is a file, not a run folder" in capsys.readouterr().err
+
+
 def test_held_out_tasks_a_run_would_train_on_are_refused_before_it_starts():
     """humaneval's default split is all of it: its test split is no held-out set for a run that trains on it."""
     sets = ["sandbox.backend=bwrap"]
@@ -357,3 +375,50 @@ def test_a_bwrap_run_on_a_cluster_places_its_env_workers_on_bwrap_nodes():
     assert docker.cluster.envs.resource(docker.sandbox.backend) == "docker"
     named = load(RunConfig, parse_sets([*on_cluster, "sandbox.backend=bwrap", "cluster.envs.node_resource=gpu_box"]))
     assert named.cluster.envs.resource(named.sandbox.backend) == "gpu_box"
+
+
+def test_a_set_value_that_is_not_yaml_is_refused_in_one_line():
+    """`--set optim.betas=[0.9` was a YAML traceback (exit 1): it is the command's one-line refusal, exit 2."""
+    with pytest.raises(ConfigError) as e:
+        parse_sets(["optim.betas=[0.9"])
+    assert str(e.value).startswith("--set 'optim.betas=[0.9': the value is not YAML (") and "\n" not in str(e.value)
+    r = CliRunner().invoke(app, ["train", "--env", "code_sandbox", "--set", "out=@runs"])
+    assert r.exit_code == 2 and "--set 'out=@runs': the value is not YAML" in r.output, r.output
+
+
+def test_a_key_said_twice_in_a_recipe_is_refused_not_dropped(tmp_path):
+    """PyYAML keeps the last of two `optim:` sections: the first's lr was dropped without a word."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  lr: 1.0e-5\nrollout:\n  env: code_sandbox\noptim:\n  minibatches: 2\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: key 'optim' appears twice in one mapping, line 5$"):
+        resolve_config(None, recipe, [], None)
+    with pytest.raises(ConfigError, match="key 'a' appears twice"):
+        parse_sets(["rollout.env_kwargs={a: 1, a: 2}"])
+
+
+def test_an_empty_mapping_set_empties_the_recipe_s():
+    """`--set cluster.learner.resources={}` merged into the recipe's {learner: 1} and so changed nothing."""
+    cluster = configs_dir() / "qwen3_30b_a3b_cluster.yaml"
+    cfg = resolve_config(None, cluster, ["cluster.learner.resources={}", "rollout.env_kwargs={}"], None)
+    assert cfg.cluster.learner.resources == {} and cfg.rollout.env_kwargs == {}
+    one = resolve_config(None, cluster, ["rollout.env_kwargs.max_turns=3"], None)  # a dotted key changes one entry
+    assert one.rollout.env_kwargs == {"tasks": "procedural", "max_turns": 3}
+
+
+def test_a_set_number_with_an_exponent_is_a_number_in_untyped_settings_too():
+    """PyYAML reads `1e-5` (no dot) as a string: typed fields coerce it, env_kwargs kept the string."""
+    assert parse_sets(["rollout.env_kwargs.x=1e-5", "optim.lr=3E-6", "out='1e5'"]) == {
+        "rollout": {"env_kwargs": {"x": 1e-5}},
+        "optim": {"lr": 3e-6},
+        "out": "1e5",
+    }
+
+
+def test_an_unknown_key_in_a_list_entry_names_the_entry_s_keys():
+    """eval.benchmarks.0.x named no valid keys at all ("valid keys here: ")."""
+    with pytest.raises(
+        ConfigError,
+        match=r"eval\.benchmarks\.0\.tsks: unknown key \(did you mean 'tasks'\?\); valid "
+        r"keys here: context, env, env_kwargs, k,",
+    ):
+        load(RunConfig, parse_sets(["eval.benchmarks=[{env: humaneval, tsks: 2}]"]))
