@@ -5,20 +5,17 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import ray
 import torch
-import uvicorn
 from cli import serving
-from fastapi import FastAPI
 from peft import get_peft_model_state_dict
 from pydantic import ValidationError
 from test_hf import teacher_forced
 from vllm_standin import VLLMStandIn
+from vllm_standin import serving as serve_app
 
 from agentrl.engine import EngineConfig, EngineModel, build_engine, engine_unavailable
 from agentrl.engine.base import SamplingParams
@@ -334,23 +331,6 @@ async def test_a_fleet_of_agentrl_servers_takes_weights_and_shares_requests(mode
             await assert_every_replica_matches(fleet, learner, FP32_ATOL)
 
 
-@contextlib.asynccontextmanager
-async def serving_app(app: FastAPI, port: int = 0) -> AsyncIterator[str]:
-    """`app` as an HTTP server on `port` of 127.0.0.1 (0: a free one), in this event loop, for the block: its URL."""
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    sock = socket.create_server(("127.0.0.1", port))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()  # it failed to start: raise why
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 @pytest.fixture
 async def standins(model_dir):
     """Two stand-ins of `vllm serve` (tests/engine/vllm_standin.py) for the tiny model: servers that report no
@@ -363,7 +343,7 @@ async def standins(model_dir):
 
 async def test_a_fleet_of_vllm_servers_keeps_the_version_it_starts_from(standins, model_dir, tmp_path):
     """A resumed run's fleet of servers that report no version (vLLM) goes on from the run's version."""
-    async with serving_app(standins[0].app) as a, serving_app(standins[1].app) as b:
+    async with serve_app(standins[0].app) as a, serve_app(standins[1].app) as b:
         cfg = EngineConfig(kind="openai", base_urls=[a, b], server="vllm", weights_dir=str(tmp_path))
         async with build_engine(cfg, EngineModel(str(model_dir)), version=3) as fleet:
             assert fleet.version == 3
@@ -383,15 +363,15 @@ async def test_a_vllm_server_back_after_an_outage_gets_the_current_adapter(stand
             if "lora_" in name:
                 p.copy_(torch.randn_like(p) * 0.3)
     outage = contextlib.AsyncExitStack()
-    a = await outage.enter_async_context(serving_app(standins[0].app))
-    async with outage, serving_app(standins[1].app) as b:
+    a = await outage.enter_async_context(serve_app(standins[0].app))
+    async with outage, serve_app(standins[1].app) as b:
         cfg = EngineConfig(kind="openai", base_urls=[a, b], server="vllm", weights_dir=str(tmp_path))
         async with build_engine(cfg, EngineModel(str(model_dir), lora=settings)) as fleet:
             assert await fleet.update_weights(lora=get_peft_model_state_dict(learner)) == 1
             await outage.aclose()  # server 0 stops answering; it keeps its adapters
             await fleet.generate(PROMPT, GREEDY)  # to server 0, the idle fleet's first choice: retried on 1
             assert fleet.fleet_stats().retried == 1
-            async with serving_app(standins[0].app, int(a.rsplit(":", 1)[1])):  # back while its client restarts
+            async with serve_app(standins[0].app, int(a.rsplit(":", 1)[1])):  # back while its client restarts
                 deadline = time.monotonic() + 30
                 while fleet.fleet_stats().replicas[0].restarts == 0:
                     assert time.monotonic() < deadline, "the replica was not restarted"

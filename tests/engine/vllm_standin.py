@@ -280,9 +280,10 @@ def _error(status: int, message: str, kind: str = "BadRequestError", param: str 
 
 
 @contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
-    """`app` as a real HTTP server on a free port of 127.0.0.1, in this event loop, for the block: its URL."""
-    sock = socket.create_server(("127.0.0.1", 0))
+async def serving(app: FastAPI, port: int = 0) -> AsyncIterator[str]:
+    """`app` as a real HTTP server on `port` of 127.0.0.1 (0: a free one), in this event loop, for the block: its
+    URL."""
+    sock = socket.create_server(("127.0.0.1", port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
