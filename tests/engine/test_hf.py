@@ -378,9 +378,14 @@ def test_sampling_params_are_validated():
 
 async def test_a_model_error_fails_requests_instead_of_hanging():
     model = tiny_model("llama", seed=0)
+
+    def broken(module, args, out):
+        raise IndexError("a forward pass that fails")
+
     async with HFEngine(model) as eng:
-        with pytest.raises(IndexError):  # an id past the embedding table breaks the forward pass
-            await eng.generate([model.config.vocab_size + 5], SamplingParams(max_tokens=4))
+        model.model.embed_tokens.register_forward_hook(broken)
+        with pytest.raises(IndexError, match="a forward pass that fails"):
+            await eng.generate([1, 2], SamplingParams(max_tokens=4))
         with pytest.raises(RuntimeError, match="decode loop failed"):
             await eng.generate([1, 2], SamplingParams(max_tokens=4))
 
