@@ -216,7 +216,8 @@ async def test_token_exact_over_real_tool_calls(ray_local, tool_caller):
         assert "tests_total" in traj.turns[-1].info, "the submission was graded"
 
 
-@pytest.mark.parametrize("bound", ["episode_tokens", "context"])
+# the engine's context: slow (7 s), the same cut as the episode's budget's, named otherwise
+@pytest.mark.parametrize("bound", ["episode_tokens", pytest.param("context", marks=pytest.mark.slow)])
 async def test_budgets_truncate_before_the_model(ray_local, bound):
     """The episode's budget (`max_episode_tokens`) or the engine's context, whichever is smaller, cuts the episode
     before the model sees too much, and names itself as the truncation."""

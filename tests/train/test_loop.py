@@ -136,6 +136,7 @@ async def test_a_stop_while_evaluating_ends_before_the_iteration_and_resumes_log
     assert [m["iteration"] for m in read_jsonl(run.metrics)] == [0, 1]
 
 
+@pytest.mark.slow  # 11 s, a run and its resume; the fast tier stops and resumes a run above
 async def test_a_cancelled_run_ends_its_rollout_with_it_and_a_resume_starts_over(tmp_path, bwrap_runtime):
     """The second Ctrl-C cancels the run mid-rollout: the controller's iteration is cancelled with it (not left
     driving episodes on the closed env workers and engine) and no task of the run outlives it. With no checkpoint
