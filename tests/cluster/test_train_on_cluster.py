@@ -68,7 +68,7 @@ def containers(node) -> list[str]:
     """The node daemon's sandbox containers, each with its owner's pid and whether that process still runs."""
     return [
         f"{c.name} (owner pid {c.labels.get(PID_LABEL)}, alive: {owner_alive(c.labels)}, {c.status})"
-        for c in node.docker_client().containers.list(all=True, filters={"label": LABEL})
+        for c in node.docker_client().containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
     ]
 
 

@@ -125,7 +125,9 @@ def test_pool_size_must_be_positive():
 
 
 def containers_of_this_process(client) -> set[str]:
-    return {c.name for c in client.containers.list(all=True, filters={"label": f"{reaper.PID_LABEL}={os.getpid()}"})}
+    # ignore_removed: the list inspects each container, and one may be removed between the two (the test waits for it)
+    labels = {"label": f"{reaper.PID_LABEL}={os.getpid()}"}
+    return {c.name for c in client.containers.list(all=True, filters=labels, ignore_removed=True)}
 
 
 @pytest.mark.docker

@@ -143,7 +143,7 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run_and_ctrl_c_stops_it_a
     owned = {str(p) for p in workers}  # the env workers made the sandboxes; the ones listed before and any since
     left = [
         c.name
-        for c in docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL})
+        for c in docker.from_env().containers.list(all=True, filters={"label": reaper.LABEL}, ignore_removed=True)
         if c.name in sandboxes or c.labels.get(reaper.PID_LABEL) in owned
     ]
     assert not left
