@@ -742,10 +742,10 @@ def main() -> int:
             "machine": machine,
             "checks": checks,
         }
+        from agentrl.runs import write_whole
+
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(finite(out), indent=2) + "\n")
-        tmp.replace(args.out)  # whole: a reader (or a killed call) never sees half of it
+        write_whole(args.out, json.dumps(finite(out), indent=2) + "\n")  # a reader, or a killed call, sees no half
         return out
 
     try:

@@ -267,12 +267,13 @@ def _check_env(cfg: RunConfig) -> list[str]:
     try:
         if module:  # "module:name": importing the module registers the env
             importlib.import_module(module)
-        agentrl.make(name, **cfg.rollout.env_kwargs).close()
+        made = agentrl.make(name, **cfg.rollout.env_kwargs)
+        made.close()
     except Exception as e:  # an unknown env or a bad env setting: the env's own message names the fix
         return [f"rollout.env {cfg.rollout.env!r}: {type(e).__name__}: {e}"]
     from agentrl.eval.heldout import split_leak
 
-    leak = split_leak(cfg.rollout.env, cfg.rollout.env_kwargs) if cfg.eval.tasks else None
+    leak = split_leak(cfg.rollout.env, made.cfg.split) if cfg.eval.tasks else None
     return [f"eval.tasks: {leak}"] if leak else []
 
 

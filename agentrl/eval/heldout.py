@@ -50,10 +50,10 @@ class EvalResult(BaseModel):
     episodes: list[EpisodeResult]
 
 
-def split_leak(env: str, env_kwargs: dict[str, Any]) -> str | None:
-    """Why a run training on `env` (with `env_kwargs`) has no held-out tasks, or None: the test split is held out
+def split_leak(env: str, trained: str) -> str | None:
+    """Why a run training on the `trained` split of `env` has no held-out tasks, or None: the test split is held out
     only from the train split (humaneval's and a scaffolded env's default, `all`, holds it)."""
-    if (trained := make_env(env, env_kwargs).cfg.split) == "train":
+    if trained == "train":
         return None
     return (
         f"held-out evaluation draws the test split of {env}, and the run trains on its {trained} split, which holds "
@@ -83,7 +83,7 @@ class HeldOutEval:
         context: ContextConfig | None = None,
     ) -> None:
         self.cfg = cfg
-        if (leak := split_leak(env, env_kwargs)) is not None:
+        if (leak := split_leak(env, make_env(env, env_kwargs).cfg.split)) is not None:
             raise ValueError(leak)
         held_out = {**env_kwargs, "split": "test"}
         # A test split smaller than eval.tasks is evaluated whole: the controller would fill the rest with tasks

@@ -21,7 +21,7 @@ An evaluation folder (`agentrl eval --out`) holds results.jsonl, summary.json, t
 A line is written whole and flushed at once, so a killed run leaves at most one torn last line.
 """
 
-from agentrl.runs.folder import RunDir
+from agentrl.runs.folder import RunDir, write_whole
 from agentrl.runs.jsonl import JsonlTail, append_jsonl, read_jsonl
 from agentrl.runs.trajectories import (
     PROMPT,
@@ -43,4 +43,5 @@ __all__ = [
     "read_trajectory",
     "summary",
     "write_trajectories",
+    "write_whole",
 ]

@@ -26,7 +26,7 @@ class RunDir:
 
     def create(self, config: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        _replace(self.config, yaml.safe_dump(config, sort_keys=False))
+        write_whole(self.config, yaml.safe_dump(config, sort_keys=False))
 
     def checkpoint(self, iteration: int) -> Path:
         return self.checkpoints / f"iter-{iteration:05d}"
@@ -42,10 +42,10 @@ class RunDir:
         for path in (self.metrics, self.eval, self.bench, self.trajectories / "index.jsonl"):
             if path.exists():
                 rows = read_jsonl(path)
-                _replace(path, "".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
+                write_whole(path, "".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
 
 
-def _replace(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """`path` holds `text` or, if this is cut short (killed, disk full), what it held: never a part of either."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

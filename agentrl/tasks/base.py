@@ -177,17 +177,13 @@ def in_test_split(key: str, seed: int, test_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
 
 
-def _check_fraction(test_fraction: float) -> None:
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-
-
 def check_split(split: str, test_fraction: float) -> None:
     """ValueError unless `split` names a side and `test_fraction` is in (0, 1): anything but "test" (say "all")
     would otherwise quietly pick the train side."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    _check_fraction(test_fraction)
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
 
 
 class TaskSet(abc.ABC):

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.models.loading import ADAPTER_MARK
 from agentrl.models.lora import is_lora, peft_model
+from agentrl.runs import write_whole
 from agentrl.train.policy import causal_lm, gather_state, trainable_state
 from agentrl.train.scoring import Scorer
 
@@ -48,10 +49,8 @@ def save(path: str | Path, trainer: Trained, state: dict[str, Any]) -> None:
     )
     if dist.is_initialized():  # every rank's RNG file is written before state.json says the checkpoint is whole
         dist.barrier()
-    if trainer.rank == 0:
-        tmp = path / "state.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(path / "state.json")  # last: a folder without state.json is an unfinished checkpoint
+    if trainer.rank == 0:  # last: a folder without state.json is an unfinished checkpoint
+        write_whole(path / "state.json", json.dumps(state, indent=1))
     if dist.is_initialized():
         dist.barrier()
 

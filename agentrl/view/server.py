@@ -84,9 +84,3 @@ def create_app(folder: str | Path) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
-
-
-def serve(folder: str | Path, *, host: str = "127.0.0.1", port: int = 8765) -> None:
-    import uvicorn
-
-    uvicorn.run(create_app(folder), host=host, port=port, log_level="warning")
