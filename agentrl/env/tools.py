@@ -2,12 +2,16 @@
 
 The JSON schema comes from the signature and the Google-style docstring, through
 `transformers.utils.get_json_schema`, the same schema chat templates render; the
-arguments are validated by a pydantic model built from the same signature.
+arguments are validated by a pydantic model built from the same signature, in pydantic's strict JSON mode:
+the types the schema names, as JSON has them. `true` is not an integer, `"3"` is not a number, 3.0 is not an
+integer (an int is a number); a lax coercion would hide a policy that writes its calls wrongly from the reward and
+from the agent, where the strict error tells it exactly what to fix.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -66,13 +70,12 @@ class Tool:
             p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default)
             for p in inspect.signature(fn, eval_str=True).parameters.values()
         }
-        self._args = create_model(
-            f"{self.name}_arguments", __config__=ConfigDict(extra="forbid", strict=False), **fields
-        )
+        self._args = create_model(f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolOutput:
         try:
-            args = self._args.model_validate(arguments)
+            # arguments are parsed JSON: validated as that JSON (a list for a tuple is right there)
+            args = self._args.model_validate_json(json.dumps(arguments), strict=True)
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}" for err in e.errors())
             raise ToolArgumentError(f"bad arguments for {self.name}: {problems}") from None

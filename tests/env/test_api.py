@@ -91,7 +91,16 @@ def test_tool_schema_comes_from_signature_and_docstring():
 
 @pytest.mark.parametrize(
     ("arguments", "needle"),
-    [({}, "values: Field required"), ({"values": "abc"}, "values"), ({"values": [1], "extra": 1}, "extra")],
+    [
+        ({}, "values: Field required"),
+        ({"values": "abc"}, "values"),
+        ({"values": [1], "extra": 1}, "extra"),
+        # the schema's types as JSON has them, no coercion: a bool, a numeric string, a fraction-free float
+        ({"values": [True]}, "values.0: Input should be a valid integer"),
+        ({"values": ["3"]}, "values.0: Input should be a valid integer"),
+        ({"values": [3.0]}, "values.0: Input should be a valid integer"),
+        ({"values": [1], "factor": "2"}, "factor: Input should be a valid number"),
+    ],
 )
 def test_tool_rejects_bad_arguments_with_a_readable_message(arguments, needle):
     with pytest.raises(ToolArgumentError, match=needle):
@@ -99,7 +108,7 @@ def test_tool_rejects_bad_arguments_with_a_readable_message(arguments, needle):
 
 
 def test_tool_validates_then_calls():
-    assert asyncio.run(Tool(scale)({"values": [1, 2], "factor": 3})).content == "[3.0, 6.0]"
+    assert asyncio.run(Tool(scale)({"values": [1, 2], "factor": 3})).content == "[3.0, 6.0]"  # an int is a number
 
 
 # ---------------------------------------------------------------- a ToolEnv without a sandbox
