@@ -2,6 +2,7 @@
 `agentrl envs new` writes a package whose env compiles. The real command runs as a subprocess in the other
 tests (tests/cli.py); tests/env/test_plugins.py installs what `envs new` writes."""
 
+import importlib.util
 import runpy
 import signal
 import socket
@@ -43,6 +44,13 @@ def test_envs_new_writes_the_package_in_process(tmp_path):
     env = (root / "word_count_env" / "env.py").read_text()
     compile(env, "env.py", "exec")
     assert "class WordCountEnv" in env
+    # it trains on its train side, so held-out evaluation has tasks it never trained on
+    spec = importlib.util.spec_from_file_location("word_count_env_scaffolded", root / "word_count_env" / "env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = module.WordCountEnv()
+    train, test = ({t.id for t in made.task_set.split(side)} for side in ("train", "test"))
+    assert made.cfg.split == "train" and test and not train & test
     again = CliRunner().invoke(app, ["envs", "new", "word_count", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "already exists" in again.output
 
