@@ -19,8 +19,9 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -123,3 +124,26 @@ def load_tokenizer(template: TemplateName = "qwen3") -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()), **TEMPLATES[template])
     tok.chat_template = TEMPLATES[template]["chat_template"]
     return tok
+
+
+@functools.cache
+def _byte_of() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[bytes]:
+    """Each token's own bytes: joined, they are the tokens' text in UTF-8 exactly, also where a token holds part of a
+    character (decoded alone, such a token is U+FFFD, whose bytes are not its own).
+
+    A byte-level BPE (GPT-2's, Qwen's, Llama 3's, the project's) writes each byte as one printable character of GPT-2's
+    `bytes_to_unicode` table: a token's characters map back to its bytes as its ByteLevel decoder maps them (a token
+    with a character outside the table, as an added token may have, is its own text). Another tokenizer's tokens
+    are their decoded text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+        return [tokenizer.decode([t], skip_special_tokens=False).encode() for t in ids]
+    byte_of = _byte_of()
+    return [
+        bytes(byte_of[c] for c in token) if all(c in byte_of for c in token) else token.encode()
+        for token in tokenizer.convert_ids_to_tokens(ids)
+    ]

@@ -59,6 +59,7 @@ from agentrl.engine.server import error, failed, submit, until_done
 from agentrl.env.base import Message
 from agentrl.env.parsers import ToolCallParser, get_parser
 from agentrl.env.tools import ToolCall
+from agentrl.models.tokenizer import token_bytes
 from agentrl.rollout.chat import ChatFormat
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -370,11 +371,13 @@ class ChatCompletions:
             finish = "tool_calls"
         logprobs = None
         if req.logprobs:
-            tokens = [self.chat.tokenizer.decode([t], skip_special_tokens=False) for t in gen.token_ids]
+            # each token's own bytes, a piece of a character too (joined, they are the exact text, as OpenAI's are);
+            # its text is theirs, a piece that is no UTF-8 escaped as OpenAI writes it (`\xe2\x9c`)
+            raw = token_bytes(self.chat.tokenizer, gen.token_ids)
             logprobs = ChatLogprobs(
                 content=[
-                    ChatTokenLogprob(token=s, logprob=lp, bytes=list(s.encode()))
-                    for s, lp in zip(tokens, gen.logprobs, strict=True)
+                    ChatTokenLogprob(token=b.decode("utf-8", "backslashreplace"), logprob=lp, bytes=list(b))
+                    for b, lp in zip(raw, gen.logprobs, strict=True)
                 ]
             )
         choice = ChatChoice(

@@ -16,8 +16,11 @@ its prompt ids, the completion ids, the engine's logprobs and the policy version
   (`Trajectory.start_sequence`, reason `rewritten`): its prompt is context, its reply a turn trained there, and
   the earlier sequences keep what they hold. Such episodes are counted (`rollout/rewritten`).
 - **Retries.** A request with the same `Idempotency-Key`, or the same body, as one the session answered is
-  answered from the record, not sampled again (the SDK retries a timed-out call with the same body). An agent
-  that wants a second sample of the same history asks in another session.
+  answered from the record, not sampled again (the SDK retries a timed-out call with the same body): the
+  trajectory holds the reply the agent was given. A reply cut short (finish reason `abort`: the engine aborted
+  it) is not recorded, and a retry of its request is sampled anew, as is one of a call whose client left while it
+  was generated.
+  An agent that wants a second sample of the same history asks in another session.
 - **One at a time.** A session's calls are served in the order they arrive, one after the other (a turn follows
   the one before it). A group is G sessions; `n > 1` is refused.
 - **Sampling.** The run's `rollout.sampling` decides how tokens are sampled: the loss trains the distribution
@@ -247,9 +250,9 @@ class Gateway:
         s.calls += 1
 
         def record(gen: Generation, completion: ChatCompletion, reply: Reply) -> None:
-            s.answered[token] = completion
             if gen.finish_reason == "aborted" or s.id not in self.sessions:
-                return
+                return  # not in the trajectory: nothing a retry must be given again
+            s.answered[token] = completion
             if not traj.token_ids:
                 traj.append_prompt(prompt)
             elif extends:

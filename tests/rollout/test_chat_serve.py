@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import httpx
 import openai
@@ -13,6 +14,7 @@ from transformers import AutoTokenizer
 from agentrl.engine.protocol import ChatMessage
 from agentrl.env.tools import ToolCall
 from agentrl.models.default import resolve_path
+from agentrl.models.tokenizer import load_tokenizer, token_bytes
 from agentrl.rollout import ChatFormat
 from agentrl.rollout.chat_api import Reply, ReplyBook, reply_key
 
@@ -238,3 +240,19 @@ def test_the_reply_book_forgets_what_it_holds_no_more():
     book.add(Reply([9], reply_key("other", []), ()))
     assert book.find(said) is None
     assert book.find(ChatMessage(role="assistant", content="other")).ids == [9]
+
+
+def test_token_bytes_join_into_what_the_tokenizer_decodes():
+    """Every token of the vocabulary (added ones with characters outside the byte table too: a space, a character the
+    table maps to another byte), and sequences of them that split characters: the tokens' bytes joined are the text
+    the tokenizer decodes, before it writes a byte that is no UTF-8 as U+FFFD."""
+    tok = load_tokenizer()
+    tok.add_tokens(["a b", "é!"])
+    everyone = list(range(len(tok)))
+    for t, b in zip(everyone, token_bytes(tok, everyone), strict=True):
+        assert b.decode("utf-8", "replace") == tok.decode([t], skip_special_tokens=False), t
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = rng.choices(everyone, k=rng.randrange(1, 20))
+        assert b"".join(token_bytes(tok, ids)).decode("utf-8", "replace") == tok.decode(ids, skip_special_tokens=False)
+    assert token_bytes(tok, tok.encode("é", add_special_tokens=False)) == [b"\xc3", b"\xa9"]

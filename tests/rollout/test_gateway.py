@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import zlib
 
 import httpx
@@ -15,6 +16,8 @@ from transformers import AutoTokenizer
 from agentrl.engine import EngineConfig, EngineModel, SamplingParams, build_engine
 from agentrl.engine.protocol import ChatMessage
 from agentrl.models.default import resolve_path
+from agentrl.models.tiny import tiny_model
+from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout import ChatFormat, Segment, Trajectory
 from agentrl.rollout.gateway import Gateway
 
@@ -249,3 +252,65 @@ async def test_session_calls_stay_out_of_the_serve_routes_reply_book(gateway):
     async with client(access) as c:
         r = await c.chat.completions.create(model="policy", messages=OPENING, tools=TOOLS)
     assert gateway.chat.book.find(ChatMessage.model_validate(r.choices[0].message.model_dump())) is None
+
+
+async def test_an_aborted_reply_is_not_given_again_to_a_retry(gateway, engine):
+    """The engine aborts a call (the session still open): the agent gets the cut reply, which the trajectory does not
+    hold, and its retry of the same body is sampled anew, recorded, and from then on the reply a retry is given."""
+    traj = new_trajectory()
+    access = gateway.open(traj)
+    body = {"model": "policy", "messages": OPENING, "extra_body": {"return_token_ids": True}}
+    async with client(access) as c:
+        with engine.paused():  # no decode step: the abort finds the call in flight
+            cut = asyncio.ensure_future(c.chat.completions.create(**body))
+            while access.session_id not in gateway.app.state.running:
+                await asyncio.sleep(0.01)
+            await engine.abort(access.session_id)
+        cut = await cut
+        retried = await c.chat.completions.create(**body)
+        again = await c.chat.completions.create(**body)
+    session = gateway.sessions[access.session_id]
+    assert cut.choices[0].finish_reason == "abort" and retried.choices[0].finish_reason != "abort"
+    assert retried.id != cut.id and again.id == retried.id and session.retries == 1
+    assert len(traj.turns) == 1 and traj.generated_ids(0) == retried.choices[0].model_extra["token_ids"]
+
+
+def bigram_policy(path, messages: list[dict], reply: str) -> list[int]:
+    """A tiny model that answers `messages` with `reply` (then its stop token), whatever it samples: its layer adds
+    nothing to the residual stream, so the next token is the last one's alone, each token of the chain pointing to
+    the next. Returns the reply's token ids."""
+    tok = load_tokenizer("qwen3")
+    ids = [*tok.encode(reply, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+    chain = [ChatFormat(tok).prompt_ids(messages)[-1], *ids]
+    assert len(set(chain)) == len(chain), "a token twice in the chain would have two successors"
+    model = tiny_model("qwen3", num_hidden_layers=1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "embed_tokens.weight", "lm_head.weight")):
+                p.zero_()
+        for i, (a, b) in enumerate(itertools.pairwise(chain)):
+            model.model.embed_tokens.weight[a, i] = 1.0
+            model.lm_head.weight[b, i] = 20.0  # a logit of 160 after the norm: the others are never sampled
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return ids
+
+
+async def test_logprob_bytes_are_each_tokens_own_and_join_into_the_reply(tmp_path):
+    """OpenAI's `bytes`: a token that is a piece of a character has that piece's bytes (not U+FFFD's), so that the
+    tokens' bytes joined are the reply's UTF-8; its `token` writes them escaped, as OpenAI does."""
+    messages = [{"role": "user", "content": "Say it."}]
+    ids = bigram_policy(tmp_path, messages, "café ✓")
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tmp_path))
+    async with (
+        build_engine(EngineConfig(), EngineModel(str(tmp_path))) as engine,
+        Gateway(engine, chat, sampling=SAMPLING, max_episode_tokens=512) as g,
+        client(g.open(new_trajectory())) as c,
+    ):
+        r = await c.chat.completions.create(
+            model="policy", messages=messages, logprobs=True, extra_body={"return_token_ids": True}
+        )
+    assert r.choices[0].message.content == "café ✓" and r.choices[0].model_extra["token_ids"] == ids
+    tokens = r.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in tokens) == "café ✓<|im_end|>".encode()
+    assert [t.token for t in tokens] == ["c", "a", "f", "\\xc3", "\\xa9", " ", "\\xe2", "\\x9c", "\\x93", "<|im_end|>"]
