@@ -166,11 +166,14 @@ def _read_samples(path: Path, ks: list[int]) -> list[Completion]:
 
 def _run_chat(cfg: EvalCommandConfig, endpoint: ChatEndpoint) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`--engine chat`: the env's episodes played by a chat endpoint (`agentrl.eval.chat`)."""
-    from agentrl.eval.chat import run_chat_bench
+    from agentrl.eval.chat import EndpointRefused, run_chat_bench
 
-    result, usage, episodes = asyncio.run(
-        run_chat_bench(cfg, endpoint, sandbox=cfg.sandbox, env_workers=cfg.env_workers)
-    )
+    try:
+        result, usage, episodes = asyncio.run(
+            run_chat_bench(cfg, endpoint, sandbox=cfg.sandbox, env_workers=cfg.env_workers)
+        )
+    except EndpointRefused as e:  # the run's settings (a key, a model, a URL): one line, never a 0% score
+        fail(e)
     extra = {"model": endpoint.model, "engine": "chat", "base_url": endpoint.base_url, "usage": usage}
     summary = result.model_dump(exclude={"per_problem"}) | extra
     rows = [

@@ -9,9 +9,20 @@ the reply's calls (a reply without calls, or calls the env could not read), as `
 
 - A reply whose calls are garbled (arguments that are not JSON) is the agent's error: the env reads the broken
   call and answers with the error, as it would its own policy's; never a crash.
-- A 429 (after its `Retry-After`), a timeout, a connection error or a 5xx is retried with exponential backoff, up
-  to `max_retries` times, and counted (`usage.retried_calls`); an episode whose call still fails is left out of
-  its problem's n, as a sandbox failure is, and counted (`infra_failed`).
+- A 429 (after its `Retry-After`), a 408, a 409, a timeout, a connection error or a 5xx (the SDK's own retries) is
+  retried with exponential backoff, up to `max_retries` times, and counted (`usage.retried_calls`); an episode
+  whose call still fails is left out of its problem's n, as a sandbox failure is, and counted (`infra_failed`).
+- Any other answer is the endpoint refusing the call, and is never retried. Who caused it decides what it costs:
+  - 400, 413 or 422: the request (a conversation past the model's context, a content filter, a message the
+    endpoint cannot take). That episode ends as the agent's failure: a wrong answer, in n, as an agent program
+    that raised is (`agentrl.eval.bench.scored`), its reason in its `error` (status `refused`), counted
+    (`usage.refused_calls`); the rest of the benchmark goes on.
+  - Any other status (401 or 403: the key; 404: the model or the URL; 402, 405, 410, ...): the run's settings,
+    the same for every call. The evaluation stops at once with `EndpointRefused`, one line, never a 0% score.
+  - The first kind on every call is the run's settings too (a sampling parameter the model does not take): the
+    evaluation stops, the same way, once the endpoint has refused `_Caller.REFUSALS_TO_STOP` (3) calls, or every
+    episode's where there are fewer, before answering any. Its price: a benchmark whose first 3 refusals all come
+    before any reply (3 prompts past the context) stops too, rather than scoring a run that may be all refusals.
 - `max_concurrency` bounds the calls in flight; token usage (the endpoint's `usage`) goes into the summary.
 - `token_ids`: ask for the generated token ids (vLLM's and `agentrl serve`'s `return_token_ids`), kept per turn.
 """
@@ -59,7 +70,7 @@ class ChatEndpoint(BaseModel):
     max_concurrency: int = Field(8, ge=1)
     """calls in flight at once"""
     max_retries: int = Field(5, ge=0)
-    """further attempts of a call after a 429, a timeout, a connection error or a 5xx"""
+    """further attempts of a call after a 429, a 408, a 409, a timeout, a connection error or a 5xx"""
     backoff_s: float = Field(1.0, gt=0)
     """the first retry's wait (doubling after each), when the endpoint sends no Retry-After"""
     timeout_s: float = Field(600.0, gt=0)
@@ -76,34 +87,49 @@ class ChatEndpoint(BaseModel):
 
 
 class EndpointError(RuntimeError):
-    """A call that still failed after its retries."""
+    """A call that still failed after its retries: its episode is an infrastructure failure."""
+
+
+class CallRefused(RuntimeError):
+    """A call the endpoint refused for what it held (400, 413, 422): its episode is a wrong answer."""
+
+
+class EndpointRefused(RuntimeError):
+    """The endpoint refuses the run (a key, a model, a URL, or every call): the evaluation stops."""
 
 
 class _Usage:
     def __init__(self) -> None:
-        self.calls = self.retried = self.prompt_tokens = self.completion_tokens = 0
+        self.calls = self.retried = self.refused = self.prompt_tokens = self.completion_tokens = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
             "calls": self.calls,
             "retried_calls": self.retried,
+            "refused_calls": self.refused,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
         }
 
 
 class _Caller:
-    """The endpoint's client: calls bounded by a semaphore, retried as the module doc says, usage counted."""
+    """The endpoint's client: calls bounded by a semaphore, retried or refused as the module doc says, usage
+    counted. `episodes`: how many the run plays (a run of fewer than `REFUSALS_TO_STOP` stops once each is refused)."""
 
-    RETRIED = (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError)
+    REQUEST_STATUS = (400, 413, 422)
+    """the refusals of one request (what it held), not of the run"""
+    REFUSALS_TO_STOP = 3
 
-    def __init__(self, endpoint: ChatEndpoint, cfg: BenchConfig) -> None:
+    def __init__(self, endpoint: ChatEndpoint, cfg: BenchConfig, episodes: int) -> None:
         self.endpoint, self.cfg = endpoint, cfg
         self.client = openai.AsyncOpenAI(
             base_url=endpoint.base_url, api_key=endpoint.api_key(), max_retries=0, timeout=endpoint.timeout_s
         )
         self.gate = asyncio.Semaphore(endpoint.max_concurrency)
         self.usage = _Usage()
+        self.answered = 0
+        self.refusals_to_stop = min(self.REFUSALS_TO_STOP, episodes)
+        self.run_refused: EndpointRefused | None = None
 
     async def reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         s = self.cfg.sampling
@@ -117,19 +143,50 @@ class _Caller:
         for attempt in range(self.endpoint.max_retries + 1):
             try:
                 async with self.gate:
+                    if self.run_refused is not None:  # a call that waited on the gate: sent to no avail
+                        raise EndpointRefused(str(self.run_refused))
                     self.usage.calls += 1
                     r = await self.client.chat.completions.create(model=self.endpoint.model, messages=messages, **kw)
-            except self.RETRIED as e:
-                if attempt == self.endpoint.max_retries:
-                    raise EndpointError(f"{type(e).__name__} after {attempt + 1} attempts: {e}") from e
-                self.usage.retried += 1
-                await asyncio.sleep(self._wait(e, attempt))
-                continue
-            if r.usage is not None:
-                self.usage.prompt_tokens += r.usage.prompt_tokens
-                self.usage.completion_tokens += r.usage.completion_tokens
-            return r
+            except openai.APIStatusError as e:
+                if not (e.status_code in (408, 409, 429) or e.status_code >= 500):
+                    raise self._refusal(e) from e
+                error: Exception = e
+            except openai.APIConnectionError as e:  # a timeout too
+                error = e
+            else:
+                self.answered += 1
+                if r.usage is not None:
+                    self.usage.prompt_tokens += r.usage.prompt_tokens
+                    self.usage.completion_tokens += r.usage.completion_tokens
+                return r
+            if attempt == self.endpoint.max_retries:
+                raise EndpointError(f"{type(error).__name__} after {attempt + 1} attempts: {error}") from error
+            self.usage.retried += 1
+            await asyncio.sleep(self._wait(error, attempt))
         raise AssertionError("unreachable")
+
+    def _refusal(self, e: openai.APIStatusError) -> CallRefused | EndpointRefused:
+        """A status that is not retried: the request's refusal, or the run's (the module doc's split), which no later
+        call is sent past."""
+        reason = " ".join(e.message.split())  # the endpoint's message, on one line
+        where = f"{self.endpoint.base_url} (model {self.endpoint.model!r})"
+        if e.status_code not in self.REQUEST_STATUS:
+            fix = {
+                401: "check the key (--api-key-env)",
+                403: "check that the key may use this model (--model)",
+                404: "check --base-url (with its /v1) and --model",
+            }.get(e.status_code, "check --base-url, --model and --api-key-env")
+            self.run_refused = EndpointRefused(f"{where} refuses the run: {reason}: {fix}")
+            return self.run_refused
+        self.usage.refused += 1
+        if not self.answered and self.usage.refused >= self.refusals_to_stop:
+            self.run_refused = EndpointRefused(
+                f"{where} refused the first {self.usage.refused} calls and answered none (the last: {reason}): "
+                "a refusal of every call is the run's settings, not its tasks: check --model and the sampling "
+                "settings it sends (--set temperature=, top_p=, max_tokens=)"
+            )
+            return self.run_refused
+        return CallRefused(reason)
 
     def _wait(self, e: Exception, attempt: int) -> float:
         """The endpoint's Retry-After (seconds), else exponential backoff."""
@@ -183,7 +240,8 @@ def answer_messages(message: Any, observation: list[Message]) -> list[dict[str, 
 class _Episode(BaseModel):
     task_id: str
     status: str
-    """finished, or failed (left out of n)"""
+    """finished; refused (the endpoint refused a call of it: a wrong answer, `error` says why); or failed (an
+    infrastructure failure, left out of n)"""
     outcome: float = 0.0
     """the episode's return: the sum of its turns' rewards"""
     success: bool = False
@@ -206,21 +264,26 @@ async def run_chat_bench(
     parser = env_cfg.parser if isinstance(env_cfg, ToolEnvConfig) else "hermes"
     rollout = RolloutConfig(env=cfg.env, env_kwargs=env_kwargs, env_workers=env_workers, **cfg.worker_settings())
     pool = env_worker_pool(rollout, None, sandbox)
-    caller = _Caller(endpoint, cfg)
+    caller = _Caller(endpoint, cfg, len(ids) * cfg.samples)
     await pool.start()
+    plays = [
+        [asyncio.ensure_future(_play(pool, caller, cfg, parser, task, k, i)) for i in range(cfg.samples)]
+        for k, task in enumerate(ids)
+    ]
+    every = [p for group in plays for p in group]
     try:
-        groups = await asyncio.gather(
-            *(
-                asyncio.gather(*(_play(pool, caller, cfg, parser, task, k, i) for i in range(cfg.samples)))
-                for k, task in enumerate(ids)
-            )
-        )
+        await asyncio.gather(*every)
     finally:
+        # a refused run: the episodes still in flight end (and close their env episodes) before the pool does
+        for p in every:
+            p.cancel()
+        await asyncio.gather(*every, return_exceptions=True)
         await caller.close()
         await pool.close()
+    groups = [[p.result() for p in group] for group in plays]
     per_problem = []
     for task, episodes in zip(ids, groups, strict=True):
-        scored = [(e.outcome, e.success) for e in episodes if e.status == "finished"]
+        scored = [(e.outcome, e.success) for e in episodes if e.status != "failed"]
         per_problem.append(problem_result(cfg, task, scored, len(episodes) - len(scored)))
     result = bench_result(
         cfg,
@@ -260,7 +323,11 @@ async def _turns(worker: Any, eid: str, caller: _Caller, parser: str, task: str,
     tools = info.get("tools") or None
     turns = []
     while True:
-        r = await caller.reply(messages, tools)
+        try:
+            r = await caller.reply(messages, tools)
+        except CallRefused as e:
+            total = sum(t["reward"] for t in turns)
+            return _Episode(task_id=task, status="refused", outcome=total, error=f"refused: {e}", turns=turns)
         message = r.choices[0].message
         obs, reward, terminated, truncated, step = await worker.step(eid, action_text(message, parser))
         turn = {"content": message.content, "tool_calls": len(message.tool_calls or []), "reward": reward}

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from agentrl.engine.base import SamplingParams
+from agentrl.env.registry import env_id
 from agentrl.rollout.config import ContextConfig, EnvWorkersAt, EnvWorkersConfig, Thinking
 from agentrl.sandbox.config import SandboxConfig
 
@@ -94,4 +95,28 @@ class EvalConfig(EvalWorkersConfig):
     benchmarks: list[BenchConfig] = Field(default_factory=list)
     """more evaluations at the same iterations, on the training engine, each an `agentrl eval` of its
     own (any registered env's test split, a fixed subset with `tasks`, pass@k with `samples` and
-    `k`), logged to bench.jsonl apart from the held-out success; e.g. [{env: humaneval, tasks: 40}]"""
+    `k`), logged to bench.jsonl apart from the held-out success; e.g. [{env: humaneval, tasks: 40}]. One on the
+    run's env splits its tasks as the run does (`split_as_trained`)"""
+
+    def split_as_trained(self, env: str, env_kwargs: dict[str, Any]) -> None:
+        """The benchmarks on the run's env `env` split its tasks as the run does (`env_kwargs`): each takes the
+        run's split_seed and test_fraction where it sets neither, so that its test split holds no task the run
+        trains on (the same tasks split by another seed, or with a larger test share, would); one that sets either
+        otherwise is refused (ValueError). One drawing the train split or all of it asked for those tasks."""
+        for i, b in enumerate(self.benchmarks):
+            # its split, as `bench_split` draws it (an env's default taken for train, which becomes test)
+            draws = b.split or ("all" if b.env_kwargs.get("split") == "all" else "test")
+            if env_id(b.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]) or draws != "test":
+                continue
+            for key in ("split_seed", "test_fraction"):
+                if key not in b.env_kwargs:
+                    if key in env_kwargs:
+                        b.env_kwargs = {**b.env_kwargs, key: env_kwargs[key]}
+                elif b.env_kwargs[key] != env_kwargs.get(key):
+                    trained = f"={env_kwargs[key]}" if key in env_kwargs else " unset: the env's default"
+                    raise ValueError(
+                        f"eval.benchmarks.{i}.env_kwargs.{key}={b.env_kwargs[key]}: a benchmark on the run's env "
+                        f"({b.env}) splits its tasks as the run does (rollout.env_kwargs.{key}{trained}), so that its "
+                        f"test split holds none the run trains on; drop it, or set rollout.env_kwargs.{key}="
+                        f"{b.env_kwargs[key]} too"
+                    )

@@ -96,6 +96,7 @@ class RunConfig(_Strict):
                 "rollout.sampling.temperature=0 is greedy: a group's samples would all be the same; "
                 "set a temperature > 0 (evaluation is greedy on its own)"
             )
+        self.eval.split_as_trained(self.rollout.env, self.rollout.env_kwargs)
         # On a cluster, `build` joins it before any part starts, and every part's actors go there: the address is said
         # once (not copied into the saved sections, so that a resume may name the cluster anew)
         if (address := self.cluster.address) is not None:
