@@ -31,18 +31,29 @@ class RunDir:
     def checkpoint(self, iteration: int) -> Path:
         return self.checkpoints / f"iter-{iteration:05d}"
 
+    def trajectory_file(self, iteration: int) -> Path:
+        """The trajectories saved at `iteration`."""
+        return self.trajectories / f"iter-{iteration:05d}.jsonl"
+
     def latest_checkpoint(self) -> Path | None:
         """The newest finished checkpoint (one with state.json: a save cut short has none)."""
         done = sorted(p for p in self.checkpoints.glob("iter-*") if (p / "state.json").exists())
         return done[-1] if done else None
 
     def truncate_logs(self, iteration: int) -> None:
-        """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines
-        (the index too: those iterations' trajectory files will be written anew)."""
+        """Resuming at `iteration`: drop lines of later iterations (logged after the checkpoint) and torn lines,
+        and those iterations' trajectory files, as if the run had never got past the checkpoint. Left, a file the
+        resume does not write again (stopped sooner, or past `log.max_trajectory_mb`, which counts it) would stay
+        on disk, out of the index."""
         for path in (self.metrics, self.eval, self.bench, self.trajectories / "index.jsonl"):
             if path.exists():
                 rows = read_jsonl(path)
                 write_whole(path, "".join(json.dumps(r) + "\n" for r in rows if r.get("iteration", 0) < iteration))
+        # after the index: a line of it never points into a removed file
+        for path in self.trajectories.glob("iter-*.jsonl"):
+            n = path.stem.removeprefix("iter-")
+            if n.isdigit() and int(n) >= iteration:
+                path.unlink()
 
 
 def write_whole(path: Path, text: str) -> None:

@@ -41,6 +41,8 @@ async def train(
     display, stop = display or Display(), stop or asyncio.Event()
     async with build(cfg, folder, resume=resume, display=display, stop=stop, learner=learner) as run:
         state = run.state
+        if resume:
+            run.tracker.resume(state.iteration)
         resume_with = f"resume with: agentrl train --resume {folder.path}"
         if state.iteration == cfg.iterations:  # a finished run resumed: its final evaluation, logged before its
             await run.evaluate(state.iteration, final=True)  # checkpoint, went with the logs from it on

@@ -37,6 +37,19 @@ class Tracker:
                 id=run.path.name,
             )
 
+    def resume(self, iteration: int) -> None:
+        """A resume at `iteration`: TensorBoard drops what the run cut short had logged from there on (past its
+        checkpoint; `RunDir.truncate_logs` drops it from the JSONL), so what the resume logs anew is not a second
+        curve over the first."""
+        if self.tb is not None:
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+            # TensorBoard purges the steps from a START event's on, but takes a run's first START for its own start:
+            # a run that did not resume wrote none (nor does SummaryWriter(purge_step=...) write more than one)
+            start = Event(step=iteration, session_log=SessionLog(status=SessionLog.START))
+            for _ in range(2):
+                self.tb.file_writer.add_event(start)
+
     def log(self, metrics: dict[str, Any]) -> None:
         append_jsonl(self.run.metrics, metrics)
         self._mirror(metrics, "")
@@ -68,7 +81,8 @@ class Tracker:
         """`saved` (from `to_save`) with `trained` (by episode id) where the update used them; returns how many."""
         if not saved:
             return 0
-        return write_trajectories(self.run.trajectories, f"iter-{iteration:05d}.jsonl", saved, iteration, trained)
+        name = self.run.trajectory_file(iteration).name
+        return write_trajectories(self.run.trajectories, name, saved, iteration, trained)
 
     def _mirror(self, metrics: dict[str, Any], prefix: str) -> None:
         step = metrics.get("iteration", 0)

@@ -12,6 +12,7 @@ import ray
 import torch
 from ownership import bwrap_trees
 from short_run import SMALL
+from test_resume_leftovers import jsonl_scalars, tensorboard_scalars
 
 from agentrl.cli.train import resolve_config
 from agentrl.runs import RunDir, read_jsonl
@@ -158,6 +159,33 @@ async def test_a_cancelled_run_ends_its_rollout_with_it_and_a_resume_starts_over
     cfg, run = _tiny(tmp_path / "run", "iterations=1", "eval.tasks=0")
     await train(cfg, run, resume=True)
     assert [m["iteration"] for m in read_jsonl(run.metrics)] == [0]
+
+
+@pytest.mark.slow  # 30 s, a run and two resumes; tests/train/test_resume_leftovers.py covers the same in seconds
+async def test_a_resume_leaves_nothing_of_what_the_run_cut_short_logged_past_its_checkpoint(tmp_path, bwrap_runtime):
+    """Killed while saving its last checkpoint (cut short: no state.json), after logging iteration 1 and its final
+    evaluation: resumed from iteration 1's checkpoint, and stopped at once, the folder holds what it held then, in
+    the JSONL, TensorBoard and trajectories/ alike; resumed again to the end, each step once."""
+    cfg, run = _tiny(tmp_path / "run", "iterations=2", "log.tensorboard=true")
+    await train(cfg, run)
+    (run.checkpoint(2) / "state.json").unlink()
+
+    def steps() -> dict[str, list[int]]:
+        tensorboard, jsonl = tensorboard_scalars(run), jsonl_scalars(run)
+        assert {t: [s for s, _ in p] for t, p in tensorboard.items()} == {
+            t: [s for s, _ in p] for t, p in jsonl.items()
+        }
+        files = sorted(p.name for p in run.trajectories.glob("iter-*.jsonl"))
+        assert files == sorted({e["file"] for e in read_jsonl(run.trajectories / "index.jsonl")})
+        return {"metrics": [m["iteration"] for m in read_jsonl(run.metrics)], "files": files}
+
+    stop = asyncio.Event()
+    stop.set()
+    assert (await train(cfg, run, resume=True, stop=stop)).iteration == 1
+    assert steps() == {"metrics": [0], "files": ["iter-00000.jsonl"]}
+    assert (await train(cfg, run, resume=True)).iteration == 2
+    assert steps() == {"metrics": [0, 1], "files": ["iter-00000.jsonl", "iter-00001.jsonl"]}
+    assert [e["iteration"] for e in read_jsonl(run.eval)] == [0, 1, 2]
 
 
 def _running(name: str) -> list[asyncio.Task]:
