@@ -111,6 +111,8 @@ def eval_(
     # what a typo gets wrong is said in one line here, before any model loads or sandbox starts
     if why := _env_problem(cfg):
         fail(why)
+    if model is not None and not chat and (why := _as_trained(cfg, Path(model))):
+        fail(why)
     if not chat and completions is None:
         from agentrl.cli.train import check_model
 
@@ -144,6 +146,42 @@ def _env_problem(cfg: EvalCommandConfig) -> str | None:
         make_env(cfg.env, bench_split(cfg)[1]).close()
     except Exception as e:  # the env's own message names the fix
         return f"--env {cfg.env}: {type(e).__name__}: {e}"
+    return None
+
+
+def _as_trained(cfg: EvalCommandConfig, model: Path) -> str | None:
+    """`--model RUN/final`, the policy a run trained (beside its `config.yaml`): on the run's env, the evaluation draws
+    the test split as the run did (`BenchConfig.split_as`: its split_seed and test_fraction), and one whose split
+    holds tasks the run trained on (a run on all of them, or on its test split) is refused unless a split is asked
+    for. Why it is refused, in one line, or None (another model: nothing known of its training)."""
+    import yaml
+
+    from agentrl.env.registry import env_id
+    from agentrl.eval.bench import bench_split
+    from agentrl.rollout.workers import make_env
+
+    run_config = model.parent / "config.yaml"
+    try:
+        rollout = yaml.safe_load(run_config.read_text()).get("rollout") if model.name == "final" else None
+    except (OSError, yaml.YAMLError, AttributeError):  # no run's config there
+        return None
+    if not isinstance(rollout, dict) or not isinstance(rollout.get("env"), str):
+        return None
+    env, env_kwargs = rollout["env"], rollout.get("env_kwargs") or {}
+    try:
+        cfg.split_as(env, env_kwargs, named="--set env_kwargs", trained=f"{run_config}'s rollout.env_kwargs", fix=False)
+    except ValueError as e:
+        return str(e)
+    asked = cfg.split is not None or "split" in cfg.env_kwargs
+    if asked or env_id(cfg.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]):
+        return None
+    trained, drawn = make_env(env, env_kwargs).cfg.split, bench_split(cfg)[0]
+    if trained == "all" or drawn == "all" or trained == drawn:
+        return (
+            f"--model {model} was trained on the {trained} split of {env} ({run_config}), and this evaluation draws "
+            f"its {drawn} split, which holds tasks it trained on: its score would not be held out; evaluate on "
+            "another env, or ask for a split (--set split=...)"
+        )
     return None
 
 

@@ -63,6 +63,28 @@ class BenchConfig(EvalWorkersConfig):
             raise ValueError("several samples at temperature 0 are one sample repeated: set a temperature > 0")
         return self
 
+    def split_as(self, env: str, env_kwargs: dict[str, Any], *, named: str, trained: str, fix: bool = True) -> None:
+        """On the env a policy trains on (`env`, its `env_kwargs`), draw the test split as training does: take its
+        split_seed and test_fraction where these settings set neither, so that the test split holds no task the
+        policy trains on (the same tasks split by another seed, or with a larger test share, would); setting either
+        otherwise is refused (ValueError, naming the setting as `named`.KEY and training's as in `trained`; `fix`:
+        the fix may be to change training's). Another env, or the train split or all of it asked for, is left as
+        it is."""
+        draws = self.split or ("all" if self.env_kwargs.get("split") == "all" else "test")  # as `bench_split` does
+        if env_id(self.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]) or draws != "test":
+            return
+        for key in ("split_seed", "test_fraction"):
+            if key not in self.env_kwargs:
+                if key in env_kwargs:
+                    self.env_kwargs = {**self.env_kwargs, key: env_kwargs[key]}
+            elif (mine := self.env_kwargs[key]) != env_kwargs.get(key):
+                was = f"={env_kwargs[key]}" if key in env_kwargs else " unset: the env's default"
+                raise ValueError(
+                    f"{named}.{key}={mine}: an evaluation on the env the policy trains on ({self.env}) splits its "
+                    f"tasks as training does ({trained}: {key}{was}), so that its test split holds none the policy "
+                    f"trains on; drop it" + (f", or set {key}={mine} there too" if fix else "")
+                )
+
     @property
     def sampling(self) -> SamplingParams:
         t = self.temperature if self.temperature is not None else (0.0 if self.samples == 1 else 0.8)
@@ -99,24 +121,6 @@ class EvalConfig(EvalWorkersConfig):
     run's env splits its tasks as the run does (`split_as_trained`)"""
 
     def split_as_trained(self, env: str, env_kwargs: dict[str, Any]) -> None:
-        """The benchmarks on the run's env `env` split its tasks as the run does (`env_kwargs`): each takes the
-        run's split_seed and test_fraction where it sets neither, so that its test split holds no task the run
-        trains on (the same tasks split by another seed, or with a larger test share, would); one that sets either
-        otherwise is refused (ValueError). One drawing the train split or all of it asked for those tasks."""
+        """Each benchmark on the run's env `env` splits its tasks as the run does (`BenchConfig.split_as`)."""
         for i, b in enumerate(self.benchmarks):
-            # its split, as `bench_split` draws it (an env's default taken for train, which becomes test)
-            draws = b.split or ("all" if b.env_kwargs.get("split") == "all" else "test")
-            if env_id(b.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]) or draws != "test":
-                continue
-            for key in ("split_seed", "test_fraction"):
-                if key not in b.env_kwargs:
-                    if key in env_kwargs:
-                        b.env_kwargs = {**b.env_kwargs, key: env_kwargs[key]}
-                elif b.env_kwargs[key] != env_kwargs.get(key):
-                    trained = f"={env_kwargs[key]}" if key in env_kwargs else " unset: the env's default"
-                    raise ValueError(
-                        f"eval.benchmarks.{i}.env_kwargs.{key}={b.env_kwargs[key]}: a benchmark on the run's env "
-                        f"({b.env}) splits its tasks as the run does (rollout.env_kwargs.{key}{trained}), so that its "
-                        f"test split holds none the run trains on; drop it, or set rollout.env_kwargs.{key}="
-                        f"{b.env_kwargs[key]} too"
-                    )
+            b.split_as(env, env_kwargs, named=f"eval.benchmarks.{i}.env_kwargs", trained="rollout.env_kwargs")
