@@ -3,12 +3,24 @@
 For trusted development without Docker. It applies the same per-call limits
 (rlimits, wall clock, output cap, process-tree sweep) but the program runs as
 you, with your network and your files. Docker stays the default.
+
+No process outlives the sandbox, though no pid namespace or cgroup ends it as a
+whole: the process started here is the executor's warden (`become_warden` in
+the executor), a child subreaper that kills everything under it, double-forked
+setsid() daemons included, and removes the sandbox's folder when this process
+exits (SIGKILL too), when the executor dies (SIGKILL too), or at `close()`; if
+the warden is killed, the executor sweeps its own tree and exits. What escapes:
+processes of a sandbox whose warden and executor are SIGKILLed at once (their
+process group, say), and the folder when the warden and this process both are.
+No reaper is needed for the rest: `agentrl sandbox gc` has nothing local to do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -64,6 +76,10 @@ class LocalSandbox(ExecutorSandbox):
                 str(root / "tmp"),
                 "--codedir",
                 str(root / "code"),
+                "--owner",
+                str(os.getpid()),
+                "--sandbox-dir",
+                str(root),
                 start_new_session=True,
             )
         except BaseException:
@@ -85,16 +101,18 @@ class LocalSandbox(ExecutorSandbox):
         return sandbox
 
     async def _diagnose(self, error: BaseException) -> str:
+        with contextlib.suppress(TimeoutError):  # the warden exits a moment after the executor, once it swept
+            await asyncio.wait_for(self.proc.wait(), 0.5)
         if self.proc.returncode is not None:
             return f"local executor exited with {self.proc.returncode}"
         return f"local executor unreachable ({type(error).__name__}: {error})"
 
     async def close(self) -> None:
         if self.proc.returncode is None:
-            self.proc.terminate()  # the executor kills its process tree, then exits
+            self.proc.terminate()  # the warden kills everything under it, removes the folder, then exits
             try:
                 await asyncio.wait_for(self.proc.wait(), 5)
             except TimeoutError:
-                self.proc.kill()
+                self.proc.kill()  # then the executor sweeps its own tree (it gets SIGTERM when the warden dies)
                 await self.proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -39,7 +39,10 @@ stopped (SIGSTOP) between its cells, so that nothing a cell started runs on
 through later requests.
 
 In local mode (LocalSandbox: no --user) the same program runs on the host as
-the calling user. That is NOT isolation; it only applies limits.
+the calling user. That is NOT isolation; it only applies limits. There, with no
+pid namespace or cgroup to end the sandbox as a whole, a warden (--owner) stays
+above the executor so that nothing outlives the owner process or the executor
+(see become_warden).
 
 It is started as `python3 main.py ARGS` (main.py beside it), so that this file
 loads as a module, from its bytecode when that is at hand.
@@ -54,6 +57,7 @@ import gc
 import math
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -72,6 +76,7 @@ ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 SITE = os.environ.get("AGENTRL_SITE")
 if SITE and SITE not in sys.path:
     sys.path.append(SITE)
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
@@ -273,27 +278,7 @@ class Executor:
         keep = {self.zygote.proc.pid} if self.zygote is not None else set()
         if not everything:
             keep |= {p.pid for p in (self.spare, self.session and self.session.proc) if p is not None}
-        killed: set[int] = set()
-        for _ in range(200):
-            pids = descendants(os.getpid()) - keep
-            if not pids:
-                # A children file can leave out live children while others exit (proc_tid_children(5)),
-                # as a fork bomb's do when killed: one scan of every process has the last word, or one
-                # could outlive the sweep (seen once under load: after a fork bomb, the next call found
-                # a process left with an empty command line, one exiting or a zombie).
-                pids = _descendants_by_scan(os.getpid()) - keep
-                if not pids:
-                    break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except ProcessLookupError:
-                    pass
-            self.reap()
-            time.sleep(0.001)
-        self.reap()
-        return len(killed)
+        return kill_descendants(keep, self.reap)
 
     def recycle(self) -> dict:
         """Between episodes: return the sandbox to its state at start, or say why it cannot be.
@@ -909,6 +894,32 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def kill_descendants(keep: set[int], reap) -> int:
+    """SIGKILL every live descendant of this process not in `keep`, `reap()` (the caller's waits), repeat until none
+    is left; how many were killed. As a child subreaper, a grandchild that setsid()-ed and double-forked away is one."""
+    killed: set[int] = set()
+    for _ in range(200):
+        pids = descendants(os.getpid()) - keep
+        if not pids:
+            # A children file can leave out live children while others exit (proc_tid_children(5)),
+            # as a fork bomb's do when killed: one scan of every process has the last word, or one
+            # could outlive the sweep (seen once under load: after a fork bomb, the next call found
+            # a process left with an empty command line, one exiting or a zombie).
+            pids = _descendants_by_scan(os.getpid()) - keep
+            if not pids:
+                break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        reap()
+        time.sleep(0.001)
+    reap()
+    return len(killed)
+
+
 def descendants(root: int) -> set[int]:
     """Live (non-zombie) descendants of root.
 
@@ -1053,6 +1064,82 @@ def oom_kills() -> int:
         except OSError:
             continue
     return 0
+
+
+# ---------------------------------------------------------------- the warden (local sandboxes)
+
+
+def become_warden(owner: int, sandbox_dir: str | None, ready_fd: int | None) -> None:
+    """Fork the executor and stay its parent as the local sandbox's warden: returns in the executor, never here.
+
+    What ends a sandbox's processes, double-forked setsid() daemons among them (which leave any process group), is a
+    living child subreaper above them: in a container or bwrap, pid 1 of their pid namespace; locally, the executor,
+    which a SIGKILL stops from sweeping, its orphans going to init. So the process the host starts is a child
+    subreaper that runs nothing: once the owner process (the host) exits, the executor exits, or the host's close
+    sends it SIGTERM, it SIGKILLs every process under it (the executor's orphans are its own by then), removes
+    `sandbox_dir`, and exits as the executor did. If the warden dies first, the executor gets SIGTERM (its sweep,
+    then exit). Not covered: both SIGKILLed at once (their process group, say); that takes a pid namespace or a
+    cgroup (bwrap, Docker).
+
+    The owner is watched by a pidfd, not PR_SET_PDEATHSIG, which fires when the thread that started the warden ends.
+    """
+    if libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        import ctypes
+
+        sys.exit(f"executor: prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
+    try:
+        owner_fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        owner_fd = None
+    if owner_fd is None or os.getppid() != owner:  # checked after pidfd_open: the fd is that very process's
+        remove_sandbox_dir(sandbox_dir)
+        sys.exit(f"executor: owner process {owner} is gone")
+    warden = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != warden:  # the warden died before that
+            os._exit(1)
+        os.close(owner_fd)
+        return
+    if ready_fd is not None:
+        os.close(ready_fd)  # the executor's alone: its exit before it is ready then closes the pipe
+    executor_fd = os.pidfd_open(pid)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a byte on wake_w ends the wait
+    select.select([owner_fd, executor_fd, wake_r], [], [])
+    status = None
+
+    def reap() -> None:
+        nonlocal status
+        while True:
+            try:
+                got, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if got == 0:
+                return
+            if got == pid:
+                status = wstatus
+
+    kill_descendants(set(), reap)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    remove_sandbox_dir(sandbox_dir)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # the executor died of a signal: so does the warden, for the host to tell
+        with contextlib.suppress(OSError):  # SIGKILL's action is not ours to set
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 1)
+
+
+def remove_sandbox_dir(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(OSError, RecursionError):
+            remove_tree(path)
 
 
 # ---------------------------------------------------------------- HTTP
@@ -1217,7 +1304,10 @@ class Handler:
         self._dispatch(lambda: (ex.stop_session(), self._json(200, {"ok": True})))
 
 
-USAGE = "usage: main.py --socket PATH [--workdir DIR] [--tmpdir DIR] [--codedir DIR] [--user UID:GID] [--ready-fd FD]"
+USAGE = (
+    "usage: main.py --socket PATH [--workdir DIR] [--tmpdir DIR] [--codedir DIR] [--user UID:GID] [--ready-fd FD]"
+    " [--owner PID [--sandbox-dir DIR]]"
+)
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -1225,9 +1315,12 @@ def parse_args(argv: list[str]) -> dict:
     sandbox's cold start. --session and --zygote are the executor's own, for the interpreters it starts.
 
     --ready-fd: a pipe to write "ready" to once the socket is served, and close (a sandbox started with a pipe: bwrap,
-    local); its host reads that, not the socket file's appearance, and an end of file says the executor is gone."""
+    local); its host reads that, not the socket file's appearance, and an end of file says the executor is gone.
+
+    --owner PID: a local sandbox's, started by process PID: a warden stays above the executor (become_warden) and
+    removes --sandbox-dir at the end."""
     opts: dict = {"socket": None, "workdir": "/work", "tmpdir": "/tmp", "codedir": "/code", "user": None}
-    opts.update({"ready-fd": None, "session": None, "zygote": None})
+    opts.update({"ready-fd": None, "owner": None, "sandbox-dir": None, "session": None, "zygote": None})
     args = iter(argv)
     for arg in args:
         name = arg[2:] if arg.startswith("--") else ""
@@ -1236,7 +1329,7 @@ def parse_args(argv: list[str]) -> dict:
         try:
             if name == "session":
                 opts[name] = (int(next(args)), int(next(args)))
-            elif name in ("zygote", "ready-fd"):
+            elif name in ("zygote", "ready-fd", "owner"):
                 opts[name] = int(next(args))
             else:
                 opts[name] = next(args)
@@ -1258,6 +1351,8 @@ def main() -> None:
         sys.exit(f"executor: --socket is required\n{USAGE}")
     # Python's KeyboardInterrupt handler would let a stray SIGINT kill the server.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if args["owner"] is not None:
+        become_warden(args["owner"], args["sandbox-dir"], args["ready-fd"])
     os.umask(0o022)
 
     def terminate(signum, frame):  # leave nothing running behind us

@@ -1,17 +1,22 @@
 """`agentrl sandbox exec | gc` as real processes, and the reaper: no container outlives
 its owner after SIGINT / SIGTERM; after SIGKILL the next start or `gc` removes it, or at once
 the owner's watchdog if it started one. The same for bwrap sandboxes: a SIGKILLed owner's
-sandbox processes die with it, and its trees (folder, cgroup) go at the next start or `gc`."""
+sandbox processes die with it, and its trees (folder, cgroup) go at the next start or `gc`. A
+local sandbox's processes and folder go with its SIGKILLed owner at once, with no reaper."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import docker.errors
 import pytest
@@ -187,6 +192,65 @@ def test_a_sigkilled_bwrap_owner_leaves_nothing_running_and_its_trees_go(bwrap_r
         agentrl("sandbox", "exec", tmp_path / "ok.py", "--backend", "bwrap")
     assert not any(t["tree"].exists() for t in trees)
     assert not any(os.path.exists(d) for t in trees for d in t["cgroups"])
+
+
+@pytest.fixture
+def private_tmpdir(monkeypatch) -> Path:
+    """A TMPDIR of the test's own, which the processes it starts inherit: local sandboxes' folders are made in it.
+    Short: a Unix socket's path must fit in 108 bytes."""
+    tmp = Path(tempfile.mkdtemp(prefix="arl-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def naming(text: str) -> set[int]:
+    """The processes whose command line holds `text`."""
+    found = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout
+    return {int(pid) for pid in found.split()}
+
+
+# writes its pid and its child's to PIDS, and waits
+LOCAL_PROG = """
+import os, subprocess, time
+child = subprocess.Popen(["sleep", "300"])
+with open("PIDS.part", "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+os.rename("PIDS.part", "PIDS")
+time.sleep(300)
+"""
+
+
+def test_a_sigkilled_local_owner_leaves_nothing_running_and_no_folder(private_tmpdir):
+    """Each local sandbox's warden sees its owner go: it kills everything under it (the program, its child) and
+    removes the sandbox's folder; nothing is left for `gc`. The pool's spare sandbox too."""
+    pids = private_tmpdir / "pids"
+    prog = private_tmpdir / "prog.py"
+    prog.write_text(LOCAL_PROG.replace("PIDS", str(pids)))
+    sandboxes = f"{private_tmpdir}/agentrl-local-"  # in the command lines of wardens, executors, zygotes, spares
+    proc = start_agentrl("sandbox", "exec", prog, "--timeout", "100", "--backend", "local", stderr=subprocess.STDOUT)
+    programs: dict[int, str | None] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(private_tmpdir.glob("agentrl-local-*/exec.sock"))) < 2 or not pids.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the program never started"
+            time.sleep(0.05)
+        programs = {int(p): reaper.process_start_time(int(p)) for p in pids.read_text().split()}
+        assert naming(sandboxes)
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 10
+        while naming(sandboxes) or any(reaper.process_start_time(p) == t for p, t in programs.items()):
+            assert time.monotonic() < deadline, "a local sandbox's process outlived its owner"
+            time.sleep(0.05)
+        assert not list(private_tmpdir.glob("agentrl-local-*"))
+    finally:  # a failed check leaves nothing running either
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        for pid in naming(sandboxes) | {p for p, t in programs.items() if reaper.process_start_time(p) == t}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_reaper_keeps_live_owners_and_other_hosts():

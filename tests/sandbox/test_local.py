@@ -1,15 +1,23 @@
-"""Executor semantics through LocalSandbox (no Docker): statuses, limits, sweep, session, files."""
+"""Executor semantics through LocalSandbox (no Docker): statuses, limits, sweep, session, files; and that nothing
+outlives a SIGKILLed executor, warden or owner."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import CallLimits, LocalSandbox, LocalSandboxConfig, Status
+from agentrl.sandbox import CallLimits, LocalSandbox, LocalSandboxConfig, SandboxError, Status, reaper
 from agentrl.sandbox.image import sandboxes_dir
 
 
@@ -162,10 +170,11 @@ async def test_executor_is_ready_with_its_zygote_up_and_makes_the_first_spare_af
     # that timed out and threw a healthy sandbox away); the first spare is forked after the first answer, off the
     # cold start. (the first zygote is a fork of the executor, so neither is told apart by its command line)
     executor = executor_module()
-    assert len(executor.descendants(sb.proc.pid)) == 1
+    (pid,) = children(sb.proc.pid)  # sb.proc is the executor's warden
+    assert len(executor.descendants(pid)) == 1
     assert await sb.healthy()
     deadline = time.monotonic() + 10
-    while len(executor.descendants(sb.proc.pid)) < 2:
+    while len(executor.descendants(pid)) < 2:
         assert time.monotonic() < deadline, "no spare after the first answer"
         await asyncio.sleep(0.01)
 
@@ -211,3 +220,117 @@ def test_both_walks_find_the_live_descendants_and_no_zombie():
         parent.kill()
         parent.wait()
         exited.wait()
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+# Leaves a child in its process group and a daemon (double fork and setsid: out of its group and session), writes
+# {pid: start time} of its executor (a Python program's parent), itself, the child and the daemon to PIDS, and waits.
+LEAVER = """
+import json, os, subprocess, time
+pids = [os.getppid(), os.getpid(), subprocess.Popen(["sleep", "300"]).pid]
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    daemon = os.fork()
+    if daemon == 0:
+        os.execvp("sleep", ["sleep", "300"])
+    os.write(w, str(daemon).encode())
+    os._exit(0)
+os.close(w)
+pids.append(int(os.read(r, 32)))
+starts = {p: open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[19] for p in pids}
+with open("PIDS.part", "w") as f:
+    json.dump(starts, f)
+os.rename("PIDS.part", "PIDS")
+time.sleep(300)
+"""
+
+
+def leaver(pids_file: Path) -> str:
+    return LEAVER.replace("PIDS", str(pids_file))
+
+
+async def written(path: Path, timeout_s: float = 20.0) -> dict[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never written"
+        await asyncio.sleep(0.02)
+    return {int(p): start for p, start in json.loads(path.read_text()).items()}
+
+
+def running(procs: dict[int, str]) -> list[int]:
+    """Which of these processes (pid: start time, so that a reused pid is not one) still run."""
+    return [p for p, start in procs.items() if reaper.process_start_time(p) == start and reaper.process_alive(p)]
+
+
+async def gone(procs: dict[int, str], timeout_s: float = 10.0) -> list[int]:
+    """Wait for these processes to end; those still running at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while running(procs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return running(procs)
+
+
+def kill(procs: dict[int, str]) -> None:
+    """The test's own leftovers, should it fail."""
+    for pid in running(procs):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("victim", ["executor", "warden"])
+async def test_nothing_outlives_a_sigkilled_executor_or_its_warden(sb, tmp_path, victim):
+    """A SIGKILLed executor cannot sweep: its warden kills what it leaves (a daemon that left the program's process
+    group and session too) and removes the sandbox's folder. A SIGKILLed warden: the executor sweeps, then exits."""
+    call = asyncio.create_task(sb.run_python(leaver(tmp_path / "pids"), timeout_s=60))
+    procs = await written(tmp_path / "pids")
+    try:
+        os.kill(next(iter(procs)) if victim == "executor" else sb.proc.pid, signal.SIGKILL)
+        with pytest.raises(SandboxError) as failed:
+            await call
+        assert await gone(procs) == []
+        assert "local executor exited with -9" in str(failed.value)
+        if victim == "executor":
+            assert not sb.root.exists()
+    finally:
+        kill(procs)
+
+
+OWNER = """
+import asyncio, json, sys, warnings
+from agentrl.sandbox import LocalSandbox
+warnings.simplefilter("ignore")
+
+async def main():
+    sb = await LocalSandbox.create()
+    print(json.dumps([sb.proc.pid, str(sb.root)]), flush=True)
+    await sb.run_python(sys.stdin.read(), timeout_s=60)
+
+asyncio.run(main())
+"""
+
+
+async def test_nothing_outlives_a_sigkilled_owner_and_its_folder_goes(tmp_path):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    procs: dict[int, str] = {}
+    root = None
+    try:
+        owner.stdin.write(leaver(tmp_path / "pids").encode())
+        owner.stdin.close()
+        warden, root = json.loads(owner.stdout.readline())
+        procs = {warden: reaper.process_start_time(warden)} | await written(tmp_path / "pids")
+        owner.kill()
+        owner.wait()
+        assert await gone(procs) == []  # the warden, the executor, the program, its child and its daemon
+        assert not Path(root).exists()
+    finally:
+        kill(procs)
+        owner.kill()
+        owner.wait()
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
