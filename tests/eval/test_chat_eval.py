@@ -264,8 +264,21 @@ def refuse_all(status: int, message: str) -> Callable[[dict, int], tuple[int, st
     ("status", "message", "said", "calls"),
     [
         (401, "Incorrect API key provided", "refuses the run: Error code: 401 - Incorrect API key provided", 1),
-        (403, "not allowed to sample from this model", "check that the key may use this model (--model)", 1),
-        (404, "The model `vendor-model` does not exist", "check --base-url (with its /v1) and --model", 1),
+        # the same path as the key's, another line of advice: the slow tier (each case starts an env worker)
+        pytest.param(
+            403,
+            "not allowed to sample from this model",
+            "check that the key may use this model (--model)",
+            1,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            404,
+            "The model `vendor-model` does not exist",
+            "check --base-url (with its /v1) and --model",
+            1,
+            marks=pytest.mark.slow,
+        ),
         # every call refused for what it holds: the settings (here a parameter the model does not take)
         (400, "Unsupported parameter: 'max_tokens'", "refused the first 3 calls and answered none", 3),
     ],
