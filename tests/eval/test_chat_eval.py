@@ -78,29 +78,11 @@ class ScriptedVendor:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         body = await request.json()
         if any(m["role"] == "assistant" for m in body["messages"]):
-            task = next(t for t in self.env.task_set if t.prompt in body["messages"][1]["content"])
-            (text,) = self.env.demonstration(task, random.Random(0))[-1:]
-            (call,) = HermesParser().parse(text).calls
-            name, arguments = call.name, json.dumps(call.arguments)
+            function = expert_call(self.env, body)
         else:
-            name, arguments = "submit", '{"code": "def f(:'
-        message = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": f"call_{self.calls}", "type": "function", "function": {"name": name, "arguments": arguments}}
-            ],
-        }
-        return JSONResponse(
-            {
-                "id": f"c{self.calls}",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
-            }
-        )
+            function = {"name": "submit", "arguments": '{"code": "def f(:'}
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        return tool_call_reply(self.calls, body["model"], function, usage=usage)
 
 
 async def test_a_vendor_that_rate_limits_fails_and_garbles_calls_costs_retries_never_the_run(bwrap_runtime):
@@ -157,6 +139,23 @@ def test_the_chat_engine_needs_an_endpoint_and_a_model():
     assert r.exit_code != 0 and "NO_SUCH_KEY_VAR, which is not set" in r.output
 
 
+def tool_call_reply(n: int, model: str, function: dict, usage: dict | None = None) -> JSONResponse:
+    """A chat completion whose message is one call of `function` ({name, arguments}), as a vendor's API sends it."""
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": f"call_{n}", "type": "function", "function": function}],
+    }
+    reply = {
+        "id": f"c{n}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+    }
+    return JSONResponse(reply | ({"usage": usage} if usage else {}))
+
+
 def expert_call(env, body: dict) -> dict:
     """The env's scripted expert's reply to the conversation in `body` (its task's last demonstration turn)."""
     task = next(t for t in env.task_set if t.prompt in body["messages"][1]["content"])
@@ -179,21 +178,7 @@ class RefusingVendor:
         if refused := self.refuse(body, self.calls):
             status, message = refused
             return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
-        function = expert_call(self.env, body)
-        message = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "c", "type": "function", "function": function}],
-        }
-        return JSONResponse(
-            {
-                "id": f"c{self.calls}",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
-            }
-        )
+        return tool_call_reply(self.calls, body["model"], expert_call(self.env, body))
 
 
 @contextlib.contextmanager
