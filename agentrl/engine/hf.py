@@ -63,6 +63,27 @@ def _full_attention(cfg) -> bool:
     return all(t == "full_attention" for t in types) if types else not getattr(cfg, "sliding_window", None)
 
 
+def _check_update(
+    tensors: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor], what: str, whose: str, *, missing: bool
+) -> None:
+    """Refuse an update whose keys or shapes are not `own`'s before a tensor is copied: torch and peft copy every
+    tensor that fits before they raise, which left the engine sampling a mix of old and new weights under the old
+    version, over a prefix cache of the old weights' KV."""
+    problems = []
+    if extra := sorted(tensors.keys() - own.keys()):
+        problems.append(f"has keys {whose} lacks: {extra[:5]}")
+    if missing and (absent := sorted(own.keys() - tensors.keys())):
+        problems.append(f"lacks keys of {whose}: {absent[:5]}")
+    if wrong := [
+        f"{k} {tuple(v.shape)} (not {tuple(own[k].shape)})"
+        for k, v in tensors.items()
+        if k in own and v.shape != own[k].shape
+    ]:
+        problems.append(f"has tensors of the wrong shape: {wrong[:5]}")
+    if problems:
+        raise ValueError(f"{what} {'; '.join(problems)}; no weight was changed")
+
+
 @dataclass(eq=False, kw_only=True)
 class _Request(Request):
     key: tuple[int, int]  # its seed's noise key (agentrl.engine.sampling)
@@ -240,6 +261,9 @@ class HFEngine(ThreadedEngine):
         if min(prompt) < 0 or max(prompt) >= self._vocab:  # the decode thread would fail on it, and on every request
             bad = next(t for t in prompt if not 0 <= t < self._vocab)
             raise ValueError(f"prompt token id {bad} is not in the model's vocabulary (0 to {self._vocab - 1})")
+        # the decode thread puts stop ids in an int64 tensor: one past 2^63 would fail it, and every request with it
+        if bad := [t for t in params.stop_token_ids if not 0 <= t < self._vocab]:
+            raise ValueError(f"stop token ids {bad[:5]} are not in the model's vocabulary (0 to {self._vocab - 1})")
         seed = params.seed if params.seed is not None else next(self._seeds)
         return _Request(
             id=request_id, prompt=prompt, params=params, loop=loop, future=loop.create_future(), key=seed_key(seed)
@@ -257,17 +281,17 @@ class HFEngine(ThreadedEngine):
             raise ValueError("this engine holds its own weights: pass the new state_dict or LoRA adapter")
         with self._lock, torch.no_grad():
             if lora is not None:
-                from peft import set_peft_model_state_dict
+                from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
                 if not self._lora:
                     raise ValueError(
                         "a LoRA update needs the engine's model to be a peft PeftModel "
                         "(agentrl serve: start it with --lora-rank)"
                     )
-                result = set_peft_model_state_dict(self.model, dict(lora))
-                if result.unexpected_keys:
-                    raise ValueError(f"LoRA update has keys the adapter lacks: {result.unexpected_keys[:5]}")
+                _check_update(lora, get_peft_model_state_dict(self.model), "LoRA update", "the adapter", missing=False)
+                set_peft_model_state_dict(self.model, dict(lora))
             elif state_dict is not None:
+                _check_update(state_dict, self.model.state_dict(), "state_dict", "the model", missing=True)
                 self.model.load_state_dict(dict(state_dict), strict=True)
             if self.bf16_weights:
                 self._round_weights()

@@ -338,6 +338,36 @@ async def test_lora_update_and_shared_weights():
             await eng.update_weights(lora={"nonsense.lora_A.weight": torch.zeros(1)})
 
 
+async def test_a_refused_update_changes_no_weight():
+    """An update with a wrong key or shape is refused whole: torch and peft copied every tensor that fit before
+    raising, so the engine went on sampling a mix of old and new weights under the old version (`agentrl serve`
+    answers such an update 400 and keeps serving)."""
+    model = tiny_model("qwen3", seed=0)
+    new = tiny_model("qwen3", seed=5).state_dict()
+    wrong_shape = {**new, "lm_head.weight": torch.zeros(new["lm_head.weight"].shape[0], 65)}
+    unknown = {**new, "model.no_such.weight": torch.zeros(1)}
+    lacking = {k: v for k, v in new.items() if k != "model.norm.weight"}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    async with HFEngine(model) as eng:
+        for bad, says in [(wrong_shape, "wrong shape"), (unknown, "keys the model lacks"), (lacking, "lacks keys")]:
+            with pytest.raises(ValueError, match=rf"{says}.*no weight was changed"):
+                await eng.update_weights(bad)
+        assert eng.version == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+    lora = peft_model(tiny_model("qwen3", seed=0), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    adapter = {k: v.clone() for k, v in get_peft_model_state_dict(lora).items()}
+    first = next(iter(adapter))
+    bad = {k: torch.randn(v.shape[0] + 1, v.shape[1]) if k == first else v + 1 for k, v in adapter.items()}
+    async with HFEngine(lora) as eng:
+        with pytest.raises(ValueError, match=r"wrong shape.*no weight was changed"):
+            await eng.update_weights(lora=bad)
+        with pytest.raises(ValueError, match="adapter lacks"):
+            await eng.update_weights(lora={**{k: v + 1 for k, v in adapter.items()}, "x.lora_A.weight": torch.zeros(1)})
+        assert eng.version == 0
+    assert all(torch.equal(adapter[k], v) for k, v in get_peft_model_state_dict(lora).items())
+
+
 async def test_abort_returns_partial_tokens():
     model = tiny_model("llama", seed=0)
     prompt = load_tokenizer().encode("x")
@@ -349,6 +379,20 @@ async def test_abort_returns_partial_tokens():
         await eng.abort("no-such-request")  # ignored
     assert gen.finish_reason == "aborted" and 0 < len(gen.token_ids) < 2000
     assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
+
+
+async def test_a_stop_token_id_past_int64_is_refused_and_fails_no_other_request():
+    """The decode thread put stop ids in an int64 tensor: one of 2^63 (JSON and SamplingParams allow it) failed the
+    thread, the requests batched with it and every later one."""
+    model = tiny_model("llama", seed=0)
+    async with HFEngine(model) as eng:
+        other = asyncio.create_task(eng.generate([5, 6, 7], SamplingParams(max_tokens=40, seed=1)))
+        await asyncio.sleep(0.05)
+        for bad in (2**63, model.config.vocab_size):
+            with pytest.raises(ValueError, match=rf"stop token ids \[{bad}\] are not in the model's vocabulary"):
+                await eng.generate([1, 2, 3], SamplingParams(max_tokens=4, stop_token_ids=(2, bad)))
+        assert (await other).finish_reason == "length"
+        assert len((await eng.generate([1, 2, 3], SamplingParams(max_tokens=4))).token_ids) == 4
 
 
 async def test_overlong_requests_never_reach_the_model():
