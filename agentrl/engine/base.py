@@ -27,13 +27,17 @@ FinishReason = Literal["stop", "length", "aborted"]
 WeightUpdate = Literal["full", "lora"]
 
 
+MIN_TEMPERATURE = 1e-5
+"""the smallest temperature but 0 (vLLM's threshold for greedy too)"""
+
+
 class SamplingParams(BaseModel):
     """How to sample one request. Validated here, before anything reaches a model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     temperature: float = Field(1.0, ge=0.0)
-    """softmax temperature; 0 means greedy decoding"""
+    """softmax temperature; 0 means greedy decoding, else at least `MIN_TEMPERATURE`"""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """nucleus sampling: keep the smallest set of tokens whose probability reaches top_p"""
     top_k: int = Field(0, ge=0)
@@ -47,6 +51,11 @@ class SamplingParams(BaseModel):
 
     @model_validator(mode="after")
     def _greedy_has_no_filters(self) -> SamplingParams:
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature={self.temperature:g} is neither 0 (greedy) nor at least {MIN_TEMPERATURE:g}: logits "
+                "divided by it approach float32's limit (at 1e-39 every logprob was NaN); for greedy set 0"
+            )
         if self.temperature == 0 and (self.top_p < 1 or self.top_k):
             raise ValueError("top_p / top_k have no effect with temperature=0 (greedy); leave them at 1.0 / 0")
         return self

@@ -3,9 +3,10 @@ follows that distribution and depends on its seed, its token index and its logit
 
 import math
 
+import pytest
 import torch
 
-from agentrl.engine.base import SamplingParams
+from agentrl.engine.base import MIN_TEMPERATURE, SamplingParams
 from agentrl.engine.sampling import RowSampling, exponential_noise, sampling_logprobs, seed_key
 
 CPU = torch.device("cpu")
@@ -107,3 +108,17 @@ def test_seed_keys_are_two_32_bit_words_of_any_integer():
     keys = {seed_key(s) for s in (0, 1, -1, 2**64, 2**64 + 1, 10**30, 7)}
     assert len(keys) == 5 and seed_key(2**64 + 1) == seed_key(1), "seeds count modulo 2^64"
     assert all(0 <= w < 2**32 for key in keys for w in key)
+
+
+def test_a_temperature_too_small_to_sample_with_is_refused_and_the_smallest_gives_finite_logprobs():
+    """At 1e-39 (a float32 subnormal) logits / temperature overflow: every logprob is NaN, which would poison the
+    loss; 0 (greedy) and MIN_TEMPERATURE are finite."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 3
+    assert torch.isnan(sampling_logprobs(logits, 1e-39)).all()  # what such a request sampled from
+    for t in (1e-39, 1e-6):
+        with pytest.raises(ValueError, match=f"temperature={t:g} is neither 0 .greedy. nor at least 1e-05"):
+            SamplingParams(temperature=t)
+    for t in (0.0, MIN_TEMPERATURE):
+        p = SamplingParams(temperature=t)
+        got = rows([p] * 4, 300).logprobs(logits)
+        assert torch.isfinite(got.max(-1).values).all() and not torch.isnan(got).any(), t
