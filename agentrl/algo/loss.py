@@ -25,6 +25,13 @@ Then w = sg[min(ŵ, C)] ("truncate"), w = sg[ŵ·1(ŵ ≤ C)] ("mask") or w = sg
 ("band", IcePop's two-sided mask, C > 1). Without behaviour logprobs lp_prox is lp_b and w = 1:
 the coupled objective, the same numbers exactly.
 
+A token the sampling filter (top-k, top-p) drops has lp = −inf (`agentrl.engine.sampling`): one the engine
+sampled at the filter's edge may lie outside the learner's. Its log-ratio lp_θ(t) − lp_prox(t) is taken as 0
+where lp_prox(t) = −inf (decoupled: its behaviour weight exp(lp_prox − lp_b) is then 0, so is its term), and where
+only lp_θ(t) = −inf it is −inf: s_i = 0 or r_{i,t} = 0, the limit, with no gradient. GSPO-token's
+exp(lp_θ(t) − sg[lp_θ(t)]) is 1 there, and the KL term k3 of such a token 0 (π_θ never samples it): never
+∞ − ∞ or 0·∞, whose NaN would reach every weight through the step.
+
 J = (1/B') Σ_i J_i over the B' sequences with at least one generated token: every sequence
 weighs the same whatever its length. A token sum across the batch (which weights long
 sequences more) is deliberately not offered. With sequence weights ρ_i (an episode of K sequences gives each
@@ -103,9 +110,14 @@ def _token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
+def _log_ratio(lp: torch.Tensor, lp_prox: torch.Tensor) -> torch.Tensor:
+    """lp_θ(t) − lp_prox(t), 0 where lp_prox(t) = −inf (module docstring: filtered tokens)."""
+    return torch.where(lp_prox == -torch.inf, 0.0, lp - lp_prox)
+
+
 def _sequence_log_ratio(lp: torch.Tensor, lp_prox: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log s_i = (1/|T_i|) Σ_{t∈T_i} (lp_θ(t) − lp_prox(t)), (B,)."""
-    return _token_mean(lp - lp_prox, mask)
+    return _token_mean(_log_ratio(lp, lp_prox), mask)
 
 
 class GSPO(Objective):
@@ -131,7 +143,8 @@ class GSPOToken(Objective):
 
     def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
         s_i = _sequence_log_ratio(lp, lp_prox, mask).exp()  # (B,)
-        s_it = s_i.detach()[:, None] * (lp - lp.detach()).exp()  # (B, T): value s_i, gradient of lp_θ(t)
+        own = torch.where(lp == -torch.inf, 0.0, lp - lp.detach())  # −inf − (−inf) would be NaN
+        s_it = s_i.detach()[:, None] * own.exp()  # (B, T): value s_i, gradient of lp_θ(t)
         J_it = _surrogate(s_it, A, eps_low, eps_high)
         if weight is not None:
             J_it = _per_token(weight) * J_it
@@ -145,7 +158,7 @@ class GRPO(Objective):
     level = "token"
 
     def terms(self, lp, lp_prox, A, mask, eps_low, eps_high, weight):
-        r_it = (lp - lp_prox).exp()  # (B, T)
+        r_it = _log_ratio(lp, lp_prox).exp()  # (B, T)
         J_it = _surrogate(r_it, A, eps_low, eps_high)
         if weight is not None:
             J_it = _per_token(weight) * J_it
@@ -417,12 +430,13 @@ def policy_objective(
     J = mean(terms.J_i)
     loss = -J
     if ref_logprobs is not None:
-        per_sequence = _token_mean(_k3(masked(ref_logprobs) - lp), m)
+        log_r = torch.where(lp == -torch.inf, 0.0, masked(ref_logprobs) - lp)  # filtered: k3(0) = 0, not ∞ − ∞
+        per_sequence = _token_mean(_k3(log_r), m)
         loss = loss + kl_coef * mean(per_sequence)
         metrics["kl_ref"] = Mean.of(per_sequence.detach(), has_tokens, rho)
 
     with torch.no_grad():
-        diff = (lp - lp_prox).detach()
+        diff = _log_ratio(lp, lp_prox).detach()
         metrics.update(
             clip_fraction=Mean.of(terms.clipped, has_tokens),
             ratio=Sample(terms.ratio.detach(), has_tokens if objective.level == "sequence" else on),

@@ -1,13 +1,13 @@
 """The update: M optimizer steps of the policy objective over a rollout batch, on one or many ranks.
 
-The batch is split into M minibatches, one optimizer step each (gradients clipped to a
-global norm). With a token budget (optim.microbatch_tokens) a minibatch runs as micro-batches, each one forward
-and backward, their gradients accumulated into its one step. With several ranks each takes a disjoint share of
-every micro-batch and FSDP2 averages gradients; each share's loss is rescaled so that the update is that of the
-whole minibatch: J is a mean over sequences (weighted by their row weights: 1/K each for an episode of K
-sequences), so a share's mean over its sequences of total weight n_r weighs n_r / n (× the world size, which
-FSDP's average divides away). The router's load-balancing loss, which is not a mean over sequences, is taken per
-micro-batch (over all ranks) and weighted by its share of the minibatch's tokens.
+The batch's rows with a generated token (the others have no term in J) are split into M minibatches, one optimizer
+step each (gradients clipped to a global norm). With a token budget (optim.microbatch_tokens) a minibatch runs as
+micro-batches, each one forward and backward, their gradients accumulated into its one step. With several ranks each
+takes a disjoint share of every micro-batch and FSDP2 averages gradients; each share's loss is rescaled so that the
+update is that of the whole minibatch: J is a mean over sequences (weighted by their row weights: 1/K each for an
+episode of K sequences), so a share's mean over its sequences of total weight n_r weighs n_r / n (× the world size,
+which FSDP's average divides away). The router's load-balancing loss, which is not a mean over sequences, is taken
+per micro-batch (over all ranks) and weighted by its share of the minibatch's tokens.
 
 Nothing in a step reads a value back from the device: the split reads what it needs once, before the first
 step (host copies of the ids and masks, which the scorer plans from, and the batch's checks), the loss and the
@@ -193,11 +193,16 @@ class Trainer:
     def _minibatches(self, batch: TrainBatch) -> list[_Share]:
         """This rank's shares of every micro-batch of every minibatch, in order, with what the update needs on the
         host read back once, here."""
-        M = min(self.cfg.optim.minibatches, len(batch))
-        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.cfg.seed))
+        # once for the whole batch (a batch without a generated token refused): each minibatch's loss reads nothing back
+        check_values(batch.advantages, batch.loss_mask, mode=self.cfg.algo.loss, sequence_weights=batch.row_weights)
         ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
         lengths = mask.sum(-1)
         weight = batch.row_weight(torch.arange(len(batch))) * batch.loss_mask.any(-1).cpu()  # 0: nothing generated
+        # only rows with a term in J are split: a minibatch of none would still step, AdamW moving the weights on
+        # zero gradients (its momentum, its weight decay)
+        live = weight.nonzero()[:, 0]
+        M = min(self.cfg.optim.minibatches, len(live))
+        order = live[torch.randperm(len(live), generator=torch.Generator().manual_seed(self.cfg.seed))]
         shares = []
         for m in range(M):
             rows = order[m::M]
@@ -225,8 +230,6 @@ class Trainer:
                         tokens=float(lengths[part].sum()) / max(real, 1),
                     )
                 )
-        if any(s.n_global for s in shares):  # once for the whole batch: each minibatch's loss reads nothing back
-            check_values(batch.advantages, batch.loss_mask, mode=self.cfg.algo.loss, sequence_weights=batch.row_weights)
         return shares
 
     def _micro_batches(self, rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:

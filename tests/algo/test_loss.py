@@ -362,3 +362,39 @@ def test_bf16_inputs_are_computed_in_fp32(mode):
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
     assert got_m["clip_fraction"] == pytest.approx(want_m["clip_fraction"])
     assert 0 < want_m["clip_fraction"] < 1
+
+
+@pytest.mark.parametrize(
+    "mode,level,kind", [(m, "auto", None) for m in OBJECTIVES] + [(m, lv, k) for m, lv in LEVELS for k in KINDS]
+)
+def test_a_token_outside_the_learner_s_sampling_filter_is_the_limit_not_nan(mode, level, kind):
+    """A generated token the learner's top-k / top-p drops (the engine sampled it at the filter's edge) has
+    lp_θ = −inf: loss, gradient and KL are their limit as lp_θ → −∞ (its sequence's s_i → 0, GRPO's r_{i,t}),
+    never NaN; decoupled, at the first step lp_prox is −inf there too (the same limit), after one lp_prox alone
+    (ŵ = 0: its term drops)."""
+    lp, lp_b, mask, A_tok, A_seq = batch(13, noise=2e-3 if mode != "grpo" else 0.4)
+    A = A_seq if mode == "gspo" else A_tok
+    i, t = 1, int(mask[1].nonzero()[1])
+    kl = {"ref_logprobs": lp_b, "kl_coef": 0.1}
+
+    def at(x, value):
+        x = x.clone()
+        x[i, t] = value
+        return x
+
+    def run(x, lp_prox, ref):
+        decoupled = {} if kind is None else {**behaviour(kind, lp_b), "behaviour_level": level}
+        prox = x.detach() if lp_prox is None else lp_prox  # None: the learner's own, before its first step
+        return loss_and_grad(lambda y: policy_loss(y, prox, A, mask, mode=mode, **decoupled, **kl | ref), x)
+
+    # −1e6 stands for −∞: exp(−1e6 / |T_i|) is 0 in float64, and k3 is 0 where lp_ref = lp_θ
+    for lp_prox in (None,) if kind else (lp_b,):
+        loss, grad, metrics = run(at(lp, -math.inf), lp_prox, {})
+        limit, g_limit, m_limit = run(at(lp, -1e6), lp_prox, {"ref_logprobs": at(lp_b, -1e6)})
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        torch.testing.assert_close(loss, limit, atol=1e-12, rtol=0)
+        torch.testing.assert_close(grad, g_limit, atol=1e-12, rtol=0)
+        assert metrics["kl_ref"] == pytest.approx(m_limit["kl_ref"], abs=1e-12) and grad[i, t] == 0
+    if kind is not None:  # after a step: the token back inside the filter, lp_prox = −inf
+        loss, grad, _ = run(lp, at(lp, -math.inf), {"ref_logprobs": None, "kl_coef": 0.0})
+        assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[i, t] == 0

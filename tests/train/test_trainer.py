@@ -397,3 +397,21 @@ def test_micro_batches_hold_the_token_budget_longest_rows_first():
     parts = trainer._micro_batches(torch.arange(8), lengths)
     assert [p.tolist() for p in parts] == [[1], [3, 4], [5, 2, 6], [0, 7]]  # 200 alone; then ≤ 120 padded
     assert all(len(p) * int(lengths[p].max()) <= 120 for p in parts[1:])
+
+
+def test_rows_that_generated_nothing_take_no_step():
+    """An episode that ended before its first turn is a row without a term in J: the update is that of the other
+    rows alone, the same steps; a minibatch of only such rows would still step (AdamW moves the weights on zero
+    gradients, by its momentum and weight decay). A batch of nothing but them is refused."""
+    batch = fixed_batch(B=4)
+    batch.loss_mask[2:] = 0
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, minibatches=4))
+    with_empty, alone = Trainer(cfg, tiny_model("qwen3", seed=0)), Trainer(cfg, tiny_model("qwen3", seed=0))
+    for _ in range(2):  # the second with the first's momentum
+        with_empty.update(batch)
+        alone.update(batch.select([0, 1]))
+    assert with_empty.scheduler.last_epoch == 4  # two steps an update, one a row that generated something
+    for (name, p), q in zip(with_empty.policy.named_parameters(), alone.policy.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    with pytest.raises(ValueError, match="no generated tokens"):
+        with_empty.update(batch.select([2, 3]))
