@@ -4,7 +4,6 @@ completions (messages in, tool calls out, token ids as extension fields)."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import signal
 import socket
 import tempfile
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     from agentrl.engine import InferenceEngine
 
 from agentrl.cli.console import err, fail
+from agentrl.engine.config import is_loopback
 from agentrl.models.lora import LoraSettings
 
 API_KEY_ENV = "AGENTRL_API_KEY"
@@ -85,7 +85,7 @@ def serve(
             f"{' and '.join(unused)} shape the LoRA adapters: they do nothing without --lora-rank; set it, or drop them"
         )
     api_key = (api_key or "").strip() or None  # an empty AGENTRL_API_KEY is no key
-    if api_key is None and not _loopback(host):
+    if api_key is None and not is_loopback(host):
         fail(
             f"--host {host} is reachable from other machines: give a key (--api-key KEY, or {API_KEY_ENV}) that "
             "every request, weight uploads included, must carry"
@@ -154,16 +154,6 @@ def _lora_options(alpha: float, targets: str, experts: bool) -> list[str]:
     return [option for option, differs in changed.items() if differs]
 
 
-def _loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
-
-
 class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Abort the running requests first: uvicorn waits for every open request before it stops,
@@ -190,6 +180,7 @@ async def _serve(app: FastAPI, engine: InferenceEngine, name: str, host: str, po
         except OSError as e:
             fail(f"cannot listen on {host}:{port}: {e.strerror}", 1)
         bound_host, bound_port = sock.getsockname()[:2]
+        bound_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # an IPv6 address, as a URL writes it
         await engine.start()
         print(f"agentrl serve: {name} on http://{bound_host}:{bound_port}", flush=True)
         await server.serve(sockets=[sock])

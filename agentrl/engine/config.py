@@ -3,6 +3,7 @@ settings) and `EngineModel` (what it serves). `agentrl.engine.build_engine` take
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -230,3 +231,13 @@ class EngineModel:
     """the adapters the policy trains: an engine holding its own copy gets the same ones, to take LoRA updates"""
     device: str = "cpu"
     """where an in-process engine puts a copy it loads"""
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (a name or an IP literal, without brackets or port) names this machine alone."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a DNS name: it may resolve anywhere
+        return False

@@ -30,6 +30,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
+from urllib.parse import urlsplit
 
 import anyio
 import safetensors.torch
@@ -37,11 +38,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
 from agentrl.engine.base import ContextTooLong, Generation, InferenceEngine, SamplingParams
+from agentrl.engine.config import is_loopback
 from agentrl.engine.protocol import (
     AbortRequest,
     Completion,
@@ -60,11 +61,6 @@ from agentrl.engine.protocol import (
 FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
 
 
-LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
-"""the Host a keyless server answers: a web page a browser of this machine opens may send requests to 127.0.0.1
-under a name of its own that resolves there (DNS rebinding), and only the name tells them apart"""
-
-
 def create_app(
     engine: InferenceEngine,
     *,
@@ -78,7 +74,7 @@ def create_app(
     tokenizer: only for the `text` fields of replies (generation never decodes).
     vocab_size: refuse prompt ids outside the vocabulary with a 400 (before the model sees them).
     api_key: every endpoint but GET /health needs `Authorization: Bearer KEY` (401 otherwise); without one, only
-    requests to a loopback name are answered (400 otherwise: `LOOPBACK_HOSTS`).
+    requests to a loopback name and from no web page but a loopback one are answered (`_LoopbackOnly`).
 
     `await app.state.stop()` before shutting the server down: new requests get 503 and running
     ones are aborted, so their replies go out at once with the tokens made so far. Other routes
@@ -98,8 +94,8 @@ def create_app(
     app.state.stop = stop
     if api_key is not None:
         require_key(app, lambda _: api_key, open_paths={"/health"})
-    else:  # served on loopback alone: by this machine's names too, or a DNS name rebound to 127.0.0.1 reaches it
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)
+    else:
+        app.add_middleware(_LoopbackOnly)
 
     refuse_invalid(app)
 
@@ -319,6 +315,39 @@ class _KeyCheck:
             message = "a valid API key is required: send `Authorization: Bearer KEY`"
             return await error(401, message, code="invalid_api_key")(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class _LoopbackOnly:
+    """A keyless server's guard against the web pages a browser of this machine opens, which can send requests to
+    127.0.0.1 too: under a DNS name of their own rebound there (only the Host names it: refused, 400), or straight
+    to it as cross-origin requests a page needs no CORS answer to send (a POST of bytes without a content type
+    installs weights; only the Origin tells it apart: refused, 403). Clients that are no browser send no Origin."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin")
+        if not is_loopback(_hostname(f"//{host}")):
+            reply = error(
+                400, f"Host {host!r} is not this machine: a server without a key answers loopback names alone"
+            )
+        elif origin is not None and not is_loopback(_hostname(origin.decode("latin-1"))):
+            reply = error(403, "requests from web pages are refused: give the server a key (--api-key) to serve them")
+        else:
+            return await self.app(scope, receive, send)
+        await reply(scope, receive, send)
+
+
+def _hostname(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 literal
+        return None
 
 
 ABORT_WAIT_S = 30.0

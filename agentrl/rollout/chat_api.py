@@ -130,6 +130,19 @@ def _arguments(call: ChatToolCall, param: str) -> dict[str, Any]:
     return args
 
 
+def _encodable(value: Any, param: str) -> None:
+    """Refuse a lone UTF-16 surrogate (JSON's `"\\ud800"` unpaired, as Python's `surrogateescape` decoding leaves
+    undecodable bytes): the tokenizer takes no text that is not Unicode, and would fail the request with a 500."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ChatRequestError(
+            f"{param} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not text: "
+            "send valid Unicode (decode bytes with errors='replace')",
+            param,
+        ) from None
+
+
 def reply_key(content: str, calls: list[ToolCall]) -> str:
     """What an assistant message says, in one string: its content and its calls (arguments compared as JSON)."""
     return json.dumps([content.strip(), [[c.name, c.arguments] for c in calls]], sort_keys=True)
@@ -272,6 +285,9 @@ class ChatCompletions:
                 status=404,
             )
         check_messages(req.messages)
+        for i, m in enumerate(req.messages):
+            _encodable(m.model_dump(exclude_none=True), f"messages.{i}")
+        _encodable([t.model_dump() for t in req.tools or []], "tools")
         chars = sum(len(m.text) for m in req.messages) + len(json.dumps([t.function for t in req.tools or []]))
         if chars > self.engine.max_context * self._chars_per_token:
             raise ChatRequestError(

@@ -11,6 +11,7 @@ import socket
 import subprocess
 
 import httpx
+import openai
 import pytest
 import torch
 from cli import listening_url, start_agentrl
@@ -406,10 +407,39 @@ async def test_trainer_weights_reach_agentrl_serve(model_dir, lora):
 async def test_a_keyless_server_answers_loopback_names_alone(url):
     """Without a key `agentrl serve` listens on loopback alone, but a web page this machine's browser opens could
     still reach it under a DNS name of its own that resolves to 127.0.0.1 (rebinding), and upload weights: only
-    the Host it names tells the two apart."""
+    the Host it names tells the two apart. Every loopback address is this machine (`--host 127.0.0.2` is served)."""
     port = httpx.URL(url).port
     async with httpx.AsyncClient() as c:
-        for host in ("127.0.0.1", "localhost"):
-            assert (await c.get(f"{url}/v1/models", headers={"Host": f"{host}:{port}"})).status_code == 200
+        for host in ("127.0.0.1", "localhost", "127.0.0.2", "[::1]", "[0:0:0:0:0:0:0:1]"):
+            assert (await c.get(f"{url}/v1/models", headers={"Host": f"{host}:{port}"})).status_code == 200, host
         rebound = await c.post(f"{url}/agentrl/weights", headers={"Host": f"attacker.example:{port}"}, content=b"x")
-        assert (rebound.status_code, rebound.text) == (400, "Invalid host header")
+        assert rebound.status_code == 400
+        assert "'attacker.example:" in rebound.json()["error"]["message"]
+
+
+async def test_a_keyless_server_refuses_requests_from_web_pages(url):
+    """A page of any site can POST bytes without a content type to http://127.0.0.1 (a "simple" request: no CORS
+    preflight asks first, and the reply, unread, does not matter): it would install its weights. The browser names
+    the page's origin; clients that are no browser send none, and a loopback page is this machine's own."""
+    async with httpx.AsyncClient() as c:
+        before = (await c.get(f"{url}/agentrl/version")).json()["version"]
+        for origin in ("https://attacker.example", "null"):  # "null": a sandboxed frame, a file:// page
+            r = await c.post(f"{url}/agentrl/weights", headers={"Origin": origin}, content=b"x")
+            assert r.status_code == 403 and "web pages" in r.json()["error"]["message"], origin
+        assert (await c.get(f"{url}/agentrl/version")).json()["version"] == before
+        local = await c.get(f"{url}/v1/models", headers={"Origin": f"http://localhost:{httpx.URL(url).port}"})
+        assert local.status_code == 200
+
+
+@pytest.mark.slow  # a server of its own
+async def test_an_ipv6_server_prints_a_url_clients_take(model_dir):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    proc = start_server(model_dir, 0, "--host", "::1")
+    try:
+        url = listening_url(proc)
+        assert url.startswith("http://[::1]:")
+        models = await openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0).models.list()
+        assert [m.id for m in models.data] == [str(model_dir)]
+    finally:
+        stop_server(proc, signal.SIGINT)

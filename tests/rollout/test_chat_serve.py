@@ -176,6 +176,30 @@ def test_bad_requests_get_an_openai_error_naming_the_problem(url, change, status
     assert says in r.json()["error"]["message"]
 
 
+CALL = {
+    "role": "assistant",
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run_python", "arguments": "{}"}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "cut \ud83d in two"}]}, "messages.0"),
+        ({"messages": [*OPENING, CALL, {"role": "tool", "tool_call_id": "c1", "content": "\udcff"}]}, "messages.3"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "description": "\udfff"}}]}, "tools"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_where(url, change, param):
+    """JSON may escape half of a UTF-16 pair (`"\\ud83d"`): JavaScript's JSON.stringify of a string sliced inside an
+    emoji sends one, as does Python's json.dumps of bytes decoded with surrogateescape. No tokenizer takes it."""
+    body = {"messages": OPENING, "max_tokens": 4} | change
+    headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    r = httpx.post(f"{url}/v1/chat/completions", content=json.dumps(body), headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "surrogate" in r.json()["error"]["message"]
+
+
 def test_invalid_json_is_a_400(url):
     r = httpx.post(
         f"{url}/v1/chat/completions",

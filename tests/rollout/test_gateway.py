@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import zlib
 
 import httpx
@@ -157,6 +158,12 @@ async def test_bad_input_gets_an_openai_error_and_leaves_the_session_as_it_was(g
             await c.chat.completions.create(model="gpt-4o", messages=OPENING)
         with pytest.raises(openai.BadRequestError, match="more than a context"):
             await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 10_000_000}])
+        # a JavaScript agent that cut its tool's output inside an emoji sends half of it, escaped (JSON.stringify)
+        body = json.dumps({"messages": [*OPENING[:-1], {"role": "user", "content": "a \ud83d"}]})
+        headers = {"Authorization": f"Bearer {access.api_key}", "content-type": "application/json"}
+        async with httpx.AsyncClient() as h:
+            cut = await h.post(f"{access.base_url}/chat/completions", content=body, headers=headers)
+        assert cut.status_code == 400 and "surrogate" in cut.json()["error"]["message"]
         r = await c.chat.completions.create(model="policy", messages=OPENING)
     session = gateway.sessions[access.session_id]
     assert session.calls == 1 and not session.rewrites and len(traj.turns) == 1 and r.choices
