@@ -20,11 +20,13 @@ socket, spare forks included); what Docker's defaults promise, made by bubblewra
   (a MemoryError), not `oom`; RLIMIT_AS holds per process, and RLIMIT_NPROC counts all of
   nobody's processes on the host (the README's table of modes).
 
-No new user namespace: run as root, a seccomp filter (`no_userns_filter`) refuses unshare and clone with
-CLONE_NEWUSER (clone3 answers ENOSYS, as under Docker's profile, and libc falls back to clone); run unprivileged,
-bubblewrap's --disable-userns does. Inside one a program would hold every capability (of that namespace), as
-Docker's profile does not allow either. The rest of that profile is not reproduced: a program holds no capability and
-cannot gain one, so the syscalls it blocks for root do not apply.
+No new user namespace: a seccomp filter (`seccomp_filter`) refuses unshare and clone with CLONE_NEWUSER (clone3
+answers ENOSYS, as under Docker's profile, and libc falls back to clone); run unprivileged, bubblewrap's
+--disable-userns does too. Inside one a program would hold every capability (of that namespace), as Docker's profile
+does not allow either. No kernel keyrings either (add_key, request_key, keyctl answer EPERM, as under Docker's
+profile): they are not namespaced by bubblewrap, so a program would hold the host process's session keyring (read
+it, clear it) and share nobody's user keyring with every other sandbox, later ones included. The rest of that profile
+is not reproduced: a program holds no capability and cannot gain one, so the syscalls it blocks for root do not apply.
 
 A sandbox's host side is one folder (`tree`) in the runtime dir (`agentrl.sandbox.base.runtime_dir`: this user's
 alone): `socket/`, the one part the sandbox sees, and `owner.json` (the owner's pid, its start time, host and
@@ -354,32 +356,39 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-# -- no new user namespace -----------------------------------------------------------------------
+# -- no new user namespace, no keyrings ---------------------------------------------------------
 
 # seccomp's classic BPF over struct seccomp_data: nr at offset 0, arch at 4, args[0]'s low 32 bits at 16
 _LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 CLONE_NEWUSER = 0x10000000
-# per machine: (AUDIT_ARCH, unshare, clone, clone3, x32's bit or 0) of the native ABI and of the 32-bit one it runs
+# per machine: (AUDIT_ARCH, unshare, clone, clone3, x32's bit or 0, (add_key, request_key, keyctl)) of the native ABI
+# and of the 32-bit one it runs
 _ABIS = {
-    "x86_64": [(0xC000003E, 272, 56, 435, 0x40000000), (0x40000003, 310, 120, 435, 0)],
-    "aarch64": [(0xC00000B7, 97, 220, 435, 0), (0x40000028, 337, 120, 435, 0)],
+    "x86_64": [
+        (0xC000003E, 272, 56, 435, 0x40000000, (248, 249, 250)),
+        (0x40000003, 310, 120, 435, 0, (286, 287, 288)),
+    ],
+    "aarch64": [(0xC00000B7, 97, 220, 435, 0, (217, 218, 219)), (0x40000028, 337, 120, 435, 0, (309, 310, 311))],
 }
 
 
 @cache
-def no_userns_filter() -> bytes | None:
-    """A seccomp program (cBPF, for bubblewrap's --seccomp) that refuses a new user namespace: unshare or clone with
-    CLONE_NEWUSER gets EPERM, clone3 (whose flags sit in memory, out of the filter's reach) ENOSYS, any other
-    syscall passes; an ABI it does not know kills the process. None on a machine it has no syscall numbers for."""
+def seccomp_filter() -> bytes | None:
+    """A seccomp program (cBPF, for bubblewrap's --seccomp) that refuses a new user namespace and the keyrings: unshare
+    or clone with CLONE_NEWUSER gets EPERM, clone3 (whose flags sit in memory, out of the filter's reach) ENOSYS,
+    add_key, request_key and keyctl EPERM, any other syscall passes; an ABI it does not know kills the process. None
+    on a machine it has no syscall numbers for."""
     abis = _ABIS.get(platform.machine())
     if abis is None:
         return None
     code = [(_LD, 0, 0, 4)]  # the arch
-    for arch, unshare, clone, clone3, x32 in abis:
+    for arch, unshare, clone, clone3, x32, keyrings in abis:
         block = [(_LD, 0, 0, 0)]  # the syscall number
         if x32:  # x32 numbers on the native arch: none is needed, none passes
             block += [(_JGE, 0, 1, x32), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
+        for nr in keyrings:
+            block += [(_JEQ, 0, 1, nr), (_RET, 0, 0, _ERRNO | errno.EPERM)]
         block += [
             (_JEQ, 0, 1, clone3),
             (_RET, 0, 0, _ERRNO | errno.ENOSYS),
@@ -396,11 +405,11 @@ def no_userns_filter() -> bytes | None:
 
 
 @contextlib.contextmanager
-def _no_userns(privileged: bool) -> Iterator[tuple[list[str], tuple[int, ...]]]:
-    """For a bubblewrap run as root: its arguments that load `no_userns_filter`, and the file descriptor they name,
-    to pass to it (read by bubblewrap at its start, closed here after the block); unprivileged: none
-    (--disable-userns, with its user namespace, does the same)."""
-    program = no_userns_filter() if privileged else None
+def _seccomp() -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """A bubblewrap's arguments that load `seccomp_filter`, and the file descriptor they name, to pass to it (read by
+    bubblewrap at its start, closed here after the block). Unprivileged too: a user namespace keeps the keyrings
+    of the process that made it."""
+    program = seccomp_filter()
     if program is None:
         yield [], ()
         return
@@ -528,7 +537,7 @@ def _executor_bytecode(bwrap: str, privileged: bool, rootfs: Path | None) -> Pat
     argv += [] if privileged else ["--unshare-user", "--disable-userns"]
     argv += [*_root_args(rootfs), "--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/agentrl"]
     argv += ["--ro-bind", str(source), "/agentrl/executor.py", "--bind", str(folder), "/agentrl/__pycache__"]
-    with _no_userns(privileged) as (seccomp, fds):
+    with _seccomp() as (seccomp, fds):
         done = subprocess.run(
             [*argv, *seccomp, "--", "python3", "-c", COMPILE], capture_output=True, text=True, timeout=60, pass_fds=fds
         )
@@ -572,7 +581,7 @@ class BwrapSandbox(ExecutorSandbox):
             # first instruction (a preexec_fn would be unsafe in a threaded process)
             enter = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in (cgroup.procs_files if cgroup else []))
             # stderr: a file, not a pipe nobody reads once it runs
-            with _no_userns(h.privileged) as (seccomp, fds), (tree / "stderr").open("wb") as stderr:
+            with _seccomp() as (seccomp, fds), (tree / "stderr").open("wb") as stderr:
                 proc, ready = await start_executor(
                     "/bin/sh",
                     "-c",
@@ -641,7 +650,7 @@ class BwrapSandbox(ExecutorSandbox):
             argv += ["--tmpfs", "/sys", "--ro-bind", str(where), inside, "--remount-ro", "/sys"]
         argv += ["--remount-ro", "/", "--chdir", "/work"]
         argv += ["--setenv", "PATH", PATH, "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
-        argv += seccomp  # no new user namespace (`_no_userns`)
+        argv += seccomp  # no new user namespace, no keyrings (`_seccomp`)
         if h.privileged:
             argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         elif os.geteuid() == 0:  # root asked for a user namespace: none of root's capabilities in it either

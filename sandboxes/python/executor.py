@@ -197,10 +197,14 @@ class Executor:
             child, (stdin_fd, out_fd, err_fd) = std_pipes()
             try:
                 proc = self._spawn(argv, req, cpu_limit(req), stdio=child)
-            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+            except OSError as e:
                 for fd in (stdin_fd, out_fd, err_fd):
                     os.close(fd)
-                # The program could not start: the caller's error, not the sandbox's.
+                if e.filename is None:  # a fork or pipe of ours failed, not the program: the sandbox's error
+                    raise
+                # exec() or chdir() refused the program or its cwd (Popen names which): missing, not executable, an
+                # argument over 128 KiB (an agent's long command), a name too long. The caller's error, not the
+                # sandbox's, which an agent could otherwise fake to have its episode left out of the loss.
                 return result("error", 127, None, b"", str(e).encode(), False, 0.0, 0.0)
             finally:
                 for fd in child:
@@ -278,7 +282,12 @@ class Executor:
         keep = {self.zygote.proc.pid} if self.zygote is not None else set()
         if not everything:
             keep |= {p.pid for p in (self.spare, self.session and self.session.proc) if p is not None}
-        return kill_descendants(keep, self.reap)
+        killed = kill_descendants(keep, self.reap)
+        if not everything and self.session is not None and self.session.alive():
+            # A program runs as the session's uid and may have continued it (SIGCONT): stopped again, now that
+            # nothing is left to continue it, before the host's next request (its hidden tests, a grader's call).
+            self.session.freeze()
+        return killed
 
     def recycle(self) -> dict:
         """Between episodes: return the sandbox to its state at start, or say why it cannot be.

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, SandboxError, Status, bwrap, reaper
+from agentrl.sandbox import BwrapSandbox, BwrapSandboxConfig, DockerSandbox, SandboxError, Status, bwrap, reaper
 from agentrl.sandbox.base import runtime_dir
 
 
@@ -119,3 +119,32 @@ async def test_a_program_cannot_make_a_user_namespace(isolating_factory):
     finally:
         await sandbox.close()
     assert (r.status, r.stdout.split("\n")) == (Status.OK, ["-1 True", "thread", "child", ""]), r
+
+
+KEYRINGS = r"""
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+add_key, keyctl = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+# into nobody's user keyring, which every sandbox's programs share; the id of the session keyring, the host's
+print(libc.syscall(add_key, b"user", b"agentrl-leak", b"x", 1, ctypes.c_long(-4)), ctypes.get_errno())
+print(libc.syscall(keyctl, 0, ctypes.c_long(-3), 0), ctypes.get_errno())  # KEYCTL_GET_KEYRING_ID
+"""
+
+
+@pytest.mark.parametrize("mode", [pytest.param("docker", marks=pytest.mark.docker), "bwrap", "bwrap-userns"])
+async def test_a_program_has_no_keyrings(request, mode):
+    """Kernel keyrings are not namespaced by bubblewrap: a program held the host process's session keyring (to read or
+    clear) and nobody's user keyring, shared with every other sandbox, later ones too (one episode's note to the next).
+    Refused as under Docker's seccomp profile, in both modes of bwrap (a user namespace keeps the session keyring)."""
+    if mode == "docker":
+        request.getfixturevalue("sandbox_image")
+        sandbox = await DockerSandbox.create()
+    else:
+        request.getfixturevalue("bwrap_site")
+        sandbox = await BwrapSandbox.create(BwrapSandboxConfig(rootfs="host", user_namespace=mode == "bwrap-userns"))
+    try:
+        r = await sandbox.run_python(KEYRINGS)
+    finally:
+        await sandbox.close()
+    assert (r.status, r.stdout) == (Status.OK, "-1 1\n-1 1\n"), r

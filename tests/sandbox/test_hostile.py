@@ -235,12 +235,24 @@ time.sleep(0.1)
 """
 
 
+# A program runs as the persistent interpreter's uid, so it can continue it (as a cell's child can, racing the stop).
+CONTINUE_SESSION = (
+    "import os, signal\n"
+    "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    if b'--session' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
+    "        os.kill(int(p), signal.SIGCONT)\n"
+    "        print('continued')\n"
+)
+
+
 async def test_a_cell_s_threads_run_only_in_cells(pool):
     """Every process a call starts dies with it (the sweep), but for the persistent interpreter: a thread a cell
     started would run on through the requests that follow (the host writing hidden tests, a program grading). The
-    interpreter is stopped between its cells."""
+    interpreter is stopped between its cells, and again after every call, which may have continued it."""
     async with pool.sandbox() as sb:
         assert (await sb.run_cell(WATCHER)).ok
+        woke = await sb.run_python(CONTINUE_SESSION)
+        assert woke.stdout == "continued\n", woke
         ticks = len(await sb.read_file("ticks"))
         await sb.write_file("tests.hidden", "assert f(2) == 4")
         r = await sb.run_python("import os, time; time.sleep(0.3); print(sorted(os.listdir('.')))")
@@ -248,6 +260,22 @@ async def test_a_cell_s_threads_run_only_in_cells(pool):
         later = await sb.run_cell("import time; time.sleep(0.2); print(sorted(os.listdir('.')))")
         assert later.stdout == "['tests.hidden.stolen', 'ticks']\n"  # its next cell: it runs again
         await sb.reset_session()
+
+
+async def test_a_program_exec_refuses_is_the_caller_s_error(pool):
+    """A program exec() or chdir() refuses (an agent's bash command over the kernel's 128 KiB for one argument, a name
+    too long) ends `error` 127, as a missing one does: not an infrastructure failure, which would fail the sandbox and
+    have the episode left out of the loss, an agent's way out of a low reward."""
+    async with pool.sandbox() as sb:
+        for argv, cwd, said in (
+            (["bash", "-c", "echo " + "x" * (200 << 10)], ".", "Argument list too long"),
+            (["x" * 300], ".", "File name too long"),
+            (["echo"], "d" * 300, "File name too long"),
+        ):
+            r = await sb.run(argv, cwd=cwd)
+            assert (r.status, r.exit_code) == (Status.ERROR, 127) and said in r.stderr, r
+        r = await sb.run(["echo", "still here"])
+        assert (r.status, r.stdout) == (Status.OK, "still here\n")
 
 
 async def test_programs_run_unprivileged_in_a_locked_sandbox(pool, backend):
