@@ -331,13 +331,7 @@ class Executor:
         return {"ok": True, "removed": removed, "reason": ""}
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, wstatus = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, wstatus in exited_children():
             if self.session is not None and pid == self.session.proc.pid:
                 self.session.exit_status = wstatus
             if self.spare is not None and pid == self.spare.pid:
@@ -903,6 +897,18 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def exited_children():
+    """(pid, wait status) of each child that has exited, reaped, without waiting for one that has not."""
+    while True:
+        try:
+            pid, wstatus = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, wstatus
+
+
 def kill_descendants(keep: set[int], reap) -> int:
     """SIGKILL every live descendant of this process not in `keep`, `reap()` (the caller's waits), repeat until none
     is left; how many were killed. As a child subreaper, a grandchild that setsid()-ed and double-forked away is one."""
@@ -1123,13 +1129,7 @@ def become_warden(owner: int, sandbox_dir: str | None, ready_fd: int | None) -> 
 
     def reap() -> None:
         nonlocal status
-        while True:
-            try:
-                got, wstatus = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if got == 0:
-                return
+        for got, wstatus in exited_children():
             if got == pid:
                 status = wstatus
 
