@@ -24,7 +24,8 @@ class SandboxSource:
     so it gets a pool of its own: its next episode's sandbox starts while this one runs.
     `keep_open=True` (long-lived owners such as env workers, whose envs come and go) keeps
     the pool warm between episodes until `close()`, instead of stopping and restarting it.
-    `reuse` is the pool's: how many more episodes a sandbox may serve after a proven-clean recycle.
+    `reuse` and `max_size` are the pool's: how many more episodes a sandbox may serve after a proven-clean recycle,
+    and how many may be alive at once (None: the pool's default, twice `size`).
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class SandboxSource:
         size: int = DEFAULT_POOL_SIZE,
         keep_open: bool = False,
         reuse: int = 0,
+        max_size: int | None = None,
         sandbox: SandboxConfig | None = None,
     ):
         self.config = sandbox or SandboxConfig()
@@ -45,7 +47,8 @@ class SandboxSource:
         self._factory = factory or self.config.factory()
         self._size = size
         self._reuse = reuse
-        self.pool = pool or SandboxPool(self._factory, size=size, reuse=reuse)
+        self._max_size = max_size
+        self.pool = pool or SandboxPool(self._factory, size=size, reuse=reuse, max_size=max_size)
         self._started = not self._owned
         self._start_lock = asyncio.Lock()
         self._envs: weakref.WeakSet[object] = weakref.WeakSet()  # the envs attached (any object that holds leases)
@@ -62,7 +65,7 @@ class SandboxSource:
         """Start the pool now rather than at the first acquire (no-op once started)."""
         async with self._start_lock:
             if self._owned and self.pool._closed:  # its last env closed; this one came later
-                self.pool = SandboxPool(self._factory, size=self._size, reuse=self._reuse)
+                self.pool = SandboxPool(self._factory, size=self._size, reuse=self._reuse, max_size=self._max_size)
                 self._started = False
             if not self._started:
                 await self.pool.start()

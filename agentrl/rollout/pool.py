@@ -203,6 +203,13 @@ class EnvWorkerPool(abc.ABC):
             return await self.workers[0].sample_tasks(n, seed)
 
 
+def _worker_args(cfg: RolloutConfig, sandbox: SandboxConfig) -> tuple:
+    """An `EnvWorker`'s arguments. With partial rollouts every episode in flight may park on one worker holding a
+    sandbox (round robin, retries and replacements can pile them up there): its pool must let that many live."""
+    parkable = cfg.groups_in_flight * cfg.group_size if cfg.partial else 0
+    return (cfg.env, cfg.env_kwargs, cfg.sandboxes_per_worker, cfg.sandbox_reuse, sandbox, parkable)
+
+
 def _reap_orphans(sandbox: SandboxConfig) -> None:
     """Remove this host's sandboxes whose owner process died (a backend that fails now: left to its reaper)."""
     try:
@@ -280,8 +287,7 @@ class RayEnvWorkerPool(EnvWorkerPool):
 
     def _new_worker(self, node_id: str | None = None) -> RayEnvWorker:
         cls = RemoteEnvWorker if node_id is None else RemoteEnvWorker.options(scheduling_strategy=pinned(node_id))
-        c = self.cfg
-        actor = cls.remote(c.env, c.env_kwargs, c.sandboxes_per_worker, c.sandbox_reuse, self.sandbox)
+        actor = cls.remote(*_worker_args(self.cfg, self.sandbox))
         return RayEnvWorker(self, actor, node_id)
 
     async def _replace(self, dead: EnvWorkerHandle) -> None:
@@ -538,8 +544,7 @@ class LocalEnvWorkerPool(EnvWorkerPool):
         return f"env workers: {len(self.workers) or self.cfg.num_workers}, processes of this one (no Ray)"
 
     def _new_worker(self) -> LocalEnvWorker:
-        c = self.cfg
-        return LocalEnvWorker(self, (c.env, c.env_kwargs, c.sandboxes_per_worker, c.sandbox_reuse, self.sandbox))
+        return LocalEnvWorker(self, _worker_args(self.cfg, self.sandbox))
 
     async def _replace(self, dead: EnvWorkerHandle) -> None:
         if self._closed:

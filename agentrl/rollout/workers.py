@@ -70,7 +70,13 @@ class EnvWorker:
     """Holds `episode_id -> env`. Every method is a coroutine, and many run at once (one per episode)."""
 
     def __init__(
-        self, env: str, env_kwargs: dict[str, Any], sandboxes: int, reuse: int = 0, sandbox: SandboxConfig | None = None
+        self,
+        env: str,
+        env_kwargs: dict[str, Any],
+        sandboxes: int,
+        reuse: int = 0,
+        sandbox: SandboxConfig | None = None,
+        parkable: int = 0,
     ) -> None:
         self.env_name = env
         self.env_kwargs = env_kwargs
@@ -81,6 +87,8 @@ class EnvWorker:
         self.envs: dict[str, TextEnv] = {}
         self.sampler: TextEnv | None = None  # an env never reset: only its task set is used
         self.watchdog: int | None = None
+        self.parkable = parkable
+        """episodes that may stay parked with their sandbox between iterations (partial rollouts; 0: none)"""
 
     def _make(self) -> TextEnv:
         if self.source is None:  # created on the worker's own event loop; warm until shutdown
@@ -92,7 +100,16 @@ class EnvWorker:
                     os.getpid(),
                     e,
                 )
-            self.source = SandboxSource(size=self.pool_size, keep_open=True, reuse=self.reuse, sandbox=self.sandbox)
+            # A parked episode keeps its sandbox until the next iteration: were the pool's cap on live sandboxes
+            # (2 x its size, with reuse) below the episodes that may park, an env call still running when the
+            # iteration stops would wait forever for a sandbox that only a parked episode could give back.
+            self.source = SandboxSource(
+                size=self.pool_size,
+                keep_open=True,
+                reuse=self.reuse,
+                max_size=max(2 * self.pool_size, self.parkable),
+                sandbox=self.sandbox,
+            )
         return make_env(self.env_name, self.env_kwargs, sandboxes=self.source)
 
     async def start_sandboxes(self) -> None:

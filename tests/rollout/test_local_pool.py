@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ownership import bwrap_trees as trees
@@ -85,6 +86,36 @@ async def test_a_killed_worker_is_replaced_its_episodes_retried_and_its_sandboxe
     assert not trees(bwrap_runtime), "closed: no worker's sandbox is left"
     assert not any(reaper.process_alive(p) for p in pids)
     await ctl.pool.close()  # safe twice
+
+
+@pytest.mark.slow  # the fast tier is at its budget
+async def test_episodes_parked_with_their_sandboxes_never_starve_the_stop(bwrap_runtime, monkeypatch):
+    """With sandbox reuse the pool caps its live sandboxes (2 x its size), and a parked episode keeps its sandbox until
+    the next iteration. Four one-episode groups on one worker of one sandbox, each taking its sandbox at reset: once
+    the first group ends the iteration, the others hold or wait for one. Every wait is answered (it used to wait for
+    a sandbox only a parked episode could give back: the iteration never ended)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the env workers import parking_envs
+    cfg = RolloutConfig(
+        env="parking_envs:holds_from_reset",
+        group_size=1,
+        groups_per_iteration=1,
+        max_groups_in_flight=4,
+        num_workers=1,
+        sandboxes_per_worker=1,
+        sandbox_reuse=5,
+        sampling=SamplingParams(max_tokens=16),
+        env_workers="local",
+    )
+    async with (
+        HFEngine(tiny_model("qwen3_moe", seed=0)) as engine,
+        RolloutController(cfg, engine, ChatFormat(load_tokenizer("qwen3")), sandbox=BWRAP) as ctl,
+    ):
+        first = await asyncio.wait_for(ctl.run_iteration(), 60)
+        assert first.stats.groups_finished == 1 and first.stats.parked == 3
+        # every parked episode was reset, so holds a sandbox: more than the pool's cap without parking
+        assert len(trees(bwrap_runtime, ctl.workers[0].pid)) >= 3 > 2 * cfg.sandboxes_per_worker
+        rest = await asyncio.wait_for(ctl.run_iteration(drain=True), 60)
+    assert rest.stats.groups_finished == 3 and all(t.status is Status.FINISHED for t in rest.trajectories)
 
 
 DRIVER = """
