@@ -128,7 +128,9 @@ def meta_model(
                     adapters = getattr(module, name)
                     if any(t.is_meta for t in adapters.parameters()):
                         adapters.to_empty(device="cpu")
-                for adapter in module.lora_A:
+                # an embedding's adapters are its lora_embedding_A/B (its lora_A is empty): left out, they kept
+                # to_empty's garbage
+                for adapter in [*module.lora_A, *module.lora_embedding_A]:
                     module.reset_lora_parameters(adapter, model.peft_config[adapter].init_lora_weights)
     return model
 

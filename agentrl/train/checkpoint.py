@@ -18,8 +18,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.models.loading import ADAPTER_MARK
 from agentrl.models.lora import is_lora, peft_model
@@ -69,6 +71,7 @@ def load(path: str | Path, trainer: Trained) -> dict[str, Any]:
     if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         raise TypeError(f"checkpoints restore a LambdaLR schedule, not {type(scheduler).__name__}")
     model, optim = get_state_dict(trainer.scorer, trainer.optimizer)
+    _check_same_model(path, model)
     sd = {"model": model, "optim": optim, "scheduler": scheduler.state_dict()}
     with _one_process_is_fine():
         dcp.load(sd, checkpoint_id=path)
@@ -116,11 +119,59 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
             model = peft_model(model, policy.peft_config["default"])
         model.load_state_dict(state, assign=True, strict=not lora or merge_lora)
         if lora and merge_lora:
+            untied = _untie_adapted_embeddings(model.get_base_model())
             model = model.merge_and_unload()
+            if untied:  # saved as two tensors, and from_pretrained must not tie them again
+                model.config.tie_word_embeddings = False
+                model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=True)
         model.save_pretrained(path)
         del model, state
     if dist.is_initialized():
         dist.barrier()
+
+
+def _check_same_model(path: Path, model: dict[str, torch.Tensor]) -> None:
+    """Refuse, before anything loads, a checkpoint whose model tensors are not the trainer's by name and shape (a
+    resume with another model or LoRA settings): DCP would fail mid-load with a BaseException holding a traceback,
+    or leave out the tensors the trainer has no place for."""
+    saved = {
+        name.removeprefix("model."): tuple(md.size)
+        for name, md in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
+        if name.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    built = {name: tuple(t.shape) for name, t in model.items()}
+    reshaped = {f"{n} (saved {saved[n]}, now {built[n]})" for n in built.keys() & saved.keys() if built[n] != saved[n]}
+    problems = [
+        f"{len(names)} {what}: {', '.join(sorted(names)[:3])}{', ...' * (len(names) > 3)}"
+        for what, names in (
+            ("tensors missing", built.keys() - saved.keys()),
+            ("tensors not in this model", saved.keys() - built.keys()),
+            ("of another shape", reshaped),
+        )
+        if names
+    ]
+    if problems:
+        raise ValueError(
+            f"{path} holds another model than this run builds (a changed model.path or model.lora?): "
+            + "; ".join(problems)
+        )
+
+
+def _untie_adapted_embeddings(lm: PreTrainedModel) -> bool:
+    """Where `lm`'s input and output embeddings are one tensor and LoRA adapts either, give the output head a copy of
+    its own (the base's); returns whether it did. The policy's head and embedding differ by their adapters: merged
+    into the shared tensor (peft merges an embedding's adapter in place), each would take the other's update too."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    embedding, head = (
+        layer.get_base_layer() if isinstance(layer, BaseTunerLayer) else layer
+        for layer in (lm.get_input_embeddings(), lm.get_output_embeddings())
+    )
+    adapted = embedding is not lm.get_input_embeddings() or head is not lm.get_output_embeddings()
+    if not adapted or embedding.weight.data_ptr() != head.weight.data_ptr():
+        return False
+    head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    return True
 
 
 @contextlib.contextmanager

@@ -68,6 +68,31 @@ def test_an_unfinished_checkpoint_is_refused(tmp_path):
         checkpoint.load(tmp_path / "half", trainer(False))
 
 
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        (
+            LoraSettings(rank=2),
+            r"16 of another shape: policy\..*lora_A.default.weight \(saved \(4, 64\), now \(2, 64\)\)",
+        ),
+        (LoraSettings(rank=4, target_modules=["q_proj"]), r"6 tensors missing: .*; 18 tensors not in this model"),
+    ],
+    ids=["rank", "targets"],
+)
+def test_a_checkpoint_of_other_lora_settings_is_refused_before_loading(tmp_path, settings, problem):
+    """One ValueError naming the tensors that differ (DCP's own is a BaseException holding a traceback), and the
+    trainer untouched."""
+    a = trainer(True)
+    a.update(fixed_batch())
+    checkpoint.save(tmp_path / "step1", a, {"step": 1})
+    b = Trainer(TrainerConfig(model=ModelConfig(lora=settings)), with_lora(tiny_model("qwen3_moe", seed=0), settings))
+    before = {k: v.clone() for k, v in b.scorer.state_dict().items()}
+    with pytest.raises(ValueError, match=r"step1 holds another model than this run builds .*" + problem):
+        checkpoint.load(tmp_path / "step1", b)
+    assert all(torch.equal(v, before[k]) for k, v in b.scorer.state_dict().items())
+    assert b.scheduler.last_epoch == 0
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
 def test_export_to_a_hugging_face_folder(tmp_path, lora):
     t = trainer(lora)
@@ -82,3 +107,18 @@ def test_export_to_a_hugging_face_folder(tmp_path, lora):
 
     expected = token_logprobs(logits, ids[:, 1:], fixed_batch().sampling)
     torch.testing.assert_close(lp[:, 1:], expected, atol=1e-4, rtol=0)
+
+
+def test_export_of_lora_on_tied_embeddings_unties_them(tmp_path):
+    """Tied embeddings with an adapter on the input side: the policy's output head is the base embedding, its input
+    the adapted one. Merged into the one shared tensor, the head would take the input's update too."""
+    lora = LoraSettings(rank=4, target_modules=["q_proj", "embed_tokens"])
+    policy = with_lora(tiny_model("qwen3", seed=0, tie_word_embeddings=True), lora)
+    t = Trainer(TrainerConfig(model=ModelConfig(lora=lora), optim=OptimConfig(lr=1e-2, minibatches=2)), policy)
+    t.update(fixed_batch())
+    checkpoint.export_hf(t.scorer, tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert not exported.config.tie_word_embeddings
+    ids = fixed_batch().input_ids[:2, :16]
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, policy(ids).logits, atol=1e-4, rtol=0)

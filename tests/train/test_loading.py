@@ -113,6 +113,20 @@ def test_lora_on_the_meta_device_keeps_the_stored_dtype_and_real_adapters(folder
         assert torch.equal(loaded[name], stored[base_name(name)]), name
 
 
+def test_lora_on_the_embeddings_starts_from_peft_init_on_the_meta_device(folders):
+    """An embedding's adapters (peft's lora_embedding_A/B, not lora_A/B) are initialised too: A zero, so the model
+    starts as its base, B normal; not the garbage of their empty memory."""
+    config = AutoConfig.from_pretrained(folders["tied_bf16"])
+    lora = LoraSettings(rank=4, target_modules=["q_proj", "embed_tokens"])
+    model = meta_model(config, torch.bfloat16, lora=lora, seed=3)
+    embedding = model.get_base_model().get_input_embeddings()
+    a, b = embedding.lora_embedding_A["default"], embedding.lora_embedding_B["default"]
+    assert torch.equal(a, torch.zeros_like(a))
+    assert b.isfinite().all() and 0.8 < b.std() < 1.2  # nn.init.normal_
+    again = meta_model(config, torch.bfloat16, lora=lora, seed=3).get_base_model().get_input_embeddings()
+    assert torch.equal(again.lora_embedding_B["default"], b)
+
+
 def test_a_checkpoint_missing_a_tensor_is_refused(folders, tmp_path):
     from safetensors.torch import load_file
 
