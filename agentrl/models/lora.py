@@ -10,7 +10,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -32,6 +32,15 @@ class LoraSettings(BaseModel):
     """module names that get adapters (attention by default)"""
     experts: bool = False
     """also adapt the MoE expert projections (3D expert parameters)"""
+
+    @model_validator(mode="after")
+    def _experts_take_no_dropout(self) -> LoraSettings:
+        if self.experts and self.dropout:
+            raise ValueError(
+                f"lora.experts with lora.dropout={self.dropout}: peft's adapters on expert parameters take no "
+                "dropout; set lora.dropout=0"
+            )
+        return self
 
 
 def is_lora(model: object) -> bool:
@@ -61,6 +70,13 @@ def peft_config(lora: LoraSettings, model: nn.Module) -> LoraConfig:
     a meta-device model is enough)."""
     from peft import LoraConfig
 
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    named = next((n for n, m in model.named_modules() if m is head), "") if head is not None else ""
+    if named and (name := named.rpartition(".")[2]) in lora.target_modules:
+        raise ValueError(
+            f"lora.target_modules: {name} is the output head, whose logprobs the learner computes from its base "
+            "weight (in chunks, never the whole logits): an adapter there would never train; leave it out"
+        )
     target_parameters = None
     if lora.experts:
         names = {n for n, _ in model.named_parameters()}

@@ -245,3 +245,16 @@ def test_two_ranks_load_their_shards_like_from_pretrained(folders, tmp_path):
                 for k, v in exported.state_dict().items():
                     assert torch.equal(v, r["after"][k].to(torch.bfloat16)), (name, k)
             torch.testing.assert_close(logprobs(exported.float()), r["lp_after"], atol=5e-2, rtol=0, msg=name)
+
+
+def test_lora_settings_that_would_never_train_are_refused():
+    """An adapter on the output head: the learner's logprobs come from the head's base weight (the scorer's chunked
+    product), so it would never move (its lora_B stayed 0 over an update), while an engine's forward would use it.
+    Adapters on expert parameters: peft takes no dropout there, and said so only when the model was wrapped."""
+    from agentrl.models.lora import with_lora
+
+    with pytest.raises(ValueError, match="lora.target_modules: lm_head is the output head"):
+        with_lora(tiny_model("qwen3", seed=0), LoraSettings(rank=2, target_modules=["q_proj", "lm_head"]))
+    with pytest.raises(ValueError, match="lora.experts with lora.dropout=0.1: .* set lora.dropout=0"):
+        LoraSettings(experts=True, dropout=0.1)
+    with_lora(tiny_model("qwen3", seed=0), LoraSettings(rank=2, target_modules=["q_proj", "embed_tokens"]))
