@@ -58,6 +58,11 @@ async def serve(fd: int) -> None:
             reply = (call_id, True, await getattr(worker, method)(*args))
         except Exception as e:  # the env's error, for the driver's WorkerError
             reply = (call_id, False, f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError as e:
+            if asyncio.current_task().cancelling():  # the worker is shutting down: nobody awaits the answer
+                raise
+            # raised by the env's own code (a timeout of its own, say): unanswered, the driver would wait forever
+            reply = (call_id, False, f"CancelledError raised in {method}: {e}")
         try:
             write_frame(writer, reply)
         except Exception as e:  # a value that does not pickle

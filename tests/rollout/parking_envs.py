@@ -1,5 +1,7 @@
-"""An env the rollout tests register: importing this module (as the env workers do, `parking_envs:NAME`) registers
-it."""
+"""Envs the rollout tests register: importing this module (as the env workers do, `parking_envs:NAME`) registers
+them."""
+
+import asyncio
 
 import agentrl
 from agentrl.envs.code_sandbox import CodeSandboxEnv
@@ -15,3 +17,13 @@ class HoldsFromReset(CodeSandboxEnv):
 
 
 agentrl.register("holds_from_reset", HoldsFromReset, max_turns=4, tasks="procedural:levels=1;families=lists")
+
+
+class CancelsItsStep(CodeSandboxEnv):
+    """Its step raises CancelledError from its own code, as a timeout of its own can."""
+
+    async def _step(self, action):
+        raise asyncio.CancelledError("the env's own timeout")
+
+
+agentrl.register("cancels_its_step", CancelsItsStep, max_turns=4, tasks="procedural:levels=1;families=lists")

@@ -118,6 +118,25 @@ async def test_episodes_parked_with_their_sandboxes_never_starve_the_stop(bwrap_
     assert rest.stats.groups_finished == 3 and all(t.status is Status.FINISHED for t in rest.trajectories)
 
 
+@pytest.mark.slow  # the fast tier is at its budget
+async def test_a_cancelled_error_of_the_env_s_own_is_an_answer_not_a_hang(bwrap_runtime, monkeypatch):
+    """A CancelledError raised in the env's own code (not the worker's shutdown) is the call's WorkerError: it went
+    unanswered, and the driver waited for the reply forever."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the env workers import parking_envs
+    cfg = RolloutConfig(env="parking_envs:cancels_its_step", num_workers=1, sandboxes_per_worker=1, env_workers="local")
+    async with (
+        HFEngine(tiny_model("qwen3_moe", seed=0)) as engine,
+        RolloutController(cfg, engine, ChatFormat(load_tokenizer("qwen3")), sandbox=BWRAP) as ctl,
+    ):
+        (worker,) = ctl.workers
+        (task,) = await ctl.pool.sample_tasks(1, 0)
+        await worker.reset("e", task, 0)
+        with pytest.raises(WorkerError, match="CancelledError raised in step: the env's own timeout") as err:
+            await asyncio.wait_for(worker.step("e", RUN), 30)
+        assert not isinstance(err.value, WorkerDied)
+        await worker.reset("f", task, 1)  # the worker still serves
+
+
 DRIVER = """
 import asyncio
 from agentrl.rollout import RolloutConfig
