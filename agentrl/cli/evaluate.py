@@ -36,7 +36,7 @@ def eval_(
     ] = None,
     max_concurrency: Annotated[int, typer.Option(help="chat engine: calls in flight at once.", min=1)] = 8,
     api_key_env: Annotated[
-        str | None, typer.Option(help="openai engine: the environment variable holding the server's API key.")
+        str | None, typer.Option(help="openai / chat engine: the environment variable holding the server's API key.")
     ] = None,
     samples: Annotated[int, typer.Option(help="Samples per problem (n of pass@k).")] = 1,
     k: Annotated[str, typer.Option(help="pass@k to report, comma-separated: 1,10.")] = "1",

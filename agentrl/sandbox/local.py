@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -37,6 +37,12 @@ NOT_ISOLATION = (
     "LocalSandbox is NOT isolation: programs run as your user with your network and files. "
     "Use it only for trusted code; DockerSandbox is the default."
 )
+
+
+@functools.cache
+def _say_not_isolation() -> None:
+    """Once a process (a pool makes several, a spare among them): one line in the log, where the run's lines go."""
+    log.warning(NOT_ISOLATION)
 
 
 class LocalSandboxConfig(BaseModel):
@@ -58,8 +64,7 @@ class LocalSandbox(ExecutorSandbox):
     @classmethod
     async def create(cls, cfg: LocalSandboxConfig | None = None) -> LocalSandbox:
         cfg = cfg or LocalSandboxConfig()
-        warnings.warn(NOT_ISOLATION, stacklevel=2)
-        log.warning(NOT_ISOLATION)
+        _say_not_isolation()
         root = Path(tempfile.mkdtemp(prefix="agentrl-local-"))
         (root / "work").mkdir()
         (root / "tmp").mkdir()

@@ -165,6 +165,9 @@ def test_bwrap_exec_json_and_timeout(bwrap_site, tmp_path):
     assert (json.loads(out.stdout)["status"], out.returncode) == ("timeout", 1)
     bad = agentrl("sandbox", "exec", prog, "--backend", "podman", check=False)
     assert bad.returncode != 0 and "--backend podman: choose docker, bwrap or local" in bad.stderr
+    # local: its pool makes two sandboxes (one a spare), and says once that they isolate nothing
+    local = agentrl("sandbox", "exec", prog, "--backend", "local", check=False)
+    assert (local.stdout, local.returncode) == ("hello\n", 1) and local.stderr.count("NOT isolation") == 1, local.stderr
 
 
 @pytest.mark.parametrize("cleanup", ["gc", pytest.param("next start", marks=pytest.mark.slow)])

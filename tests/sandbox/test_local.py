@@ -23,8 +23,7 @@ from agentrl.sandbox.image import sandboxes_dir
 
 @pytest.fixture
 async def sb():
-    with pytest.warns(UserWarning, match="NOT isolation"):
-        sandbox = await LocalSandbox.create(LocalSandboxConfig(limits=CallLimits(timeout_s=5, memory_bytes=1 << 30)))
+    sandbox = await LocalSandbox.create(LocalSandboxConfig(limits=CallLimits(timeout_s=5, memory_bytes=1 << 30)))
     yield sandbox
     await sandbox.close()
     await sandbox.close()  # closing twice is safe
