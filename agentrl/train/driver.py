@@ -96,9 +96,11 @@ class Driver:
     """the iteration this process started at (a resume's)"""
     t_start: float = field(default_factory=time.perf_counter)
     """when the run started, as if it had never stopped (a resume's elapsed time counts)"""
+    before_s: float = 0.0
+    """the run's elapsed time before this process (a resume's)"""
 
     def __post_init__(self) -> None:
-        self.first = self.state.iteration
+        self.first, self.before_s = self.state.iteration, self.state.elapsed_s
         self.t_start -= self.state.elapsed_s
 
     def checkpoint_due(self) -> bool:
@@ -207,7 +209,8 @@ class Driver:
         with what the update saw of them, the display."""
         s = self.state
         s.elapsed_s = time.perf_counter() - self.t_start
-        left = s.elapsed_s / (s.iteration - self.first) * (self.cfg.iterations - s.iteration)
+        # at this process's pace: a resume's earlier time is spread over its earlier iterations, not these
+        left = (s.elapsed_s - self.before_s) / (s.iteration - self.first) * (self.cfg.iterations - s.iteration)
         metrics = rollout.metrics | {f"train/{k}": v for k, v in update.items()} | {"policy_version": s.policy_version}
         metrics |= {f"time/{k}": v for k, v in times.items()} | {"time/elapsed_s": s.elapsed_s, "time/left_s": left}
         metrics["time/rollout_idle_s"] = self.pipeline.idle_s  # so far: the rollouts waiting for the learner

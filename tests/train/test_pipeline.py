@@ -15,9 +15,11 @@ import pytest
 from cli import agentrl, sets, start_agentrl
 from ownership import our_containers, our_pids, still_running
 from short_run import SMALL
+from test_loop import _tiny
 
 from agentrl.runs import read_jsonl
 from agentrl.sandbox import reaper
+from agentrl.train.loop import train
 
 pytestmark = pytest.mark.docker
 
@@ -147,3 +149,18 @@ def test_killed_sandboxes_and_env_worker_do_not_stop_a_run_and_ctrl_c_stops_it_a
         if c.name in sandboxes or c.labels.get(reaper.PID_LABEL) in owned
     ]
     assert not left
+
+
+@pytest.mark.slow  # 12 s: a run and its resume in process (bwrap sandboxes, env workers of the run)
+async def test_a_resumed_run_estimates_the_time_left_at_its_own_pace(tmp_path, bwrap_runtime):
+    """`time/left_s` (the progress line's "left") is this process's time per iteration times the iterations
+    left: the time before a resume was spent on the iterations before it, not on this process's few."""
+    cfg, run = _tiny(tmp_path / "run", "iterations=2", "eval.tasks=0")
+    await train(cfg, run)
+    cfg, run = _tiny(tmp_path / "run", "iterations=4", "eval.tasks=0")
+    await train(cfg, run, resume=True)
+    m = read_jsonl(run.metrics)
+    assert [r["iteration"] for r in m] == [0, 1, 2, 3]
+    # after iteration 2, one iteration is left, at the resumed process's pace so far (the checkpoint's elapsed
+    # time is iteration 1's, as logged)
+    assert m[2]["time/left_s"] == pytest.approx(m[2]["time/elapsed_s"] - m[1]["time/elapsed_s"])
