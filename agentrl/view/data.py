@@ -33,6 +33,11 @@ from agentrl.runs import PROMPT, JsonlTail, RunDir, policy_versions, read_trajec
 MAX_PAGE = 200
 
 
+class Unreadable(Exception):
+    """A trajectory the index lists whose saved line cannot be read: its file missing (deleted, or a copy of the
+    folder not there yet) or its bytes not one JSON record (a copy cut short, a disk error)."""
+
+
 @dataclass
 class Filters:
     iteration: int | None = None
@@ -188,7 +193,18 @@ class Folder:
     def trajectory(self, episode_id: str) -> dict[str, Any]:
         """One trajectory, turn by turn, its tokens as text with their per-token values."""
         entry = self._find(episode_id)
-        row = read_trajectory(self.run.trajectories, entry)
+        try:
+            row = read_trajectory(self.run.trajectories, entry)
+        except FileNotFoundError:
+            raise Unreadable(
+                f"trajectory {episode_id}: the index lists it in {entry['file']}, which is not there (deleted, or "
+                "the folder is still being copied)"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise Unreadable(
+                f"trajectory {episode_id}: its line in {entry['file']} (byte {entry['offset']}, "
+                f"{entry['length']} bytes) is unreadable: {e}"
+            ) from None
         return render(row, self.tokenizer(), self._step_groups(entry, row)) | {"summary": entry}
 
     def _step_groups(self, entry: dict[str, Any], row: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -227,10 +243,17 @@ class Folder:
             keys = self._state_keys[span] = [t.get("state_key") for t in turns]
         return keys
 
-    def group(self, group_id: str, iteration: int | None) -> list[dict[str, Any]]:
+    def group(self, group_id: str, iteration: int | None) -> dict[str, Any]:
+        """The group's saved trajectories; an unreadable one is named in `warnings`, the others shown."""
         rows, _ = self._index()
         ids = [r["episode_id"] for r in rows if r["group_id"] == group_id and r["iteration"] == iteration]
-        return [self.trajectory(e) for e in dict.fromkeys(ids)]
+        members, warnings = [], []
+        for e in dict.fromkeys(ids):
+            try:
+                members.append(self.trajectory(e))
+            except Unreadable as why:
+                warnings.append(str(why))
+        return {"members": members, "warnings": warnings}
 
     # -- evaluation folders --------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from agentrl.view.data import MAX_PAGE, Filters, Folder
+from agentrl.view.data import MAX_PAGE, Filters, Folder, Unreadable
 
 STATIC = Path(__file__).parent / "static"
 
@@ -69,9 +69,11 @@ def create_app(folder: str | Path) -> FastAPI:
             return data.trajectory(episode_id)
         except KeyError:
             raise HTTPException(404, f"no saved trajectory {episode_id}") from None
+        except Unreadable as e:  # listed, but its data is gone or torn: said, not a 500
+            raise HTTPException(410, str(e)) from None
 
     @app.get("/api/group/{group_id}")
-    def group(group_id: str, iteration: int | None = None) -> list[dict[str, Any]]:
+    def group(group_id: str, iteration: int | None = None) -> dict[str, Any]:
         return data.group(group_id, iteration)
 
     @app.get("/api/results")

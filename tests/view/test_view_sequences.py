@@ -1,6 +1,8 @@
 """Trajectories of several token sequences (a re-rendered, folded or rewritten context) and GiGPO step groups in
 `agentrl view`: a synthetic saved folder (a word-level tokenizer of its own: no model is loaded), read by `Folder`,
-served by the app, and drawn by headless Chromium (the app in a thread of this process)."""
+served by the app, and drawn by headless Chromium (the app in a thread of this process). Also what the viewer does
+when the folder breaks or changes under it: a trajectory file gone or garbled (a run folder still being copied off a
+cluster, a disk error), a metrics line the writer finishes after the page read it torn, a slow page left loading."""
 
 import json
 import shutil
@@ -177,7 +179,7 @@ def test_step_groups_count_the_turns_of_a_state_among_the_groups_saved_trajector
     assert [t["step_group"]["size"] for t in peer] == [3, 3]
     assert folder.trajectory("far")["turns"][0]["step_group"]["size"] == 1
     # the side-by-side group view carries them too
-    assert [t["turns"][0]["step_group"]["size"] for t in folder.group("g0", 0)] == [3, 3]
+    assert [t["turns"][0]["step_group"]["size"] for t in folder.group("g0", 0)["members"]] == [3, 3]
 
 
 class _App:
@@ -260,4 +262,67 @@ def test_the_page_shows_sequences_and_step_groups(run):
         page.wait_for_selector("#group .sample")
         assert page.locator("#group .sample[data-episode='multi'] .sequence").count() == 3
         assert page.locator("#group .sample[data-episode='peer'] .sequence").count() == 0
+        browser.close()
+
+
+def _span(run, episode_id: str) -> dict:
+    rows = [json.loads(line) for line in (run.trajectories / "index.jsonl").read_text().splitlines()]
+    return next(r for r in rows if r["episode_id"] == episode_id)
+
+
+def test_a_listed_trajectory_whose_data_is_gone_or_garbled_is_said_not_a_500(run):
+    (run.trajectories / "iter-00001.jsonl").unlink()  # "old"'s file: not there (yet, or any more)
+    peer = _span(run, "peer")
+    with open(run.trajectories / peer["file"], "r+b") as f:  # "peer"'s line garbled in place
+        f.seek(peer["offset"] + 10)
+        f.write(b"\xff\x00garbage")
+    client = TestClient(create_app(run.path), base_url="http://127.0.0.1")
+    gone = client.get("/api/trajectory/old")
+    assert gone.status_code == 410 and "in iter-00001.jsonl, which is not there" in gone.json()["detail"]
+    garbled = client.get("/api/trajectory/peer")
+    assert garbled.status_code == 410
+    assert (
+        f"its line in iter-00000.jsonl (byte {peer['offset']}, {peer['length']} bytes) is unreadable"
+        in (garbled.json()["detail"])
+    )
+    # the group shows what is readable and names the rest
+    group = client.get("/api/group/g0", params={"iteration": 0})
+    assert group.status_code == 200
+    assert [t["episode_id"] for t in group.json()["members"]] == ["multi"]
+    assert len(group.json()["warnings"]) == 1 and "trajectory peer:" in group.json()["warnings"][0]
+    assert client.get("/api/trajectory/nosuch").status_code == 404
+
+
+@pytest.mark.slow  # a browser, as the other page tests
+def test_a_warning_goes_once_its_line_is_whole_and_a_page_left_loading_stays_away(run):
+    if CHROMIUM is None:
+        pytest.fail("no chromium on PATH: bash scripts/test.sh installs Debian's")
+    from playwright.sync_api import sync_playwright
+
+    with open(run.metrics, "w") as f:
+        f.write('{"iteration": 0, "rollout/reward": 0.25}\n{"iteration": 1, "rollout/rew')  # mid-write
+    with _App(run.path) as app, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        # the group's answer comes 1.5 s late, as a group of long trajectories does
+        page.add_init_script("""
+            const fetched = window.fetch;
+            window.fetch = (url, ...rest) => String(url).includes('/api/group/')
+                ? new Promise((r) => setTimeout(r, 1500)).then(() => fetched(url, ...rest))
+                    .then((answer) => { setTimeout(() => { window.groupAnswered = true; }, 200); return answer; })
+                : fetched(url, ...rest);
+        """)
+        page.goto(app.url + "/")
+        page.wait_for_selector("#warnings:not([hidden])")
+        assert "last line is incomplete" in page.inner_text("#warnings")
+        with open(run.metrics, "a") as f:  # the writer finishes its line: the warning was about a moment
+            f.write('ard": 0.5}\n')
+        page.wait_for_selector("#warnings", state="hidden", timeout=10_000)
+
+        page.evaluate("location.hash = '#/g/g0/0'")
+        page.evaluate("location.hash = '#/trajectories'")  # left before the group loaded
+        page.wait_for_selector("#trajectories tr.row")
+        page.wait_for_function("window.groupAnswered === true")
+        assert page.evaluate("location.hash") == "#/trajectories"
+        assert page.inner_text("#main h2") == "Trajectories" and page.locator("#group").count() == 0
         browser.close()

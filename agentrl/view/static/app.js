@@ -19,7 +19,12 @@ function el(tag, attrs = {}, ...children) {
 
 async function api(path) {
   const r = await fetch(path);
-  if (!r.ok) throw new Error(`${path}: ${r.status} ${await r.text()}`);
+  if (!r.ok) {
+    const body = await r.text();
+    let said = body;
+    try { said = JSON.parse(body).detail ?? body; } catch { /* not JSON: shown as it came */ }
+    throw new Error(`${path}: ${r.status} ${said}`);
+  }
   return r.json();
 }
 
@@ -27,13 +32,15 @@ const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : typeof x === 
 
 // -- warnings (corrupt or torn lines) -----------------------------------------------------
 
-const warningsSeen = new Set();
-function warn(list) {
-  for (const w of list || []) warningsSeen.add(w);
+// per source, its latest answer's: a torn line the writer has since finished, or a resume removed, stops showing
+const warningsBy = {};
+function warn(source, list) {
+  warningsBy[source] = list || [];
+  const all = [...new Set(Object.values(warningsBy).flat())];
   const box = $("#warnings");
-  box.hidden = warningsSeen.size === 0;
+  box.hidden = all.length === 0;
   box.replaceChildren(el("b", { text: "Some lines could not be read; what is readable is shown:" }),
-    el("ul", {}, ...[...warningsSeen].map((w) => el("li", { text: w }))));
+    el("ul", {}, ...all.map((w) => el("li", { text: w }))));
 }
 
 // -- overview: config and metric curves, refreshed while the run goes -----------------------
@@ -100,7 +107,7 @@ async function overview(main) {
   if (info.kind !== "run") return;
   const draw = async () => {
     const data = await api("/api/metrics");
-    warn(data.warnings);
+    warn("metrics", data.warnings);
     // eval.benchmarks: one chart per benchmark, its pass@k curves
     const benches = [...new Set(data.bench.map((r) => r.env))].map((env) => {
       data[`bench:${env}`] = data.bench.filter((r) => r.env === env);
@@ -111,7 +118,7 @@ async function overview(main) {
     $("#live").textContent = `${data.metrics.length} iterations · refreshed ${new Date().toLocaleTimeString()}`;
   };
   await draw();
-  refresh(draw);
+  return draw;
 }
 
 // -- the trajectory list: filters and pages (the server pages, nothing loads whole) -----------
@@ -145,7 +152,7 @@ async function trajectories(main, params) {
   const q = new URLSearchParams(params);
   q.set("offset", offset); q.set("limit", limit);
   const page = await api(`/api/trajectories?${q}`);
-  warn(page.warnings);
+  warn("trajectories", page.warnings);
   const move = (to) => { const p = new URLSearchParams(params); p.set("offset", to); location.hash = `#/trajectories?${p}`; };
   const pager = el("div", { class: "pager" },
     el("button", { text: "◀ newer", disabled: offset > 0 ? null : "", onclick: () => move(Math.max(0, offset - limit)) }),
@@ -308,7 +315,9 @@ async function trajectory(main, id) {
 }
 
 async function group(main, gid, iteration) {
-  const members = await api(`/api/group/${encodeURIComponent(gid)}${iteration !== "" ? `?iteration=${iteration}` : ""}`);
+  const answer = await api(`/api/group/${encodeURIComponent(gid)}${iteration !== "" ? `?iteration=${iteration}` : ""}`);
+  warn("group", answer.warnings);
+  const members = answer.members;
   const side = el("div", { class: "side", id: "group" }, ...members.map((t) => el("div", { class: "sample", "data-episode": t.episode_id },
     el("div", {}, el("a", { href: `#/t/${t.episode_id}`, text: t.episode_id.slice(0, 8) }),
       ` · return ${fmt(t.reward, 3)} · s_i ${t.trained ? fmt(t.trained.ratio, 4) : "–"}` + (t.trained && t.trained.clipped > 0 ? " · clipped" : "")
@@ -323,7 +332,7 @@ async function group(main, gid, iteration) {
 async function results(main, params) {
   const offset = Number(params.get("offset") || 0);
   const page = await api(`/api/results?offset=${offset}&limit=50`);
-  warn(page.warnings);
+  warn("results", page.warnings);
   const keys = page.items.length ? Object.keys(page.items[0]).filter((k) => k !== "returns") : [];
   main.replaceChildren(el("h2", { text: `Results: ${page.matching} rows` }),
     el("div", { class: "pager" },
@@ -337,24 +346,30 @@ async function results(main, params) {
 
 // -- routing ---------------------------------------------------------------------------------
 
-let timer = null;
-function refresh(fn) { timer = setInterval(() => fn().catch((e) => { $("#live").textContent = String(e); }), 3000); }
+// A page is built apart and shown once loaded, only if it is still the one asked for: a slow one (a group of long
+// trajectories) the user has left meanwhile must not replace the page they went to, nor keep refreshing.
+let timer = null, latest = 0;
 
 async function route() {
   clearInterval(timer);
-  const main = $("#main");
+  const mine = ++latest;
+  const view = el("div");
   const [path, query] = location.hash.slice(1).split("?");
   const params = new URLSearchParams(query || "");
   const parts = (path || "/").split("/").filter(Boolean).map(decodeURIComponent);
+  let again = null;  // what the page redraws every 3 s (the overview's curves, while the run goes)
   try {
-    if (parts[0] === "trajectories") await trajectories(main, params);
-    else if (parts[0] === "t") await trajectory(main, parts[1]);
-    else if (parts[0] === "g") await group(main, parts[1], parts[2] ?? "");
-    else if (parts[0] === "results") await results(main, params);
-    else await overview(main);
+    if (parts[0] === "trajectories") await trajectories(view, params);
+    else if (parts[0] === "t") await trajectory(view, parts[1]);
+    else if (parts[0] === "g") await group(view, parts[1], parts[2] ?? "");
+    else if (parts[0] === "results") await results(view, params);
+    else again = await overview(view);
   } catch (e) {
-    main.replaceChildren(el("pre", { class: "bad", text: String(e) }));
+    view.replaceChildren(el("pre", { class: "bad", text: String(e) }));
   }
+  if (mine !== latest) return;
+  $("#main").replaceChildren(view);
+  if (again) timer = setInterval(() => again().catch((e) => { $("#live").textContent = String(e); }), 3000);
 }
 
 (async () => {
