@@ -113,11 +113,28 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_ANSWER = "/tmp/agentrl-tree-{}.json"
+
+
 async def _tree(sandbox: Sandbox, request: dict, timeout_s: float = 60.0) -> dict:
-    r = await sandbox.run_python(program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
+    # The answer goes to a file, read back whole: a diff's texts pass the executor's cap on a program's output
+    # (1 MiB) with one large new file, which would leave the fix beside it ungraded. A new name each time, so that
+    # nothing the agent left can stand in for it; the walk removes the last one's.
+    answer = _ANSWER.format(secrets.token_hex(8))
+    code = (
+        "import contextlib, glob, os, sys\n"
+        f"for old in glob.glob({_ANSWER.format('*')!r}):\n"
+        "    with contextlib.suppress(OSError):\n"
+        "        os.unlink(old)\n"
+        f"sys.stdout = open({answer!r}, 'x', encoding='utf-8')\n"
+    )
+    r = await sandbox.run_python(code + program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
     if not r.ok:
         raise RepoError(f"{request['op']} in the sandbox ended with {r.status}: {r.stderr[-500:]}")
-    return json.loads(r.stdout)
+    try:
+        return json.loads(await sandbox.read_file(answer))
+    except (OSError, ValueError) as e:  # refused or garbled: the agent's code ran there (ValueError: bad JSON too)
+        raise RepoError(f"{request['op']} in the sandbox left no answer: {e}") from None
 
 
 _image_lock = threading.Lock()
@@ -202,10 +219,11 @@ async def changes(
     root: str = REPO,
     *,
     max_file_bytes: int = 1 << 20,
-    max_total_bytes: int = 16 << 20,
+    max_total_bytes: int = 8 << 20,
     timeout_s: float = 60.0,
 ) -> Changes:
-    """What changed at `root` since `base` was placed there; RepoError when the sandbox cannot say."""
+    """What changed at `root` since `base` was placed there; RepoError when the sandbox cannot say. The texts' total
+    is bounded so that their JSON (up to 6 characters a byte) fits the 64 MiB a sandbox's program may write."""
     request = {
         "op": "diff",
         "root": f"{WORK}/{root}",

@@ -195,7 +195,10 @@ class RepoFixEnv(ToolEnv):
     async def state_key(self) -> str:
         """The repository's state: a hash of what changed since the instance was placed (GiGPO's step groups:
         turns that read the same repository, whatever they printed, share one)."""
-        found = await self.timed(changes(await self.sandbox(), self.instance.repo))
+        try:
+            found = await self.timed(changes(await self.sandbox(), self.instance.repo))
+        except RepoError:  # the agent's own doing (a folder it locked, a tree too big to walk): a state, graded 0
+            return "unreadable"
         return hashlib.sha256(found.model_dump_json().encode()).hexdigest()[:32]
 
     async def _no_call(self, text: str) -> StepResult:
@@ -242,7 +245,7 @@ class RepoFixEnv(ToolEnv):
             end: The last line to show; 0 for the end of the file.
         """
         rel = self._path(path)
-        lines = (await self._read(rel)).splitlines()
+        lines = text_lines(await self._read(rel))
         first, last = max(start, 1), len(lines) if end <= 0 else min(end, len(lines))
         if lines and first > last:
             raise ToolError(f"{rel} has {len(lines)} lines; lines {start} to {end} show nothing")
@@ -260,6 +263,7 @@ class RepoFixEnv(ToolEnv):
         """
         rel = self._path(path)
         text = await self._read(rel)
+        old, new = line_ends(text, old, new)
         n = text.count(old) if old else 0
         if n != 1:
             why = "old is empty" if not old else "old was not found" if n == 0 else f"old occurs {n} times"
@@ -274,7 +278,7 @@ class RepoFixEnv(ToolEnv):
         updated = text.replace(old, new, 1)
         await self._write(rel, updated, f"no edit made: cannot write {rel}")
         at = text[: text.index(old)].count("\n")
-        shown = updated.splitlines()[max(at - 2, 0) : at + new.count("\n") + 3]
+        shown = text_lines(updated)[max(at - 2, 0) : at + new.count("\n") + 3]
         return f"Edited {rel}. Lines {max(at - 2, 0) + 1}-{max(at - 2, 0) + len(shown)} now read:\n" + "\n".join(shown)
 
     @tool
@@ -483,7 +487,7 @@ def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] |
     """The run of as many whole lines of `text` as `old` has that is most like `old` (difflib's ratio, at least
     `cutoff`), with the number of its first line (its first place, if that text occurs twice); None when none is
     that close, or when the search would be long (over 20,000 lines compared: a long `old` in a big file)."""
-    lines = text.splitlines()
+    lines = text_lines(text)
     k = old.count("\n") + 1
     if k > len(lines) or k * len(lines) > 20_000:
         return None
@@ -492,6 +496,25 @@ def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] |
         runs.setdefault("\n".join(lines[i : i + k]), i + 1)
     best = difflib.get_close_matches(old, list(runs), n=1, cutoff=cutoff)
     return (runs[best[0]], best[0]) if best else None
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of `text` as grep, sed and tracebacks number them: split at "\n" only (str.splitlines also splits
+    at a form feed, a lone "\r", "\u2028", ..., and would number the lines after one wrongly), a CRLF's "\r"
+    dropped."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def line_ends(text: str, old: str, new: str) -> tuple[str, str]:
+    """`edit`'s old and new for a file with CRLF line ends: `view` shows its lines without the "\r", so an `old`
+    of several lines copied from it is written with "\n"; when that is not in the file, both take the file's
+    line ends."""
+    if "\r\n" in text and "\n" in old and "\r\n" not in old and old not in text:
+        return old.replace("\n", "\r\n"), new.replace("\r\n", "\n").replace("\n", "\r\n")
+    return old, new
 
 
 def refusal(e: OSError | ValueError) -> str:

@@ -208,6 +208,56 @@ async def test_a_file_the_sandbox_refuses_and_a_nul_byte_are_the_agent_s_errors(
     await env.aclose()
 
 
+@pytest.mark.parametrize("reused", ["bwrap"], indirect=True)
+async def test_view_and_edit_number_lines_as_grep_does_and_a_crlf_file_is_edited_as_shown(reused):
+    """A form feed or a lone CR is inside a line for grep, sed and tracebacks (str.splitlines would end a line there
+    and number the rest wrongly). A CRLF file's lines are shown without their CR, and an edit of several of them, as
+    shown, applies and keeps the file's line ends."""
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    await env.areset(options={"task_id": TASK})
+
+    async def step(action: str) -> str:
+        obs, _, term, trunc, info = await env.astep(action)
+        assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
+        return obs[0]["content"]
+
+    await step(
+        call("bash", command=r"printf 'a\fb\nc\rd\ne\n' > ff.py; printf 'x = 1\r\ny = 2\r\nz = 3\r\n' > crlf.py")
+    )
+    assert await step(call("view", path="ff.py", start=3, end=3)) == "[ff.py (lines 3-3 of 3)]\ne"
+    assert (
+        await step(call("edit", path="ff.py", old="e", new="E")) == "Edited ff.py. Lines 1-3 now read:\na\fb\nc\rd\nE"
+    )
+    assert await step(call("view", path="crlf.py")) == "[crlf.py]\nx = 1\ny = 2\nz = 3"
+    edited = await step(call("edit", path="crlf.py", old="x = 1\ny = 2", new="x = 10\ny = 20"))
+    assert edited == "Edited crlf.py. Lines 1-3 now read:\nx = 10\ny = 20\nz = 3"
+    assert "stdout:\nx = 10^M$\ny = 20^M$\nz = 3^M$\n" in await step(call("bash", command="cat -A crlf.py"))
+    await env.aclose()
+
+
+@pytest.mark.parametrize("reused", ["bwrap"], indirect=True)
+async def test_a_large_file_beside_the_fix_and_a_tree_the_diff_cannot_read_are_the_agent_s_doing(reused):
+    """A large new file beside the fix (the diff's texts, as JSON, pass the 1 MiB a sandbox program may print) is
+    graded with it, and every turn names its state. A folder the diff's walk cannot read (locked by the agent) is
+    a state too, and its submission is graded 0: neither fails the episode (never scored) as the sandbox's fault."""
+    env = agentrl.make("repo_fix", sandboxes=reused)
+    (path, old, new), *_ = expert_edits(env.repo_tasks.instance(TASK))
+    for setup, fix, resolved in [
+        ("""python3 -c "open('notes.txt', 'w').write('\\u00e9' * 300_000)" """, True, True),
+        ("mkdir locked && touch locked/f && chmod 400 locked", False, False),
+    ]:
+        await env.areset(options={"task_id": TASK})
+        actions = [call("bash", command=setup), *([call("edit", path=path, old=old, new=new)] if fix else [])]
+        for action in actions:
+            _, _, term, trunc, info = await env.astep(action)
+            assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
+            assert info["state_key"] is not None
+        _, reward, term, _, info = await env.astep(call("submit"))
+        assert term and info["failure"] is FailureClass.OK and info["resolved"] is resolved
+        assert reward == float(resolved) and ("notes.txt" in info.get("changed_files", [])) is fix
+    await env.aclose()
+
+
 @pytest.mark.slow  # the fast tier is at its budget; the expert's episode covers the code
 @ON_DOCKER
 async def test_the_tools_and_the_shell_state(reused):
