@@ -338,7 +338,9 @@ def test_make_patch_round_trip():
 
 
 def _random_text(rng: random.Random) -> str:
-    lines = [rng.choice(["a", "b", "c", "", "def f():", "    return 1"]) for _ in range(rng.randint(0, 12))]
+    # lines holding what str.splitlines would also break at (a form feed, a lone "\r", "\u2028"), and CRLF ends
+    kinds = ["a", "b", "c", "", "def f():", "    return 1", "\f", "x = 1  \f# page", "a\rb", "s = '\u2028'", "crlf\r"]
+    lines = [rng.choice(kinds) for _ in range(rng.randint(0, 12))]
     return "\n".join(lines) + rng.choice(["", "\n"])
 
 
@@ -367,6 +369,14 @@ def test_our_patches_are_git_patches(sample, tmp_path):
     subprocess.run(["git", "apply", "p.diff"], cwd=tmp_path, check=True)
     patched = apply_patch(apply_patch(inst.repo, inst.patch), inst.test_patch)
     assert all((tmp_path / p).read_text() == t for p, t in patched.items())
+    # a form feed within a file, as Python's own sources hold between sections: git counts it inside its line
+    before, after = {"ff.py": "a = 1\n\f\nb = 2\n"}, {"ff.py": "a = 1\n\f\nb = 3\n\f\n"}
+    (tmp_path / "ff.py").write_bytes(before["ff.py"].encode())
+    (tmp_path / "ff.diff").write_text(make_patch(before, after))
+    subprocess.run(["git", "apply", "ff.diff"], cwd=tmp_path, check=True)
+    assert (tmp_path / "ff.py").read_bytes() == after["ff.py"].encode() and apply_patch(
+        before, make_patch(before, after)
+    ) == after
 
 
 def test_apply_patch_says_which_hunk_fails():

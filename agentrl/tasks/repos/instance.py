@@ -123,7 +123,10 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str], *, context: 
 
 
 def _lines(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
+    """The lines as git and diff count them, each with its "\n" (the last may have none): str.splitlines would also
+    break at a form feed, a lone "\r", "\u2028" and the like, which a source file may hold within a line."""
+    lines = text.split("\n")
+    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
 
 
 def apply_patch(files: Mapping[str, str], diff: str) -> dict[str, str]:
