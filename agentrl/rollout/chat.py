@@ -18,12 +18,18 @@ raises `TemplatePrefixError`. When the model closed its turn
 with a stop token that the delta starts with, that token is not repeated; when it was cut
 (length), the delta's end-of-turn tokens close it.
 
+A message's text is text: where it holds a control token's text (a tool printing `<|im_end|>`), those characters
+are tokenized as characters, never as the control token, so no observation, prompt or demonstration can forge a
+turn boundary or put a stop token inside a turn. Markup tokens (`<tool_call>`, `<think>`) stay atomic, as the model
+writes them.
+
 What the trajectory keeps of a turn is what the model generated, `<think>` included: the
 next turn's prompt is the one the model really continued, not a re-rendered version of it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -32,6 +38,9 @@ from agentrl.env.base import Message
 
 SENTINEL = "AGENTRLSENTINEL"
 _STAND_IN: list[Message] = [{"role": "user", "content": "x"}]
+# a hole in a message's text: private-use characters around the index of the text it stands for
+_HOLE_OPEN, _HOLE_CLOSE = "\U000f0000", "\U000f0001"
+_HOLE = re.compile(f"{_HOLE_OPEN}(\\d+){_HOLE_CLOSE}")
 
 
 class TemplatePrefixError(ValueError):
@@ -58,6 +67,9 @@ class ChatFormat:
                 f"it?): {self._stand_in_rendered!r}; a trajectory's tokens could not be laid out again"
             )
         self._atomic = set(tokenizer.get_added_vocab())  # special and added tokens: never merged
+        control = sorted((t.content for t in tokenizer.added_tokens_decoder.values() if t.special), key=len)[::-1]
+        # the hole characters too: a text holding them must not read as a hole
+        self._hidden = re.compile("|".join(map(re.escape, [*control, _HOLE_OPEN, _HOLE_CLOSE])))
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(i for i in stops if i is not None))
         self.turn_end_id = self.observation_ids([], last_token=None)[0]
         """the token that closes an assistant turn in this template (<|im_end|>, <|eot_id|>)"""
@@ -74,12 +86,40 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _hide(self, messages: list[Message], texts: list[str]) -> list[Message]:
+        """`messages` with each control token's text in their content replaced by a hole, whose text joins `texts`."""
+
+        def hole(m: re.Match) -> str:
+            texts.append(m.group())
+            return f"{_HOLE_OPEN}{len(texts) - 1}{_HOLE_CLOSE}"
+
+        return [
+            {**m, "content": self._hidden.sub(hole, m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages
+        ]
+
+    def _ids(self, rendered: str, texts: list[str]) -> list[int]:
+        """A rendering with holes as token ids: the template's text as the tokenizer reads it, a hole's as characters.
+        The tokenizer splits the text at an added token before any merge, so the tokens around a hole are those
+        around the control token the text held."""
+        parts = _HOLE.split(rendered)  # rendered text and hole indices, in turn
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                ids += self.tokenizer.encode(texts[int(part)], add_special_tokens=False, split_special_tokens=True)
+            else:
+                ids += self.encode(part)
+        return ids
+
     def prompt_ids(self, messages: list[Message], *, tools: list[dict] | None = None) -> list[int]:
         """The first prompt: the opening messages rendered with the generation prompt."""
-        return self.encode(self.render(messages, tools=tools, generation_prompt=True))
+        texts: list[str] = []
+        return self._ids(self.render(self._hide(messages, texts), tools=tools, generation_prompt=True), texts)
 
     def observation_ids(self, messages: list[Message], *, last_token: int | None) -> list[int]:
         """The delta after a generated turn whose last token is `last_token` (see module doc)."""
+        texts: list[str] = []
+        messages = self._hide(messages, texts)
         full = self.render([*_STAND_IN, {"role": "assistant", "content": SENTINEL}, *messages], generation_prompt=True)
         before = self._stand_in_rendered
         if not full.startswith(before) or SENTINEL not in full[len(before) :]:
@@ -90,7 +130,7 @@ class ChatFormat:
         # the first one after the stand-in is the assistant turn's: an observation may hold the same text (a tool's
         # output, an echoed malformed call), which must not fail the episode
         head = full[: full.index(SENTINEL, len(before)) + len(SENTINEL)]
-        delta = self.encode(full[len(head) :])
+        delta = self._ids(full[len(head) :], texts)
         if not delta or self.tokenizer.convert_ids_to_tokens(delta[0]) not in self._atomic:
             raise TemplatePrefixError(
                 f"the assistant turn ends with plain text ({full[len(head) : len(head) + 20]!r}), which BPE may "
@@ -119,7 +159,8 @@ class ChatFormat:
         mask = [0] * len(ids)
         i = first
         while i < len(messages):
-            turn = [*self.encode(messages[i]["content"]), self.turn_end_id]
+            texts: list[str] = []
+            turn = [*self._ids(self._hide([messages[i]], texts)[0]["content"], texts), self.turn_end_id]
             weight = messages[i].get("weight", 1)
             if weight not in (0, 1) or isinstance(weight, bool):
                 raise ValueError(f"message {i}: an assistant message's weight is 0 or 1, not {weight!r}")
