@@ -20,6 +20,7 @@ PLAIN_SOFTMAX = SamplingParams(temperature=1.0)  # lp under the model's plain so
 
 LOGIT_TRANSFORMS = {
     "final_logit_softcapping": None,  # Gemma 2: cap · tanh(logits / cap)
+    "logits_soft_cap": None,  # RecurrentGemma, the same
     "logits_scaling": 1.0,  # Granite divides by it, others multiply
     "logit_scale": 1.0,  # Cohere
     "output_multiplier": 1.0,
@@ -83,7 +84,8 @@ def target_logprobs(
     chunk_size = chunk_size or max(16, 2**24 // head.shape[0])
     h, y = hidden.reshape(B * T, H), targets.reshape(B * T)
     lps, ents = [], []
-    for start in range(0, B * T, chunk_size):
+    # at least one chunk, empty if nothing is scored (a length bucket of one-token rows): lp (B, 0) on the graph
+    for start in range(0, max(B * T, 1), chunk_size):
         args = (h[start : start + chunk_size], head, y[start : start + chunk_size], params, entropy)
         lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args)
         lps.append(lp)

@@ -43,6 +43,18 @@ def test_chunked_equals_naive_in_value_and_gradient(params):
     assert not entropy.requires_grad
 
 
+def test_no_positions_give_an_empty_lp_on_the_graph():
+    """Nothing to score (a length bucket of one-token rows): lp and entropy (B, 0), and a backward that reaches the
+    head with a zero gradient, as a rank with such a share must still run it."""
+    head = torch.randn(500, 16, requires_grad=True)
+    lp, entropy = target_logprobs(
+        torch.randn(3, 0, 16), head, torch.zeros(3, 0, dtype=torch.long), PARAMS[1], entropy=True
+    )
+    assert lp.shape == entropy.shape == (3, 0)
+    lp.sum().backward()
+    assert torch.equal(head.grad, torch.zeros_like(head))
+
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "logprob_bench.py"
 
 
@@ -77,6 +89,11 @@ TINY = dict(
         ("gemma2", {"head_dim": 16, "final_logit_softcapping": 2.0}, "final_logit_softcapping=2.0"),  # default 30
         ("granite", {"logits_scaling": 8.0}, "logits_scaling=8.0"),
         ("cohere", {}, "logit_scale=0.0625"),
+        (
+            "recurrent_gemma",
+            {"head_dim": 16, "lru_width": 32, "attention_window_size": 8, "logits_soft_cap": 2.0},
+            "logits_soft_cap=2.0",
+        ),
     ],
 )
 def test_a_model_that_changes_its_logits_after_the_head_is_refused(model_type, settings, named):
@@ -90,8 +107,8 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused(model_type, s
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY, **settings)).eval()
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # what it guards against: the head's product alone is not the model's distribution
-        own = token_logprobs(model(ids).logits[:, :-1], ids[:, 1:], PARAMS[0])
-        hidden = model.get_decoder()(ids).last_hidden_state[:, :-1]
+        own = token_logprobs(model(ids, use_cache=False).logits[:, :-1], ids[:, 1:], PARAMS[0])
+        hidden = model.get_decoder()(ids, use_cache=False).last_hidden_state[:, :-1]
         plain, _ = target_logprobs(hidden, model.get_output_embeddings().weight, ids[:, 1:])
     assert (own - plain).abs().max() > 1e-4  # float32 rounding is ~1e-6
     with pytest.raises(ValueError, match=f"{model_type} changes its logits after the output head \\({named}\\)"):

@@ -1,6 +1,7 @@
 """The scorer's prefix tree (agentrl.train.scoring): rows that start alike run their common positions once, on the
 parent row's KV cache; lp, entropy, router logits and gradients are those of the unshared batch. Tiny models."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -145,3 +146,14 @@ def test_a_sliding_window_cache_is_not_shared():
     assert Scorer(tiny_model("qwen3", **SMALL))._plan(ids, mask) == [(-1, 0, [0]), (0, 40, [1])]
     window = tiny_model("mixtral", **SMALL, sliding_window=16)
     assert Scorer(window)._plan(ids, mask) == [(-1, 0, [0, 1])]
+
+
+@pytest.mark.slow  # the fast tier: test_logprobs' empty chunk
+def test_a_length_bucket_of_one_token_rows_scores_as_unshared():
+    """A long row and two one-token rows (nothing to score) in two length buckets, the second all one-token rows:
+    the unchunked batch's lp, entropy and gradients (zeros on the short rows)."""
+    g = torch.Generator().manual_seed(4)
+    ids, mask = batch([tokens(g, 40), tokens(g, 1), tokens(g, 1)])
+    model = tiny_model("qwen3", seed=0, **SMALL).train()
+    plain = scored(Scorer(model, min_shared_prefix=UNSHARED), ids, mask)
+    assert_same(scored(Scorer(model, chunk_tokens=ids.shape[1]), ids, mask), plain)
