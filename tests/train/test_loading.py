@@ -253,8 +253,8 @@ def test_lora_settings_that_would_never_train_are_refused():
     Adapters on expert parameters: peft takes no dropout there, and said so only when the model was wrapped."""
     from agentrl.models.lora import with_lora
 
-    with pytest.raises(ValueError, match="lora.target_modules: lm_head is the output head"):
+    with pytest.raises(ValueError, match=r"lora\.target_modules: lm_head is the output head"):
         with_lora(tiny_model("qwen3", seed=0), LoraSettings(rank=2, target_modules=["q_proj", "lm_head"]))
-    with pytest.raises(ValueError, match="lora.experts with lora.dropout=0.1: .* set lora.dropout=0"):
+    with pytest.raises(ValueError, match=r"lora\.experts with lora\.dropout=0\.1: .* set lora\.dropout=0"):
         LoraSettings(experts=True, dropout=0.1)
     with_lora(tiny_model("qwen3", seed=0), LoraSettings(rank=2, target_modules=["q_proj", "embed_tokens"]))
