@@ -178,6 +178,13 @@ async def test_a_turn_s_state_is_the_repository_s(reused):
     await env.aclose()
 
 
+async def served(env, action: str) -> str:
+    """The observation of a step that goes on, the agent's error or not: never an infrastructure failure."""
+    obs, _, term, trunc, info = await env.astep(action)
+    assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
+    return obs[0]["content"]
+
+
 @pytest.mark.parametrize("reused", ["bwrap"], indirect=True)
 async def test_a_file_the_sandbox_refuses_and_a_nul_byte_are_the_agent_s_errors(reused):
     """A FIFO (an open() of it would wait for a writer for good), a link, a NUL byte in a path or a command line: each
@@ -185,17 +192,12 @@ async def test_a_file_the_sandbox_refuses_and_a_nul_byte_are_the_agent_s_errors(
     env = agentrl.make("repo_fix", sandboxes=reused)
     await env.areset(options={"task_id": TASK})
 
-    async def step(action: str) -> str:
-        obs, _, term, trunc, info = await env.astep(action)
-        assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
-        return obs[0]["content"]
-
-    await step(call("bash", command="mkfifo pipe.py && ln -s inifile/values.py link.py"))
+    await served(env, call("bash", command="mkfifo pipe.py && ln -s inifile/values.py link.py"))
     fifo = "/work/repo/pipe.py is a FIFO, not a regular file"
-    assert f"Error: cannot read pipe.py: {fifo}" in await step(call("view", path="pipe.py"))
-    assert f"Error: cannot read pipe.py: {fifo}" in await step(call("edit", path="pipe.py", old="a", new="b"))
-    assert f"Error: cannot create pipe.py: {fifo}" in await step(call("create", path="pipe.py", content="x"))
-    assert "/work/repo/link.py is a symbolic link" in await step(call("view", path="link.py"))
+    assert f"Error: cannot read pipe.py: {fifo}" in await served(env, call("view", path="pipe.py"))
+    assert f"Error: cannot read pipe.py: {fifo}" in await served(env, call("edit", path="pipe.py", old="a", new="b"))
+    assert f"Error: cannot create pipe.py: {fifo}" in await served(env, call("create", path="pipe.py", content="x"))
+    assert "/work/repo/link.py is a symbolic link" in await served(env, call("view", path="link.py"))
     for action in [
         call("view", path="inifile/values.py\0"),
         call("edit", path="inifile/values.py\0", old="a", new="b"),
@@ -203,8 +205,8 @@ async def test_a_file_the_sandbox_refuses_and_a_nul_byte_are_the_agent_s_errors(
         call("bash", command="echo \0"),
         call("run_tests", selector="tests/test_config.py::test_getint\0"),
     ]:
-        assert "holds a NUL byte" in await step(action)
-    assert "stdout:\nserving" in await step(call("bash", command="echo serving"))
+        assert "holds a NUL byte" in await served(env, action)
+    assert "stdout:\nserving" in await served(env, call("bash", command="echo serving"))
     await env.aclose()
 
 
@@ -216,22 +218,18 @@ async def test_view_and_edit_number_lines_as_grep_does_and_a_crlf_file_is_edited
     env = agentrl.make("repo_fix", sandboxes=reused)
     await env.areset(options={"task_id": TASK})
 
-    async def step(action: str) -> str:
-        obs, _, term, trunc, info = await env.astep(action)
-        assert not (term or trunc) and info["failure"] is FailureClass.OK, info.get("error")
-        return obs[0]["content"]
-
-    await step(
-        call("bash", command=r"printf 'a\fb\nc\rd\ne\n' > ff.py; printf 'x = 1\r\ny = 2\r\nz = 3\r\n' > crlf.py")
+    await served(
+        env, call("bash", command=r"printf 'a\fb\nc\rd\ne\n' > ff.py; printf 'x = 1\r\ny = 2\r\nz = 3\r\n' > crlf.py")
     )
-    assert await step(call("view", path="ff.py", start=3, end=3)) == "[ff.py (lines 3-3 of 3)]\ne"
+    assert await served(env, call("view", path="ff.py", start=3, end=3)) == "[ff.py (lines 3-3 of 3)]\ne"
     assert (
-        await step(call("edit", path="ff.py", old="e", new="E")) == "Edited ff.py. Lines 1-3 now read:\na\fb\nc\rd\nE"
+        await served(env, call("edit", path="ff.py", old="e", new="E"))
+        == "Edited ff.py. Lines 1-3 now read:\na\fb\nc\rd\nE"
     )
-    assert await step(call("view", path="crlf.py")) == "[crlf.py]\nx = 1\ny = 2\nz = 3"
-    edited = await step(call("edit", path="crlf.py", old="x = 1\ny = 2", new="x = 10\ny = 20"))
+    assert await served(env, call("view", path="crlf.py")) == "[crlf.py]\nx = 1\ny = 2\nz = 3"
+    edited = await served(env, call("edit", path="crlf.py", old="x = 1\ny = 2", new="x = 10\ny = 20"))
     assert edited == "Edited crlf.py. Lines 1-3 now read:\nx = 10\ny = 20\nz = 3"
-    assert "stdout:\nx = 10^M$\ny = 20^M$\nz = 3^M$\n" in await step(call("bash", command="cat -A crlf.py"))
+    assert "stdout:\nx = 10^M$\ny = 20^M$\nz = 3^M$\n" in await served(env, call("bash", command="cat -A crlf.py"))
     await env.aclose()
 
 
