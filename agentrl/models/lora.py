@@ -57,11 +57,14 @@ def with_lora(model: PreTrainedModel, lora: LoraSettings) -> nn.Module:
 
 def peft_model(model: PreTrainedModel, config: LoraConfig) -> nn.Module:
     """`peft.get_peft_model`. peft (0.21) reads `is_gradient_checkpointing`, which transformers 5.24 deprecates: the
-    warning is about peft's call, not the user's, so it is not shown."""
+    warning is about peft's call, not the user's, so it is not shown. Nor is its warning that an adapter sits on a
+    tied embedding: the learner reads the head's base weight, and an export unties the head before it merges
+    (`agentrl.train.checkpoint.export_hf`), the complication it warns of."""
     from peft import get_peft_model
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        warnings.filterwarnings("ignore", "Model has `tie_word_embeddings=True` and a tied layer", UserWarning)
         return get_peft_model(model, config)
 
 

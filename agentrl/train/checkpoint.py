@@ -120,7 +120,10 @@ def export_hf(scorer: Scorer, path: str | Path, *, merge_lora: bool = True, dtyp
         model.load_state_dict(state, assign=True, strict=not lora or merge_lora)
         if lora and merge_lora:
             untied = _untie_adapted_embeddings(model.get_base_model())
-            model = model.merge_and_unload()
+            with warnings.catch_warnings():  # peft's advice for tied embeddings, which the untying above has taken
+                warnings.filterwarnings("ignore", "Model with `tie_word_embeddings=True`", UserWarning)
+                warnings.filterwarnings("ignore", "Input and output embeddings are no longer tied", UserWarning)
+                model = model.merge_and_unload()
             if untied:  # saved as two tensors, and from_pretrained must not tie them again
                 model.config.tie_word_embeddings = False
                 model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=True)
