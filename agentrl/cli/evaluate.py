@@ -154,16 +154,15 @@ def _as_trained(cfg: EvalCommandConfig, model: Path) -> str | None:
     the test split as the run did (`BenchConfig.split_as`: its split_seed and test_fraction), and one whose split
     holds tasks the run trained on (a run on all of them, or on its test split) is refused unless a split is asked
     for. Why it is refused, in one line, or None (another model: nothing known of its training)."""
-    import yaml
-
-    from agentrl.env.registry import env_id
+    from agentrl.config import ConfigError, read_yaml
+    from agentrl.env.registry import same_env
     from agentrl.eval.bench import bench_split
     from agentrl.rollout.workers import make_env
 
     run_config = model.parent / "config.yaml"
     try:
-        rollout = yaml.safe_load(run_config.read_text()).get("rollout") if model.name == "final" else None
-    except (OSError, yaml.YAMLError, AttributeError):  # no run's config there
+        rollout = read_yaml(run_config).get("rollout") if model.name == "final" else None
+    except ConfigError:  # no run's config there
         return None
     if not isinstance(rollout, dict) or not isinstance(rollout.get("env"), str):
         return None
@@ -173,7 +172,7 @@ def _as_trained(cfg: EvalCommandConfig, model: Path) -> str | None:
     except ValueError as e:
         return str(e)
     asked = cfg.split is not None or "split" in cfg.env_kwargs
-    if asked or env_id(cfg.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]):
+    if asked or not same_env(cfg.env, env):
         return None
     trained, drawn = make_env(env, env_kwargs).cfg.split, bench_split(cfg)[0]
     if trained == "all" or drawn == "all" or trained == drawn:

@@ -121,12 +121,23 @@ def _loads(text: str) -> Any:
     not JSON (Python's json reads them): a call's arguments go back out as JSON, to an OpenAI client too."""
     try:
         value = json.loads(text, parse_constant=_not_json)
-        json.dumps(value, ensure_ascii=False).encode()
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{e.object[e.start : e.end]!r} is half of a UTF-16 surrogate pair, not a character") from None
+    if (why := not_text(value)) is not None:
+        raise ValueError(why)
     return value
+
+
+def not_text(value: Any) -> str | None:
+    """Why JSON's `value` holds what is no text, or None: half of a UTF-16 surrogate pair (JSON's unpaired `\\ud800`
+    escape, Python's `surrogateescape` for undecodable bytes), which no file, process or tokenizer takes."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        return f"{e.object[e.start : e.end]!r} is half of a UTF-16 surrogate pair, not a character"
+    except RecursionError:
+        return "nested too deeply"
+    return None
 
 
 def _not_json(name: str) -> Any:

@@ -62,6 +62,11 @@ def env_id(name: str) -> str:
     return f"{NAMESPACE}/{name}" if re.search(r"-v\d+$", name) else f"{NAMESPACE}/{name}-v0"
 
 
+def same_env(a: str, b: str) -> bool:
+    """Whether two names of envs (`code_sandbox`, `agentrl/code_sandbox-v0`, Gymnasium's `module:name`) name one."""
+    return env_id(a.rpartition(":")[2]) == env_id(b.rpartition(":")[2])
+
+
 def register(
     name: str,
     entry_point: Any = None,

@@ -113,22 +113,14 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_ANSWER = "/tmp/agentrl-tree-{}.json"
-
-
 async def _tree(sandbox: Sandbox, request: dict, timeout_s: float = 60.0) -> dict:
-    # The answer goes to a file, read back whole: a diff's texts pass the executor's cap on a program's output
+    # The answer comes back by a file, read whole: a diff's texts pass the executor's cap on a program's output
     # (1 MiB) with one large new file, which would leave the fix beside it ungraded. A new name each time, so that
-    # nothing the agent left can stand in for it; the walk removes the last one's.
-    answer = _ANSWER.format(secrets.token_hex(8))
-    code = (
-        "import contextlib, glob, os, sys\n"
-        f"for old in glob.glob({_ANSWER.format('*')!r}):\n"
-        "    with contextlib.suppress(OSError):\n"
-        "        os.unlink(old)\n"
-        f"sys.stdout = open({answer!r}, 'x', encoding='utf-8')\n"
+    # nothing the agent left can stand in for it.
+    answer = f"/tmp/agentrl-tree-{secrets.token_hex(8)}.json"
+    r = await sandbox.run_python(
+        program("tree.py"), stdin=json.dumps(request | {"answer": answer}), timeout_s=timeout_s
     )
-    r = await sandbox.run_python(code + program("tree.py"), stdin=json.dumps(request), timeout_s=timeout_s)
     if not r.ok:
         raise RepoError(f"{request['op']} in the sandbox ended with {r.status}: {r.stderr[-500:]}")
     try:

@@ -42,7 +42,7 @@ from agentrl.env.tools import ToolCall, ToolError, ToolOutput, tool
 from agentrl.envs._format import run_output
 from agentrl.sandbox import ExecResult, Sandbox, SandboxConfig
 from agentrl.tasks import Task
-from agentrl.tasks.repos.instance import RepoInstance
+from agentrl.tasks.repos.instance import RepoInstance, git_lines
 from agentrl.tasks.repos.taskset import RepoTaskSet
 from agentrl.tasks.solutions import PERFECT, Expert, chance
 
@@ -499,13 +499,9 @@ def closest_lines(old: str, text: str, cutoff: float = 0.6) -> tuple[int, str] |
 
 
 def text_lines(text: str) -> list[str]:
-    """The lines of `text` as grep, sed and tracebacks number them: split at "\n" only (str.splitlines also splits
-    at a form feed, a lone "\r", "\u2028", ..., and would number the lines after one wrongly), a CRLF's "\r"
-    dropped."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    """The lines of `text` as `view` shows them: `git_lines` (numbered as grep, sed and tracebacks do), without their
+    ends (a CRLF's "\r" too)."""
+    return [line.removesuffix("\n").removesuffix("\r") for line in git_lines(text)]
 
 
 def line_ends(text: str, old: str, new: str) -> tuple[str, str]:

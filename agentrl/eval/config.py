@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from agentrl.engine.base import SamplingParams
-from agentrl.env.registry import env_id
+from agentrl.env.registry import same_env
 from agentrl.rollout.config import ContextConfig, EnvWorkersAt, EnvWorkersConfig, Thinking
 from agentrl.sandbox.config import SandboxConfig
 
@@ -71,7 +71,7 @@ class BenchConfig(EvalWorkersConfig):
         the fix may be to change training's). Another env, or the train split or all of it asked for, is left as
         it is."""
         draws = self.split or ("all" if self.env_kwargs.get("split") == "all" else "test")  # as `bench_split` does
-        if env_id(self.env.rpartition(":")[2]) != env_id(env.rpartition(":")[2]) or draws != "test":
+        if not same_env(self.env, env) or draws != "test":
             return
         for key in ("split_seed", "test_fraction"):
             if key not in self.env_kwargs:

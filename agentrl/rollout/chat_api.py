@@ -57,7 +57,7 @@ from agentrl.engine.protocol import (
 )
 from agentrl.engine.server import error, failed, submit, until_done
 from agentrl.env.base import Message
-from agentrl.env.parsers import ToolCallParser, get_parser
+from agentrl.env.parsers import ToolCallParser, get_parser, not_text
 from agentrl.env.tools import ToolCall
 from agentrl.models.tokenizer import token_bytes
 from agentrl.rollout.chat import ChatFormat
@@ -131,16 +131,12 @@ def _arguments(call: ChatToolCall, param: str) -> dict[str, Any]:
 
 
 def _encodable(value: Any, param: str) -> None:
-    """Refuse a lone UTF-16 surrogate (JSON's `"\\ud800"` unpaired, as Python's `surrogateescape` decoding leaves
-    undecodable bytes): the tokenizer takes no text that is not Unicode, and would fail the request with a 500."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
+    """Refuse a value that is no text (`not_text`: a lone UTF-16 surrogate, as an unpaired `\\ud800` escape
+    makes), which the tokenizer would fail on with a 500."""
+    if (why := not_text(value)) is not None:
         raise ChatRequestError(
-            f"{param} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not text: "
-            "send valid Unicode (decode bytes with errors='replace')",
-            param,
-        ) from None
+            f"{param} is not text: {why}; send valid Unicode (decode bytes with errors='replace')", param
+        )
 
 
 def reply_key(content: str, calls: list[ToolCall]) -> str:

@@ -1,6 +1,8 @@
 """agentrl: place a repository in a sandbox, or say how it differs from the one placed there.
 
-Standard library only, python3 >= 3.9, run with `python3 -I` as the sandbox user. One JSON request on stdin:
+Standard library only, python3 >= 3.9, run with `python3 -I` as the sandbox user. One JSON request on stdin, whose
+"answer" names the file to write the answer to, created anew (the answers of earlier requests, `agentrl-tree-*.json`
+beside it, removed first): a program's output is capped, and a diff's texts may be far larger:
 
     {"op": "place", "root": DIR, "clear": [DIR, ...], "tar": PATH}
         remove the `clear` folders, then unpack the tar file at PATH (written by the host) into `root`, and delete it
@@ -12,6 +14,8 @@ A diff answers {"changed": {path: text}, "deleted": [path], "skipped": {path: wh
 when it is a symlink, not a regular file, not UTF-8 text, or too large; paths are relative, `/`-separated.
 """
 
+import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -76,4 +80,10 @@ def rel(root, full):
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read())
-    print(json.dumps({"place": place, "diff": diff}[request["op"]](request)))
+    answer = request["answer"]
+    for old in glob.glob(os.path.join(os.path.dirname(answer), "agentrl-tree-*.json")):
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+    result = {"place": place, "diff": diff}[request["op"]](request)
+    with open(answer, "x", encoding="utf-8") as f:  # a new file: nothing the agent left stands in for it
+        json.dump(result, f)

@@ -113,7 +113,7 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str], *, context: 
             out.append("deleted file mode 100644\n")
         a = "/dev/null" if old is None else f"a/{path}"
         b = "/dev/null" if new is None else f"b/{path}"
-        lines = list(difflib.unified_diff(_lines(old or ""), _lines(new or ""), a, b, n=context))
+        lines = list(difflib.unified_diff(git_lines(old or ""), git_lines(new or ""), a, b, n=context))
         if not lines:  # an empty file created or deleted: headers without hunks
             lines = [f"--- {a}\n", f"+++ {b}\n"]
         for line in lines:
@@ -122,9 +122,10 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str], *, context: 
     return "".join(out)
 
 
-def _lines(text: str) -> list[str]:
-    """The lines as git and diff count them, each with its "\n" (the last may have none): str.splitlines would also
-    break at a form feed, a lone "\r", "\u2028" and the like, which a source file may hold within a line."""
+def git_lines(text: str) -> list[str]:
+    """The lines as git and diff count them (and grep, sed and tracebacks number them), each with its "\n" (the
+    last may have none): str.splitlines would also break at a form feed, a lone "\r", "\u2028" and the like, which a
+    source file may hold within a line."""
     lines = text.split("\n")
     return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
 
@@ -147,7 +148,7 @@ def apply_patch(files: Mapping[str, str], diff: str) -> dict[str, str]:
         else:
             if old_path not in result:
                 raise PatchError(f"{old_path}: the diff changes it, but there is no such file")
-            source = _lines(result[old_path])
+            source = git_lines(result[old_path])
         patched = "".join(_apply_hunks(path, source, hunks))
         if old_path is not None:
             del result[old_path]
@@ -180,7 +181,7 @@ def _side(name: str) -> str | None:
 def _parse(diff: str) -> list[tuple[str | None, str | None, list[_Hunk]]]:
     """File sections of a diff: (old path or None when created, new path or None when deleted, hunks)."""
     sections: list[tuple[str | None, str | None, list[_Hunk]]] = []
-    lines = _lines(diff)
+    lines = git_lines(diff)
     i = 0
     while i < len(lines):
         line = lines[i]
